@@ -1,0 +1,1 @@
+"""CoCoDiff: topology-aware Ulysses sequence parallelism for Diffusion Transformers."""

@@ -1,0 +1,34 @@
+"""Output files appear whole or not at all: write a temporary file beside the target,
+then rename it over the target (atomic on POSIX)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp_path)`` and move the result to ``path`` once it succeeded.
+
+    Args:
+        path: the final file.
+        write: fills the temporary file (it keeps the target's suffix, so writers that
+            pick a format from the suffix, like matplotlib or PIL, still do).
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"output directory {path.parent} does not exist")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))

@@ -1,0 +1,247 @@
+"""The step cost model: FLOPs and HBM bytes of each operation of one layer on one rank.
+
+Under Ulysses a rank holds ``local_tokens`` of the (padded) sequence with every head, except
+inside attention, where the all-to-all has given it all ``total_tokens`` for
+``local_heads`` heads. :func:`op_cost` prices one operation of one transformer layer in
+that state; :func:`roofline_seconds` turns a price into time on a device.
+
+Conventions (``d`` = hidden size, ``S_loc`` = local tokens, ``S`` = total tokens,
+``h`` = local heads, ``hd`` = head dim, ``T`` = cross-attention tokens, ``b`` = dtype bytes):
+
+- A GEMM ``(m x k) @ (k x n)`` costs ``2mkn`` FLOPs and moves ``(mk + kn + mn) * b`` bytes
+  (read both operands once, write the result once).
+- ``proj_q``, ``proj_k``, ``proj_v``, ``proj_out``: ``d x d`` GEMMs on the local tokens.
+  Joint-attention models (FLUX, SD3, Qwen-Image) have separate text and image weights;
+  the weights are counted once.
+- ``mlp``: ``d -> r*d -> d``, two GEMMs, ``4 r S_loc d^2`` FLOPs (16 for ``r`` = 4),
+  ``r = spec.mlp_ratio``; the activation is taken as fused into the first GEMM.
+  With ratio 4 the linear operations total ``24 S_loc d^2`` per layer.
+- ``attention``: local heads over the full sequence, ``4 S^2 hd h`` FLOPs (``QK^T`` and
+  ``PV``). Memory is flash-style: Q, K, V read and O written, ``4 S h hd b`` bytes; the
+  ``S x S`` score matrix never reaches HBM. Summed over ``P`` ranks with ``h = H/P`` this
+  is ``4 S^2 d``.
+- ``norm``: the layer's two normalisations of its hidden states (before attention and
+  before the MLP, each with its adaLN scale and shift) on the local tokens:
+  ``_NORM_FLOPS_PER_ELEMENT`` FLOPs per element per pass, and a read and a write.
+- ``qk_norm`` and ``rope``: elementwise on Q and K (local tokens, all heads: they run
+  before the all-to-all), a read and a write of each; zero for models without them
+  (``spec.has_qk_norm``, ``spec.has_rope``). RoPE's cos/sin table is not counted.
+- ``cross_attention`` (zero unless ``spec.cross_attention_tokens`` > 0): the Q and output
+  projections on the local tokens, the K and V projections of the ``T`` text tokens
+  (replicated: every rank computes them), and attention of the local tokens against the
+  text tokens with all heads, ``4 S_loc T d`` FLOPs. It needs no all-to-all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cocodiff.models import ModelSpec
+
+OPS = (
+    "norm",
+    "proj_q",
+    "proj_k",
+    "proj_v",
+    "qk_norm",
+    "rope",
+    "attention",
+    "proj_out",
+    "cross_attention",
+    "mlp",
+)
+# The operations that are matrix products (the rest are elementwise).
+MATMUL_OPS = ("proj_q", "proj_k", "proj_v", "attention", "proj_out", "cross_attention", "mlp")
+
+# LayerNorm (mean, variance, subtract, scale) + adaLN (scale, shift), per element.
+_NORM_FLOPS_PER_ELEMENT = 7
+_NORM_PASSES = 2  # before attention and before the MLP
+# RMSNorm: square, accumulate, scale, weight.
+_QK_NORM_FLOPS_PER_ELEMENT = 4
+# Rotation of each (x1, x2) pair: 4 multiplies and 2 adds, i.e. 3 per element.
+_ROPE_FLOPS_PER_ELEMENT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """Work of one operation: floating-point operations and bytes moved to/from HBM."""
+
+    flops: float
+    memory_bytes: float
+
+    def __add__(self, other: Cost) -> Cost:
+        if not isinstance(other, Cost):
+            return NotImplemented
+        return Cost(self.flops + other.flops, self.memory_bytes + other.memory_bytes)
+
+
+ZERO = Cost(0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerShape:
+    """Everything one rank's layer cost depends on besides the model.
+
+    Attributes:
+        local_tokens: sequence tokens this rank holds (the padded ``S / P``).
+        total_tokens: the full padded sequence, as attention sees it after the all-to-all.
+        local_heads: heads this rank attends over after the all-to-all.
+        dtype_bytes: bytes per element (2 for bf16).
+    """
+
+    local_tokens: int
+    total_tokens: int
+    local_heads: int
+    dtype_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        # A rank may hold no head when there are more ranks than heads.
+        for name, least in (("local_tokens", 1), ("total_tokens", 1), ("local_heads", 0),
+                            ("dtype_bytes", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"LayerShape.{name} must be an integer >= {least}, got {value!r}")
+        if self.local_tokens > self.total_tokens:
+            raise ValueError(
+                f"LayerShape.local_tokens {self.local_tokens} exceeds total_tokens "
+                f"{self.total_tokens}"
+            )
+
+
+def gemm_cost(m: int, k: int, n: int, dtype_bytes: int) -> Cost:
+    """``(m x k) @ (k x n)``: ``2mkn`` FLOPs; both operands read and the result written once."""
+    return Cost(2.0 * m * k * n, float(m * k + k * n + m * n) * dtype_bytes)
+
+
+def _elementwise(elements: int, flops_per_element: int, dtype_bytes: int) -> Cost:
+    # Read and write every element once.
+    return Cost(float(elements) * flops_per_element, 2.0 * elements * dtype_bytes)
+
+
+def _norm(spec: ModelSpec, shape: LayerShape) -> Cost:
+    elements = _NORM_PASSES * shape.local_tokens * spec.hidden_size
+    return _elementwise(elements, _NORM_FLOPS_PER_ELEMENT, shape.dtype_bytes)
+
+
+def _projection(spec: ModelSpec, shape: LayerShape) -> Cost:
+    d = spec.hidden_size
+    return gemm_cost(shape.local_tokens, d, d, shape.dtype_bytes)
+
+
+def _qk_norm(spec: ModelSpec, shape: LayerShape) -> Cost:
+    if not spec.has_qk_norm:
+        return ZERO
+    elements = 2 * shape.local_tokens * spec.hidden_size  # Q and K
+    return _elementwise(elements, _QK_NORM_FLOPS_PER_ELEMENT, shape.dtype_bytes)
+
+
+def _rope(spec: ModelSpec, shape: LayerShape) -> Cost:
+    if not spec.has_rope:
+        return ZERO
+    elements = 2 * shape.local_tokens * spec.hidden_size  # Q and K
+    return _elementwise(elements, _ROPE_FLOPS_PER_ELEMENT, shape.dtype_bytes)
+
+
+def _attention(spec: ModelSpec, shape: LayerShape) -> Cost:
+    s, heads, hd = shape.total_tokens, shape.local_heads, spec.head_dim
+    flops = 4.0 * s * s * hd * heads  # QK^T and PV, 2 FLOPs per multiply-add each
+    memory = 4.0 * s * heads * hd * shape.dtype_bytes  # Q, K, V in, O out
+    return Cost(flops, memory)
+
+
+def _cross_attention(spec: ModelSpec, shape: LayerShape) -> Cost:
+    text = spec.cross_attention_tokens
+    if text == 0:
+        return ZERO
+    d, s_loc, b = spec.hidden_size, shape.local_tokens, shape.dtype_bytes
+    projections = (
+        gemm_cost(s_loc, d, d, b)  # Q of the local tokens
+        + gemm_cost(text, d, d, b)  # K of the text, on every rank
+        + gemm_cost(text, d, d, b)  # V of the text, on every rank
+        + gemm_cost(s_loc, d, d, b)  # output projection
+    )
+    attention = Cost(4.0 * s_loc * text * d, 2.0 * (s_loc + text) * d * b)  # Q, K, V in, O out
+    return projections + attention
+
+
+def _mlp(spec: ModelSpec, shape: LayerShape) -> Cost:
+    d, s_loc, b = spec.hidden_size, shape.local_tokens, shape.dtype_bytes
+    inner = spec.mlp_ratio * d  # may be fractional for an equivalent ratio (FLUX.2, Wan)
+    up = Cost(2.0 * s_loc * d * inner, (s_loc * d + d * inner + s_loc * inner) * b)
+    down = Cost(2.0 * s_loc * inner * d, (s_loc * inner + inner * d + s_loc * d) * b)
+    return up + down
+
+
+_OP_COSTS = {
+    "norm": _norm,
+    "proj_q": _projection,
+    "proj_k": _projection,
+    "proj_v": _projection,
+    "qk_norm": _qk_norm,
+    "rope": _rope,
+    "attention": _attention,
+    "proj_out": _projection,
+    "cross_attention": _cross_attention,
+    "mlp": _mlp,
+}
+
+
+def op_cost(spec: ModelSpec, op: str, shape: LayerShape) -> Cost:
+    """Price one operation of one transformer layer on one Ulysses rank.
+
+    Args:
+        spec: the model.
+        op: one of :data:`OPS`.
+        shape: the rank's token and head counts.
+
+    Returns:
+        The FLOPs and HBM bytes of ``op`` (zero for an operation the model lacks).
+
+    Raises:
+        ValueError: ``op`` is not in :data:`OPS` (the message lists them).
+    """
+    price = _OP_COSTS.get(op)
+    if price is None:
+        raise ValueError(f"unknown operation {op!r}; valid: {', '.join(OPS)}")
+    return price(spec, shape)
+
+
+def roofline_seconds(cost: Cost, tflops: float, memory_gbps: float) -> float:
+    """Time of ``cost`` on a device, whichever of compute and memory bounds it.
+
+    Args:
+        cost: the work.
+        tflops: achievable compute, in 10^12 FLOP/s.
+        memory_gbps: achievable HBM bandwidth, in 10^9 bytes/s.
+
+    Returns:
+        ``max(flops / (tflops * 1e12), memory_bytes / (memory_gbps * 1e9))`` seconds.
+
+    Raises:
+        ValueError: ``tflops`` or ``memory_gbps`` is not positive.
+    """
+    if tflops <= 0 or memory_gbps <= 0:
+        raise ValueError(
+            f"device rates must be positive, got {tflops} TFLOP/s and {memory_gbps} GB/s"
+        )
+    return max(cost.flops / (tflops * 1e12), cost.memory_bytes / (memory_gbps * 1e9))
+
+
+def step_flops(spec: ModelSpec, tokens: int) -> float:
+    """Matrix-product FLOPs of one denoising step of the whole model on one device.
+
+    ``num_layers * ((8 + 4r) S d^2 + 4 S^2 d)`` with ``r = mlp_ratio`` (the textbook
+    ``24 S d^2 + 4 S^2 d`` for ``r`` = 4), plus, for cross-attention models,
+    ``4 S d^2 + 4 T d^2 + 4 S T d`` per layer. Elementwise work, embeddings and the final
+    layer are left out: this is a sanity check, not the simulator's model.
+
+    Args:
+        spec: the model.
+        tokens: the attention sequence length ``S`` (:meth:`ModelSpec.sequence_tokens`).
+    """
+    s, d, r = float(tokens), float(spec.hidden_size), spec.mlp_ratio
+    per_layer = (8.0 + 4.0 * r) * s * d * d + 4.0 * s * s * d
+    text = float(spec.cross_attention_tokens)
+    if text:
+        per_layer += 4.0 * s * d * d + 4.0 * text * d * d + 4.0 * s * text * d
+    return spec.num_layers * per_layer

@@ -1,0 +1,174 @@
+"""Plans are data: what one rank does, in what order, for one transformer layer.
+
+A scheduler (``cocodiff.schedules``) turns a model, a rank layout and options into a
+:class:`Plan`. The same plan is executed by the simulator (compute steps take the cost
+model's time, exchanges become flows) and by the runtime (compute steps are the
+model's modules, exchanges go through a real transport) with one executor,
+:mod:`cocodiff.executor`.
+
+Ulysses exchanges move *head rows*: a rank's Q (or K, V, attention output) is laid out
+as rows of ``tokens x head_dim`` values, one row per (head, token block); an exchange
+sends ``send_rows[j]`` rows to group member j. ``row_bytes`` is one row's size.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from cocodiff.cost import Cost
+
+Tensor = Literal["q", "k", "v", "out"]
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """Run one operation (a name from ``cocodiff.cost.OPS``) costing ``cost`` on this rank."""
+
+    op: str
+    cost: Cost
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """Start an all-to-all of ``tensor`` over ``group`` (global ranks, group order).
+
+    ``scatter_heads``: tokens are split and heads whole before, the opposite after
+    (Q, K, V). ``gather_heads``: the reverse (the attention output).
+    """
+
+    tensor: Tensor
+    group: tuple[int, ...]
+    send_rows: tuple[int, ...]
+    recv_rows: tuple[int, ...]
+    row_bytes: int
+    direction: Literal["scatter_heads", "gather_heads"]
+
+    @property
+    def send_bytes(self) -> int:
+        return sum(self.send_rows) * self.row_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Block until the exchange of ``tensor`` has arrived."""
+
+    tensor: Tensor
+
+
+Step = Compute | Exchange | Wait
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPlan:
+    """One transformer layer on one rank.
+
+    ``attention`` is what the runtime's attention processor executes; ``before`` and
+    ``after`` (norms, MLP, cross-attention) run in the model's own block code, so only
+    the simulator executes them.
+    """
+
+    before: tuple[Compute, ...]
+    attention: tuple[Step, ...]
+    after: tuple[Compute, ...]
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return self.before + self.attention + self.after
+
+    @property
+    def exchanges(self) -> tuple[Exchange, ...]:
+        return tuple(step for step in self.attention if isinstance(step, Exchange))
+
+
+@dataclass(frozen=True, slots=True)
+class RankProgram:
+    """All layers of one denoising step on one rank (identical layers share one object)."""
+
+    rank: int
+    layers: tuple[LayerPlan, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class UlyssesLayout:
+    """How a sequence and the heads are split over a Ulysses group.
+
+    Args:
+        sequence_tokens: real tokens (image + joint text).
+        padded_tokens: ``sequence_tokens`` rounded up to a multiple of the rank count.
+        heads: heads each rank attends over after the exchange (uneven when the head
+            count does not divide).
+        head_dim: values per head and token.
+    """
+
+    sequence_tokens: int
+    padded_tokens: int
+    heads: tuple[int, ...]
+    head_dim: int
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.heads)
+
+    @property
+    def local_tokens(self) -> int:
+        return self.padded_tokens // self.num_ranks
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One denoising step for every rank of a run.
+
+    Args:
+        schedule: the scheduler's registry name.
+        model: the model spec's name.
+        layout: the Ulysses split.
+        programs: one program per rank, indexed by global rank.
+        shift_period: the plan is unchanged when every rank is shifted by this many
+            ranks (mod the rank count), or None. The simulator folds node-symmetric
+            traffic onto one node when the ranks per node is a multiple of it.
+    """
+
+    schedule: str
+    model: str
+    layout: UlyssesLayout
+    programs: tuple[RankProgram, ...] = field(repr=False)
+    shift_period: int | None
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.programs)
+
+    def program(self, rank: int) -> RankProgram:
+        return self.programs[rank]
+
+    def foldable(self, ranks_per_node: int) -> bool:
+        return self.shift_period is not None and ranks_per_node % self.shift_period == 0
+
+    def to_json(self, ranks: tuple[int, ...] | None = None) -> str:
+        """JSON of the plan (all ranks, or the given ones). Shared layers are repeated."""
+        chosen = range(self.num_ranks) if ranks is None else ranks
+        return json.dumps(
+            {
+                "schedule": self.schedule,
+                "model": self.model,
+                "layout": asdict(self.layout),
+                "shift_period": self.shift_period,
+                "programs": [_program_json(self.programs[r]) for r in chosen],
+            }
+        )
+
+
+def _program_json(program: RankProgram) -> dict:
+    def step_json(step: Step) -> dict:
+        return {"kind": type(step).__name__.lower(), **asdict(step)}
+
+    return {
+        "rank": program.rank,
+        "layers": [
+            {part: [step_json(s) for s in getattr(layer, part)]
+             for part in ("before", "attention", "after")}
+            for layer in program.layers
+        ],
+    }

@@ -1,0 +1,1 @@
+"""The runtime: real diffusers pipelines executed under Ulysses sequence parallelism."""

@@ -1,0 +1,236 @@
+"""Load, run and decode diffusers pipelines in one process.
+
+This is the single-process reference: the Ulysses runtime swaps the transformer's attention
+processors and must reproduce exactly what ``run_pipeline`` returns here.
+
+Only local files are read (``HF_HUB_OFFLINE=1``, ``local_files_only=True``) and only safetensors
+weights are loaded (``use_safetensors=True``): never a pickle.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+# huggingface_hub reads this when it is first imported (by diffusers, below): set it first.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from diffusers import DiffusionPipeline  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from cocodiff.runtime.tiny import TINY_MODELS, build_tiny  # noqa: E402
+
+# Transformer classes the runtime knows how to parallelise (model_index.json "transformer" entry).
+SUPPORTED_TRANSFORMERS = (
+    "FluxTransformer2DModel",
+    "SD3Transformer2DModel",
+    "QwenImageTransformer2DModel",
+    "WanTransformer3DModel",
+    "PixArtTransformer2DModel",
+)
+
+StepCallback = Callable[[int, int], None]
+"""Called after each denoising step as ``callback(steps_done, num_steps)``."""
+
+
+class ModelLoadError(ValueError):
+    """A model name or directory that cannot be loaded; the message is one line."""
+
+
+def load_pipeline(model: str, dtype: torch.dtype = torch.float32) -> DiffusionPipeline:
+    """Loads a tiny built-in model or a local diffusers pipeline directory.
+
+    Args:
+        model: a ``TINY_MODELS`` name, or a directory holding ``model_index.json``.
+        dtype: dtype of the pipeline's modules.
+
+    Returns:
+        The pipeline on CPU with its progress bar off.
+
+    Raises:
+        ModelLoadError: ``model`` is neither a tiny name nor a loadable pipeline directory, or
+            its transformer class is not one of ``SUPPORTED_TRANSFORMERS``.
+    """
+    if model in TINY_MODELS:
+        return build_tiny(model, dtype)
+    path = Path(model)
+    if not path.is_dir():
+        raise ModelLoadError(
+            f"model {model!r} is neither a tiny model ({', '.join(TINY_MODELS)}) "
+            "nor an existing directory"
+        )
+    index_path = path / "model_index.json"
+    if not index_path.is_file():
+        raise ModelLoadError(f"{path} has no model_index.json: not a diffusers pipeline directory")
+    try:
+        index = json.loads(index_path.read_text())
+        transformer_class = index["transformer"][1]
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
+        raise ModelLoadError(f"{index_path} names no transformer: {err!r}") from err
+    if transformer_class not in SUPPORTED_TRANSFORMERS:
+        raise ModelLoadError(
+            f"unsupported transformer class {transformer_class!r} in {index_path}; "
+            f"supported: {', '.join(SUPPORTED_TRANSFORMERS)}"
+        )
+    try:
+        pipe = DiffusionPipeline.from_pretrained(
+            path, torch_dtype=dtype, use_safetensors=True, local_files_only=True
+        )
+    except (OSError, ValueError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+        raise ModelLoadError(f"cannot load {path}: {first_line}") from err
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def export_tiny(name: str, directory: str | os.PathLike[str]) -> Path:
+    """Saves a tiny model as a diffusers pipeline directory (safetensors weights).
+
+    Args:
+        name: a ``TINY_MODELS`` name.
+        directory: where to write; created if missing.
+
+    Returns:
+        The directory, which ``load_pipeline`` loads back with identical weights.
+    """
+    path = Path(directory)
+    build_tiny(name).save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def run_pipeline(
+    pipe: DiffusionPipeline,
+    prompt: str,
+    steps: int,
+    width: int,
+    height: int,
+    frames: int = 1,
+    seed: int = 0,
+    callback: StepCallback | None = None,
+    *,
+    max_sequence_length: int | None = None,
+) -> torch.Tensor:
+    """Runs a text-to-image (or -video) pipeline in this process and returns its final latents.
+
+    The initial noise comes from a CPU ``torch.Generator`` seeded with ``seed``, so the same
+    arguments give the same latents in every process. The pipeline decodes nothing
+    (``output_type="latent"``); use ``decode`` for pixels.
+
+    Args:
+        pipe: a pipeline from ``load_pipeline``.
+        prompt: the text prompt.
+        steps: number of denoising steps.
+        width: image width in pixels.
+        height: image height in pixels.
+        frames: video frames; must be 1 for image pipelines.
+        seed: seed of the initial noise.
+        callback: called as ``callback(steps_done, steps)`` after each step.
+        max_sequence_length: text tokens to pad / truncate the prompt to; None keeps the
+            pipeline's default (tiny models: ``TINY_DEFAULTS[name].max_sequence_length``).
+
+    Returns:
+        float32 latents in the VAE's layout, not yet un-scaled: (batch, channels, height/8,
+        width/8) for AutoencoderKL pipelines, (batch, channels, latent_frames, height/8,
+        width/8) for the 3D VAEs of Qwen-Image (1 frame) and Wan. Packed 2x2 token latents
+        (FLUX, Qwen-Image) are unpacked.
+
+    Raises:
+        ValueError: ``frames`` is not 1 for an image pipeline, or ``steps`` < 1.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    params = inspect.signature(pipe.__call__).parameters
+    kwargs: dict[str, object] = {}
+    if "num_frames" in params:
+        kwargs["num_frames"] = frames
+    elif frames != 1:
+        raise ValueError(f"{type(pipe).__name__} makes images: frames must be 1, got {frames}")
+    # Generate exactly the requested size, and keep the prompt text as given.
+    if "use_resolution_binning" in params:
+        kwargs["use_resolution_binning"] = False
+    if "clean_caption" in params:
+        kwargs["clean_caption"] = False
+    if max_sequence_length is not None:
+        kwargs["max_sequence_length"] = max_sequence_length
+    if callback is not None:
+
+        def on_step_end(_pipe, step_index, _timestep, callback_kwargs):
+            callback(step_index + 1, steps)
+            return callback_kwargs
+
+        kwargs["callback_on_step_end"] = on_step_end
+
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    latents = pipe(
+        prompt=prompt,
+        num_inference_steps=steps,
+        width=width,
+        height=height,
+        generator=generator,
+        output_type="latent",
+        return_dict=False,
+        **kwargs,
+    )[0]
+    if latents.ndim == 3 and hasattr(pipe, "_unpack_latents"):
+        # (b, h/16 * w/16, c * 4) -> (b, c, h/8, w/8), or (b, c, 1, h/8, w/8) for Qwen-Image
+        latents = pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
+    return latents.float()
+
+
+def _decode_kl(pipe: DiffusionPipeline, latents: torch.Tensor) -> Image.Image:
+    config = pipe.vae.config
+    latents = latents / config.scaling_factor + (getattr(config, "shift_factor", None) or 0.0)
+    image = pipe.vae.decode(latents.to(pipe.vae.dtype), return_dict=False)[0]
+    return pipe.image_processor.postprocess(image, output_type="pil")[0]
+
+
+def _unnormalise_3d(pipe: DiffusionPipeline, latents: torch.Tensor) -> torch.Tensor:
+    config = pipe.vae.config
+    # (z,) -> (1, z, 1, 1, 1) to broadcast over (b, z, f, h, w)
+    mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1)
+    std = torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1)
+    return (latents * std + mean).to(pipe.vae.dtype)
+
+
+def _decode_qwen(pipe: DiffusionPipeline, latents: torch.Tensor) -> Image.Image:
+    # (b, 3, 1, h, w) -> (b, 3, h, w): the single frame
+    image = pipe.vae.decode(_unnormalise_3d(pipe, latents), return_dict=False)[0][:, :, 0]
+    return pipe.image_processor.postprocess(image, output_type="pil")[0]
+
+
+def _decode_wan(pipe: DiffusionPipeline, latents: torch.Tensor) -> list[Image.Image]:
+    video = pipe.vae.decode(_unnormalise_3d(pipe, latents), return_dict=False)[0]
+    return pipe.video_processor.postprocess_video(video, output_type="pil")[0]
+
+
+_DECODERS: dict[str, Callable[[DiffusionPipeline, torch.Tensor], object]] = {
+    "FluxPipeline": _decode_kl,
+    "StableDiffusion3Pipeline": _decode_kl,
+    "PixArtSigmaPipeline": _decode_kl,
+    "QwenImagePipeline": _decode_qwen,
+    "WanPipeline": _decode_wan,
+}
+
+
+def decode(pipe: DiffusionPipeline, latents: torch.Tensor) -> Image.Image | list[Image.Image]:
+    """Decodes ``run_pipeline`` latents to pixels, as the pipeline itself would.
+
+    Args:
+        pipe: the pipeline that produced ``latents``.
+        latents: the tensor ``run_pipeline`` returned (first batch item is decoded).
+
+    Returns:
+        A PIL image, or for video pipelines the list of PIL frames.
+
+    Raises:
+        ValueError: no decoder for this pipeline class.
+    """
+    pipe_class = type(pipe).__name__
+    if pipe_class not in _DECODERS:
+        raise ValueError(f"no decoder for {pipe_class}; known: {', '.join(_DECODERS)}")
+    with torch.no_grad():
+        return _DECODERS[pipe_class](pipe, latents)

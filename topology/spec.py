@@ -1,0 +1,212 @@
+"""What a machine is made of, as plain frozen data, and the checks that make it valid.
+
+A machine is ``num_nodes`` identical nodes. A node holds ``gpus_per_node`` GPUs, each
+with ``tiles_per_gpu`` tiles (Aurora's "stacks"; one rank runs on one tile), a host
+(CPU and PCIe root) and ``nics_per_node`` NICs into one inter-node fabric. Bandwidths
+are gigabytes per second in each direction; latencies are microseconds per link.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from topology.errors import TopologyError
+
+GPU_FABRICS = ("all-to-all", "switch")
+"""How the GPUs of one node are wired: one direct link per GPU pair, or one link from
+every GPU to a node switch."""
+
+MAX_TILES = 1_000_000
+"""Largest machine accepted (tiles, and separately NICs), to refuse typos like
+``count = 80000000`` before building a graph that would never fit in memory."""
+
+LINK_FIELDS = ("tile_link", "gpu_link", "port_link", "host_link", "nic_link")
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """One physical link, the same in both directions.
+
+    Attributes:
+        bandwidth_gbps: gigabytes/s in each direction.
+        latency_us: time for a message's first byte to cross the link, in microseconds.
+    """
+
+    bandwidth_gbps: float
+    latency_us: float
+
+
+@dataclass(frozen=True, slots=True)
+class TopologySpec:
+    """A whole machine: ``num_nodes`` identical nodes joined by one fabric.
+
+    Attributes:
+        name: a label for reports (the preset or file name).
+        num_nodes: nodes in the machine.
+        gpus_per_node: GPUs in one node.
+        tiles_per_gpu: tiles (stacks) in one GPU; a rank runs on one tile.
+        nics_per_node: NICs in one node; 0 only makes sense for one node.
+        tile_tflops: dense bf16 TFLOP/s of one tile.
+        tile_memory_gbps: HBM GB/s of one tile.
+        tile_link: the direct link between every two tiles of one GPU (``None`` iff
+            ``tiles_per_gpu == 1``).
+        gpu_link: GPU <-> GPU inside a node (``None`` iff ``gpus_per_node == 1``): per GPU
+            pair for ``gpu_fabric == "all-to-all"``, per GPU <-> switch port for "switch".
+        gpu_fabric: ``"all-to-all"`` (one direct link per GPU pair, Aurora's Xe Link) or
+            ``"switch"`` (every GPU links to one node switch, NVSwitch).
+        port_link: tile <-> its GPU (on package; by default not a constraint).
+        host_link: GPU <-> the node's host (PCIe); inter-node traffic crosses it.
+        nic_link: one NIC <-> the fabric switch. A route between nodes crosses two of
+            them (one at each end), so it pays ``latency_us`` twice.
+        fabric_latency_us: traversal of the inter-node fabric (switch hops x per-hop).
+    """
+
+    name: str
+    num_nodes: int
+    gpus_per_node: int
+    tiles_per_gpu: int
+    nics_per_node: int
+    tile_tflops: float
+    tile_memory_gbps: float
+    tile_link: LinkSpec | None
+    gpu_link: LinkSpec | None
+    gpu_fabric: str
+    port_link: LinkSpec
+    host_link: LinkSpec
+    nic_link: LinkSpec
+    fabric_latency_us: float
+
+    @property
+    def tiles_per_node(self) -> int:
+        return self.gpus_per_node * self.tiles_per_gpu
+
+    @property
+    def num_tiles(self) -> int:
+        return self.num_nodes * self.tiles_per_node
+
+    def with_nodes(self, num_nodes: int) -> TopologySpec:
+        """The same machine with ``num_nodes`` nodes.
+
+        Raises:
+            TopologyError: ``num_nodes`` is not a positive integer.
+        """
+        check_num_nodes(num_nodes)
+        return dataclasses.replace(self, num_nodes=num_nodes)
+
+
+def check_num_nodes(num_nodes: object) -> None:
+    """Refuse a node count given on its own (a CLI flag, a function argument)."""
+    if not _is_int(num_nodes) or num_nodes < 1:  # type: ignore[operator]
+        raise TopologyError(f"number of nodes must be a positive integer, got {num_nodes!r}")
+
+
+def validate_spec(spec: TopologySpec, locations: Mapping[str, str] | None = None) -> None:
+    """Check everything about a spec; raise on the first problem.
+
+    Args:
+        spec: the machine.
+        locations: field name -> where the user wrote it, used in messages (a TOML
+            loader passes e.g. ``{"gpu_link": "[links.gpu] of cluster.toml"}``). Fields
+            not in it are named ``"<field> of topology '<name>'"``.
+
+    Raises:
+        TopologyError: one line naming the value and where it came from.
+    """
+    if not isinstance(spec, TopologySpec):
+        raise TopologyError(f"expected a TopologySpec, got {type(spec).__name__}")
+
+    def where(field: str) -> str:
+        if locations is not None and field in locations:
+            return locations[field]
+        return f"{field} of topology {spec.name!r}"
+
+    if not isinstance(spec.name, str) or not spec.name:
+        raise TopologyError(f"topology name must be a non-empty string, got {spec.name!r}")
+    for field, minimum in (
+        ("num_nodes", 1),
+        ("gpus_per_node", 1),
+        ("tiles_per_gpu", 1),
+        ("nics_per_node", 0),
+    ):
+        value = getattr(spec, field)
+        if not _is_int(value):
+            raise TopologyError(f"expected an integer for {where(field)}, got {value!r}")
+        if value < minimum:
+            problem = "non-positive" if minimum == 1 else "negative"
+            raise TopologyError(f"{problem} count {value} in {where(field)}")
+    if spec.num_tiles > MAX_TILES:
+        raise TopologyError(
+            f"too many tiles: {spec.num_nodes} nodes x {spec.gpus_per_node} GPUs x "
+            f"{spec.tiles_per_gpu} tiles = {spec.num_tiles} > {MAX_TILES} "
+            f"({where('num_nodes')})"
+        )
+    if spec.num_nodes * spec.nics_per_node > MAX_TILES:
+        raise TopologyError(
+            f"too many NICs: {spec.num_nodes} nodes x {spec.nics_per_node} NICs > {MAX_TILES} "
+            f"({where('nics_per_node')})"
+        )
+    _check_number(spec.tile_tflops, "compute rate", "TF/s", where("tile_tflops"), positive=True)
+    _check_number(
+        spec.tile_memory_gbps, "memory bandwidth", "GB/s", where("tile_memory_gbps"), positive=True
+    )
+    _check_number(spec.fabric_latency_us, "latency", "us", where("fabric_latency_us"))
+    if not isinstance(spec.gpu_fabric, str) or spec.gpu_fabric not in GPU_FABRICS:
+        raise TopologyError(
+            f"unknown GPU fabric {spec.gpu_fabric!r} in {where('gpu_fabric')} "
+            f"(valid: {', '.join(GPU_FABRICS)})"
+        )
+    for field in LINK_FIELDS:
+        link = getattr(spec, field)
+        if link is None and field in ("tile_link", "gpu_link"):
+            continue
+        if not isinstance(link, LinkSpec):
+            raise TopologyError(f"expected a LinkSpec for {where(field)}, got {link!r}")
+        _check_number(link.bandwidth_gbps, "bandwidth", "GB/s", where(field), positive=True)
+        _check_number(link.latency_us, "latency", "us", where(field))
+
+    # Every tile must reach every other tile.
+    if spec.tiles_per_gpu > 1 and spec.tile_link is None:
+        raise TopologyError(
+            f"no route from n0.g0.t0 to n0.g0.t1: {spec.tiles_per_gpu} tiles per GPU but no "
+            f"tile link ({where('tile_link')})"
+        )
+    if spec.gpus_per_node > 1 and spec.gpu_link is None:
+        raise TopologyError(
+            f"no route from n0.g0.t0 to n0.g1.t0: {spec.gpus_per_node} GPUs per node but no "
+            f"GPU link ({where('gpu_link')})"
+        )
+    if spec.num_nodes > 1 and spec.nics_per_node == 0:
+        raise TopologyError(
+            f"no route from n0.g0.t0 to n1.g0.t0: {spec.num_nodes} nodes but no NICs "
+            f"({where('nics_per_node')} is 0)"
+        )
+    # A link between parts that do not exist is a mistake in the spec, not a harmless extra.
+    if spec.tiles_per_gpu == 1 and spec.tile_link is not None:
+        raise TopologyError(
+            f"a tile link is given but there is 1 tile per GPU ({where('tile_link')})"
+        )
+    if spec.gpus_per_node == 1 and spec.gpu_link is not None:
+        raise TopologyError(
+            f"a GPU link is given but there is 1 GPU per node ({where('gpu_link')})"
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_number(
+    value: object, what: str, unit: str, where: str, *, positive: bool = False
+) -> None:
+    """A finite int or float; > 0 when ``positive``, else >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TopologyError(f"expected a number for {what} in {where}, got {value!r}")
+    if not math.isfinite(value):
+        raise TopologyError(f"{what} {value} {unit} is not finite in {where}")
+    if value < 0:
+        raise TopologyError(f"negative {what} {value} {unit} in {where}")
+    if positive and value == 0:
+        raise TopologyError(f"zero {what} {value} {unit} in {where}")

@@ -1,0 +1,407 @@
+"""Topology files: a machine written in TOML.
+
+A file describes one node and how many of them there are; every node is identical::
+
+    # optional: start from a preset and override only what differs
+    preset = "aurora"
+    name = "aurora"            # label for reports (default: the preset's, else the file stem)
+
+    [nodes]
+    count = 8                  # nodes (default 1; ``num_nodes`` given to the loader wins)
+    gpus = 6                   # GPUs per node (required)
+    tiles_per_gpu = 2          # tiles (stacks) per GPU, one rank each (default 1)
+    nics = 8                   # NICs per node (default 0: single node only)
+
+    [tile]
+    tflops = 256.0             # dense bf16 TFLOP/s of one tile (required)
+    memory_gbps = 1000.0       # HBM GB/s of one tile (required)
+
+    [links.tile]               # every two tiles of one GPU; required iff tiles_per_gpu > 1
+    bandwidth_gbps = 185.0     # GB/s per direction
+    latency_us = 2.0
+
+    [links.gpu]                # GPU <-> GPU; required iff gpus > 1
+    bandwidth_gbps = 15.0      # per GPU pair ("all-to-all") or per GPU switch port ("switch")
+    latency_us = 3.0           # per link crossed: "switch" routes cross two
+    fabric = "all-to-all"      # or "switch" (default)
+
+    [links.port]               # tile <-> its GPU (default: the tile's memory_gbps, 0 us)
+    [links.host]               # GPU <-> node host, PCIe (required)
+    [links.nic]                # one NIC <-> fabric switch; required iff nics > 0
+                               # (with nics = 0 it defaults to the host link, unused)
+
+    [fabric]
+    latency_us = 1.5           # inter-node switch traversal (default 0)
+
+Every ``[links.*]`` table takes ``bandwidth_gbps`` (> 0) and ``latency_us`` (>= 0). Numbers
+may be integers or floats, never booleans; counts are integers. With ``preset``, a table
+or key that is left out keeps the preset's value, and a link the new shape no longer has
+(``tiles_per_gpu = 1`` on an Aurora base drops its tile link) is dropped with it; a
+``[links.gpu]`` table holding only ``fabric`` is allowed for one GPU per node, so that
+every spec round-trips through :func:`dump_topology`.
+
+Every problem raises :class:`TopologyError` with one line naming the value, the key and
+the file. See topology/FORMAT.md for complete examples.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from topology.errors import TopologyError
+from topology.presets import PRESETS
+from topology.spec import LinkSpec, TopologySpec, check_num_nodes, validate_spec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+_TOP_KEYS = ("preset", "name", "nodes", "tile", "links", "fabric")
+_NODES_KEYS = ("count", "gpus", "tiles_per_gpu", "nics")
+_TILE_KEYS = ("tflops", "memory_gbps")
+_LINK_NAMES = ("tile", "gpu", "port", "host", "nic")
+_LINK_KEYS = ("bandwidth_gbps", "latency_us")
+_GPU_LINK_KEYS = (*_LINK_KEYS, "fabric")
+_FABRIC_KEYS = ("latency_us",)
+
+# Spec field -> (TOML table, key or None for a whole link table).
+_FIELD_KEYS: dict[str, tuple[str, str | None]] = {
+    "num_nodes": ("nodes", "count"),
+    "gpus_per_node": ("nodes", "gpus"),
+    "tiles_per_gpu": ("nodes", "tiles_per_gpu"),
+    "nics_per_node": ("nodes", "nics"),
+    "tile_tflops": ("tile", "tflops"),
+    "tile_memory_gbps": ("tile", "memory_gbps"),
+    "tile_link": ("links.tile", None),
+    "gpu_link": ("links.gpu", None),
+    "gpu_fabric": ("links.gpu", "fabric"),
+    "port_link": ("links.port", None),
+    "host_link": ("links.host", None),
+    "nic_link": ("links.nic", None),
+    "fabric_latency_us": ("fabric", "latency_us"),
+}
+
+
+def load_topology(path: str | Path, num_nodes: int | None = None) -> TopologySpec:
+    """Read and validate a topology file.
+
+    Args:
+        path: the ``.toml`` file.
+        num_nodes: overrides ``[nodes] count`` when given.
+
+    Returns:
+        The validated spec.
+
+    Raises:
+        TopologyError: a missing, unreadable, unparsable or invalid file; one line
+            naming the file, the key and the value.
+    """
+    path = Path(path)
+    if num_nodes is not None:
+        check_num_nodes(num_nodes)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise TopologyError(f"no topology file {path}") from None
+    except UnicodeDecodeError as err:
+        raise TopologyError(f"topology file {path} is not UTF-8 text: {err.reason}") from None
+    except OSError as err:
+        raise TopologyError(f"cannot read topology file {path}: {err.strerror}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise TopologyError(f"invalid TOML in {path}: {err}") from None
+    if not doc:
+        raise TopologyError(f"empty topology file {path}: expected at least [nodes] and [tile]")
+    return _Loader(doc, str(path), path.stem).spec(num_nodes)
+
+
+def dump_topology(spec: TopologySpec) -> str:
+    """The TOML text of ``spec``; ``load_topology`` of it gives ``spec`` back.
+
+    Raises:
+        TopologyError: ``spec`` is invalid.
+    """
+    validate_spec(spec)
+    lines = [
+        "# CoCoDiff topology file (format: topology/FORMAT.md)",
+        f"name = {_toml_string(spec.name)}",
+        "",
+        "[nodes]",
+        f"count = {spec.num_nodes}",
+        f"gpus = {spec.gpus_per_node}",
+        f"tiles_per_gpu = {spec.tiles_per_gpu}",
+        f"nics = {spec.nics_per_node}",
+        "",
+        "[tile]",
+        f"tflops = {_toml_float(spec.tile_tflops)}",
+        f"memory_gbps = {_toml_float(spec.tile_memory_gbps)}",
+    ]
+
+    def link_table(name: str, link: LinkSpec | None, extra: str = "") -> None:
+        if link is None and not extra:
+            return
+        lines.extend(["", f"[links.{name}]"])
+        if link is not None:
+            lines.append(f"bandwidth_gbps = {_toml_float(link.bandwidth_gbps)}")
+            lines.append(f"latency_us = {_toml_float(link.latency_us)}")
+        if extra:
+            lines.append(extra)
+
+    link_table("tile", spec.tile_link)
+    # "switch" is the default fabric: only say so when there is a GPU link to describe.
+    fabric = f"fabric = {_toml_string(spec.gpu_fabric)}"
+    if spec.gpu_link is None and spec.gpu_fabric == "switch":
+        fabric = ""
+    link_table("gpu", spec.gpu_link, fabric)
+    link_table("port", spec.port_link)
+    link_table("host", spec.host_link)
+    link_table("nic", spec.nic_link)
+    lines.extend(["", "[fabric]", f"latency_us = {_toml_float(spec.fabric_latency_us)}", ""])
+    return "\n".join(lines)
+
+
+class _Loader:
+    """Turns one parsed document into a spec, checking each key where it is read."""
+
+    def __init__(self, doc: dict[str, Any], file: str, stem: str) -> None:
+        self.doc = doc
+        self.file = file
+        self.stem = stem
+
+    def where(self, table: str | None, key: str | None = None) -> str:
+        """``"nodes.count of f.toml"`` for a key, ``"[links.gpu] of f.toml"`` for a table."""
+        if table is None:
+            return f"{key} of {self.file}"
+        if key is None:
+            return f"[{table}] of {self.file}"
+        return f"{table}.{key} of {self.file}"
+
+    def spec(self, num_nodes: int | None) -> TopologySpec:
+        doc = self.doc
+        self.check_keys(doc, None, _TOP_KEYS)
+        base = self.base()
+        name = self.string(doc, None, "name")
+        if name is None:
+            name = base.name if base is not None else self.stem
+
+        nodes = self.table(doc, "nodes", required=base is None)
+        self.check_keys(nodes, "nodes", _NODES_KEYS)
+        count = self.count(nodes, "nodes", "count", base.num_nodes if base else 1, 1)
+        if num_nodes is not None:
+            count = num_nodes
+        gpus = self.count(nodes, "nodes", "gpus", base.gpus_per_node if base else None, 1)
+        tiles = self.count(nodes, "nodes", "tiles_per_gpu", base.tiles_per_gpu if base else 1, 1)
+        nics = self.count(nodes, "nodes", "nics", base.nics_per_node if base else 0, 0)
+
+        tile = self.table(doc, "tile", required=base is None)
+        self.check_keys(tile, "tile", _TILE_KEYS)
+        tflops = self.number(tile, "tile", "tflops", base.tile_tflops if base else None)
+        memory_gbps = self.number(
+            tile, "tile", "memory_gbps", base.tile_memory_gbps if base else None
+        )
+
+        links = self.table(doc, "links")
+        self.check_keys(links, "links", _LINK_NAMES)
+        link_tables = {}
+        for link_name in _LINK_NAMES:
+            table = self.table(links, f"links.{link_name}", key=link_name)
+            keys = _GPU_LINK_KEYS if link_name == "gpu" else _LINK_KEYS
+            self.check_keys(table, f"links.{link_name}", keys)
+            link_tables[link_name] = table
+
+        tile_link = self.optional_link(
+            link_tables["tile"],
+            "tile",
+            tiles > 1,
+            base.tile_link if base else None,
+            f"tiles_per_gpu = {tiles}",
+        )
+        gpu_table = link_tables["gpu"]
+        fabric_name = self.string(gpu_table, "links.gpu", "fabric")
+        if fabric_name is None:
+            fabric_name = base.gpu_fabric if base else "switch"
+        gpu_link = self.optional_link(
+            {k: v for k, v in gpu_table.items() if k != "fabric"},
+            "gpu",
+            gpus > 1,
+            base.gpu_link if base else None,
+            f"gpus = {gpus}",
+        )
+        port_link = self.link(
+            link_tables["port"], "port", base.port_link if base else LinkSpec(memory_gbps, 0.0)
+        )
+        host_link = self.link(link_tables["host"], "host", base.host_link if base else None)
+        nic_default = base.nic_link if base else (host_link if nics == 0 else None)
+        nic_link = self.link(link_tables["nic"], "nic", nic_default)
+
+        fabric = self.table(doc, "fabric")
+        self.check_keys(fabric, "fabric", _FABRIC_KEYS)
+        fabric_latency = self.number(
+            fabric, "fabric", "latency_us", base.fabric_latency_us if base else 0.0
+        )
+
+        spec = TopologySpec(
+            name=name,
+            num_nodes=count,
+            gpus_per_node=gpus,
+            tiles_per_gpu=tiles,
+            nics_per_node=nics,
+            tile_tflops=tflops,
+            tile_memory_gbps=memory_gbps,
+            tile_link=tile_link,
+            gpu_link=gpu_link,
+            gpu_fabric=fabric_name,
+            port_link=port_link,
+            host_link=host_link,
+            nic_link=nic_link,
+            fabric_latency_us=fabric_latency,
+        )
+        locations = {field: self.where(*table_key) for field, table_key in _FIELD_KEYS.items()}
+        validate_spec(spec, locations)
+        return spec
+
+    # -- pieces -----------------------------------------------------------------------
+
+    def base(self) -> TopologySpec | None:
+        preset = self.string(self.doc, None, "preset")
+        if preset is None:
+            return None
+        factory = PRESETS.get(preset)
+        if factory is None:
+            raise TopologyError(
+                f"unknown preset {preset!r} in {self.file} (valid: {', '.join(sorted(PRESETS))})"
+            )
+        return factory()
+
+    def check_keys(self, doc: dict[str, Any], table: str | None, valid: tuple[str, ...]) -> None:
+        for key in doc:
+            if key not in valid:
+                place = self.where(table) if table else f"the top level of {self.file}"
+                raise TopologyError(f"unknown key {key!r} in {place} (valid: {', '.join(valid)})")
+
+    def table(
+        self, doc: dict[str, Any], name: str, *, key: str | None = None, required: bool = False
+    ) -> dict[str, Any]:
+        value = doc.get(key or name)
+        if value is None:
+            if required:
+                raise TopologyError(f"missing table {self.where(name)}")
+            return {}
+        if not isinstance(value, dict):
+            raise TopologyError(f"expected a table for {self.where(name)}, got {_describe(value)}")
+        return value
+
+    def string(self, doc: dict[str, Any], table: str | None, key: str) -> str | None:
+        value = doc.get(key)
+        if value is not None and not isinstance(value, str):
+            raise TopologyError(
+                f"expected a string for {self.where(table, key)}, got {_describe(value)}"
+            )
+        return value
+
+    def count(
+        self, doc: dict[str, Any], table: str, key: str, default: int | None, minimum: int
+    ) -> int:
+        value = doc.get(key, default)
+        if value is None:
+            raise TopologyError(f"missing key {key} in [{table}] of {self.file}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TopologyError(
+                f"expected an integer for {self.where(table, key)}, got {_describe(value)}"
+            )
+        if value < minimum:
+            problem = "non-positive" if minimum == 1 else "negative"
+            raise TopologyError(f"{problem} count {value} in {self.where(table, key)}")
+        return value
+
+    def number(self, doc: dict[str, Any], table: str, key: str, default: float | None) -> float:
+        value = doc.get(key, default)
+        if value is None:
+            raise TopologyError(f"missing key {key} in [{table}] of {self.file}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TopologyError(
+                f"expected a number for {self.where(table, key)}, got {_describe(value)}"
+            )
+        if isinstance(value, int) and abs(value) > 1e300:  # float() would overflow
+            raise TopologyError(f"number {value} out of range in {self.where(table, key)}")
+        return float(value)
+
+    def link(self, table: dict[str, Any], name: str, default: LinkSpec | None) -> LinkSpec:
+        where = f"links.{name}"
+        if not table and default is None:
+            raise TopologyError(
+                f"missing table {self.where(where)} (keys: bandwidth_gbps, latency_us)"
+            )
+        return LinkSpec(
+            bandwidth_gbps=self.number(
+                table, where, "bandwidth_gbps", default.bandwidth_gbps if default else None
+            ),
+            latency_us=self.number(
+                table, where, "latency_us", default.latency_us if default else None
+            ),
+        )
+
+    def optional_link(
+        self,
+        table: dict[str, Any],
+        name: str,
+        needed: bool,
+        default: LinkSpec | None,
+        shape: str,
+    ) -> LinkSpec | None:
+        """A tile or GPU link: present iff the node has two of the parts it joins."""
+        if not needed:
+            if table:
+                raise TopologyError(
+                    f"{self.where(f'links.{name}')} sets a link but [nodes] has {shape}"
+                )
+            return None  # a preset's link that the new shape no longer has is dropped
+        if not table and default is None:
+            return None  # validate_spec then names the tiles that cannot reach each other
+        return self.link(table, name, default)
+
+
+def _describe(value: object) -> str:
+    kind = {
+        bool: "boolean",
+        int: "integer",
+        float: "float",
+        str: "string",
+        list: "array",
+        dict: "table",
+    }.get(type(value), type(value).__name__)
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, (dict, list)):
+        return kind
+    return f"{kind} {value!r}"
+
+
+def _toml_float(value: float) -> str:
+    """A TOML float that reads back as exactly ``value`` (repr is round-trip exact)."""
+    value = float(value)
+    if not math.isfinite(value):  # validate_spec refuses these; never reached
+        raise TopologyError(f"cannot write non-finite number {value}")
+    return repr(value)
+
+
+def _toml_string(value: str) -> str:
+    """A TOML basic string: escape quote, backslash and control characters."""
+    out = ['"']
+    for char in value:
+        code = ord(char)
+        if char == '"':
+            out.append('\\"')
+        elif char == "\\":
+            out.append("\\\\")
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\u{code:04X}")
+        else:
+            out.append(char)
+    out.append('"')
+    return "".join(out)

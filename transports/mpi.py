@@ -1,0 +1,266 @@
+"""The MPI backend over mpi4py (MPICH, Intel MPI, Cray MPICH, Open MPI).
+
+Buffers are host arrays: torch CPU tensors (exchanged through their numpy view) or numpy
+arrays. The all-to-all is one ``Ialltoallv`` over ``MPI.BYTE`` with counts and displacements
+in bytes (rows x row bytes), so every dtype works, bfloat16 included.
+
+Device tensors (CUDA, XPU) are staged through host memory unless the transport is built with
+``gpu_aware=True``; then the device buffer is handed to MPI directly (through DLPack / CUDA
+array interface), which only a GPU-aware MPI may be given.
+
+MPI has no collective timeout: a dead peer ends the job through the launcher (mpiexec kills
+the other ranks) rather than raising here. MPI errors the library reports are raised as
+:class:`~transports.base.TransportError`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from transports.base import Group, TransportError
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+class _MpiHandle:
+    """One ``Ialltoallv`` in flight. ``wait()`` returns the received buffer once."""
+
+    __slots__ = ("_request", "_keep", "_finish", "_what", "_waited")
+
+    def __init__(
+        self, request: MPI.Request, keep: tuple[Any, ...], finish: Callable[[], Any], what: str
+    ) -> None:
+        self._request = request
+        self._keep = keep  # the send/recv buffers must outlive the request
+        self._finish = finish
+        self._what = what
+        self._waited = False
+
+    def is_completed(self) -> bool:
+        if self._waited:
+            return True
+        try:
+            return bool(self._request.Test())
+        except MPI.Exception as exc:
+            raise TransportError(f"{self._what} failed: {_one_line(exc)}") from exc
+
+    def wait(self) -> Any:
+        """Block until the exchange is done; return the received rows, grouped by source."""
+        if self._waited:
+            raise TransportError("wait() called twice on the same handle")
+        self._waited = True
+        try:
+            self._request.Wait()
+        except MPI.Exception as exc:
+            raise TransportError(f"{self._what} failed: {_one_line(exc)}") from exc
+        self._keep = ()
+        return self._finish()
+
+
+class MpiTransport:
+    """A :class:`~transports.base.Transport` over mpi4py.
+
+    Args:
+        comm: the communicator whose ranks form the world; ``MPI.COMM_WORLD`` if None. It is
+            duplicated, so this transport's messages never match anyone else's.
+        gpu_aware: pass device tensors to MPI directly instead of staging them through host
+            memory. Only for an MPI built GPU-aware (e.g. Cray MPICH with
+            ``MPIR_CVAR_ENABLE_GPU=1``, Intel MPI with ``I_MPI_OFFLOAD=1``).
+    """
+
+    def __init__(self, *, comm: MPI.Comm | None = None, gpu_aware: bool = False) -> None:
+        base = MPI.COMM_WORLD if comm is None else comm
+        try:
+            self._comm = base.Dup()
+        except MPI.Exception as exc:
+            raise TransportError(f"MPI communicator setup failed: {_one_line(exc)}") from exc
+        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self._gpu_aware = gpu_aware
+        self._rank = self._comm.Get_rank()
+        self._world_size = self._comm.Get_size()
+        self._world = Group(tuple(range(self._world_size)))
+        self._groups: dict[tuple[int, ...], Group] = {self._world.ranks: self._world}
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return "mpi"
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def world(self) -> Group:
+        return self._world
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("transport is closed")
+
+    def new_group(self, ranks: Sequence[int]) -> Group:
+        """Create (or return the cached) sub-group. Collective over the whole world.
+
+        The group's communicator ranks its members in the order given; ranks outside the
+        group get a Group whose handle is ``MPI.COMM_NULL``.
+        """
+        self._check_open()
+        key = tuple(int(r) for r in ranks)
+        if key in self._groups:
+            return self._groups[key]
+        _check_group_ranks(key, self._world_size)
+        world_group = self._comm.Get_group()
+        sub_group = world_group.Incl(list(key))
+        try:
+            comm = self._comm.Create(sub_group)  # collective over the world, keeps the order
+        except MPI.Exception as exc:
+            raise TransportError(f"MPI new_group({list(key)}) failed: {_one_line(exc)}") from exc
+        finally:
+            sub_group.Free()
+            world_group.Free()
+        if comm != MPI.COMM_NULL:
+            comm.Set_errhandler(MPI.ERRORS_RETURN)
+        group = Group(key, handle=comm)
+        self._groups[key] = group
+        return group
+
+    def all_to_all(
+        self,
+        send: Any,
+        send_splits: Sequence[int],
+        recv_splits: Sequence[int],
+        group: Group | None = None,
+    ) -> _MpiHandle:
+        """Start an all-to-all of rows of ``send`` (a torch tensor or a numpy array);
+        see :meth:`transports.base.Transport.all_to_all`."""
+        self._check_open()
+        group = self._world if group is None else group
+        send_rows = [int(n) for n in send_splits]
+        recv_rows = [int(n) for n in recv_splits]
+        _check_all_to_all(self._rank, group, tuple(send.shape), send_rows, recv_rows)
+        comm = self._comm if group.handle is None else group.handle
+
+        if isinstance(send, np.ndarray):
+            send_buf, recv_buf, row_bytes, finish = _numpy_buffers(send, sum(recv_rows))
+        else:
+            send_buf, recv_buf, row_bytes, finish = _torch_buffers(
+                send, sum(recv_rows), self._gpu_aware
+            )
+        send_counts = [n * row_bytes for n in send_rows]
+        recv_counts = [n * row_bytes for n in recv_rows]
+        what = f"MPI all_to_all on rank {self._rank} over group {group.ranks}"
+        try:
+            request = comm.Ialltoallv(
+                [send_buf, (send_counts, _displacements(send_counts)), MPI.BYTE],
+                [recv_buf, (recv_counts, _displacements(recv_counts)), MPI.BYTE],
+            )
+        except MPI.Exception as exc:
+            raise TransportError(f"{what} failed: {_one_line(exc)}") from exc
+        return _MpiHandle(request, (send_buf, recv_buf), finish, what)
+
+    def barrier(self) -> None:
+        self._check_open()
+        try:
+            self._comm.Barrier()
+        except MPI.Exception as exc:
+            raise TransportError(
+                f"MPI barrier failed on rank {self._rank}: {_one_line(exc)}"
+            ) from exc
+
+    def close(self) -> None:
+        """Free the communicators made here. Idempotent; MPI itself is finalised by mpi4py
+        at exit, since other code in the process may still use it."""
+        if self._closed:
+            return
+        self._closed = True
+        for group in self._groups.values():
+            if group.handle is not None and group.handle != MPI.COMM_NULL:
+                group.handle.Free()
+        self._groups.clear()
+        self._comm.Free()
+
+
+def _displacements(counts: list[int]) -> list[int]:
+    return [0, *accumulate(counts)][:-1]
+
+
+def _numpy_buffers(
+    send: np.ndarray, recv_rows: int
+) -> tuple[np.ndarray, np.ndarray, int, Callable[[], Any]]:
+    src = np.ascontiguousarray(send)
+    trailing = src.shape[1:]
+    out = np.empty((recv_rows, *trailing), dtype=src.dtype)
+    row_bytes = math.prod(trailing) * src.dtype.itemsize
+    # (n, *trailing) -> flat bytes, views of the same memory
+    return src.reshape(-1).view(np.uint8), out.reshape(-1).view(np.uint8), row_bytes, lambda: out
+
+
+def _torch_buffers(
+    send: Any, recv_rows: int, gpu_aware: bool
+) -> tuple[Any, Any, int, Callable[[], Any]]:
+    import torch
+
+    device = send.device
+    on_host = device.type == "cpu" or not gpu_aware
+    src = send.contiguous()
+    if device.type != "cpu":
+        if on_host:
+            src = src.cpu()  # staging copy; blocks until the device has produced it
+        else:
+            getattr(torch, device.type).synchronize(device)  # MPI reads the memory directly
+    trailing = tuple(src.shape[1:])
+    out = torch.empty((recv_rows, *trailing), dtype=src.dtype, device=src.device)
+    row_bytes = math.prod(trailing) * src.element_size()
+    # (n, *trailing) -> flat bytes, views of the same memory (numpy ones on the host)
+    send_buf = src.reshape(-1).view(torch.uint8)
+    recv_buf = out.reshape(-1).view(torch.uint8)
+    if on_host:
+        send_buf, recv_buf = send_buf.numpy(), recv_buf.numpy()
+
+    def finish() -> Any:
+        return out if out.device == device else out.to(device)
+
+    return send_buf, recv_buf, row_bytes, finish
+
+
+def _check_group_ranks(ranks: tuple[int, ...], world_size: int) -> None:
+    if not ranks:
+        raise ValueError("a group needs at least one rank")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"duplicate ranks in group {ranks}")
+    bad = [r for r in ranks if not 0 <= r < world_size]
+    if bad:
+        raise ValueError(f"ranks {bad} outside world of {world_size}")
+
+
+def _check_all_to_all(
+    rank: int,
+    group: Group,
+    send_shape: tuple[int, ...],
+    send_rows: list[int],
+    recv_rows: list[int],
+) -> None:
+    if rank not in group.ranks:
+        raise ValueError(f"rank {rank} is not in group {group.ranks}")
+    if len(send_shape) == 0:
+        raise ValueError("send buffer must have at least one dimension (rows)")
+    for label, rows in (("send_splits", send_rows), ("recv_splits", recv_rows)):
+        if len(rows) != group.size:
+            raise ValueError(f"{label} has {len(rows)} entries for a group of {group.size}")
+        if any(n < 0 for n in rows):
+            raise ValueError(f"negative entry in {label} {rows}")
+    if sum(send_rows) != send_shape[0]:
+        raise ValueError(f"send_splits {send_rows} sum to {sum(send_rows)}, not {send_shape[0]}")

@@ -1,0 +1,328 @@
+"""The torch.distributed backend: gloo on CPU, nccl on CUDA, xccl (or oneCCL's ccl) on XPU.
+
+Buffers are torch tensors; split sizes count rows of dimension 0. The all-to-all moves raw
+bytes (each row viewed as ``uint8``), which is exact for a permutation of rows and makes every
+dtype work on every backend (bfloat16, bool and complex included).
+
+torch orders a process group's members by global rank, whatever order ``new_group`` is given;
+a :class:`~transports.base.Group` keeps the caller's order, so for a group whose ranks are not
+ascending the send blocks and the received blocks are permuted around the collective (one
+copy each way; ascending groups, the usual case, cost nothing extra).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from importlib.util import find_spec
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from transports.base import Group, TransportError
+from transports.launch import LaunchInfo, detect_launch, torch_store
+
+# Device type -> collective backend. XPU falls back to oneCCL's "ccl" when torch lacks xccl.
+BACKEND_FOR_DEVICE: dict[str, str] = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl"}
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def default_device(local_rank: int) -> torch.device:
+    """This rank's accelerator (CUDA, then XPU) chosen by local rank, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        return torch.device("xpu", local_rank % xpu.device_count())
+    return torch.device("cpu")
+
+
+def backend_for_device(device: torch.device) -> str:
+    """The torch.distributed backend for tensors on ``device``.
+
+    Raises:
+        TransportError: no backend is known or installed for the device type.
+    """
+    if device.type not in BACKEND_FOR_DEVICE:
+        known = ", ".join(sorted(BACKEND_FOR_DEVICE))
+        raise TransportError(f"no torch.distributed backend for device {device} (known: {known})")
+    backend = BACKEND_FOR_DEVICE[device.type]
+    if backend == "xccl" and not getattr(dist, "is_xccl_available", lambda: False)():
+        if find_spec("oneccl_bindings_for_pytorch") is None:
+            raise TransportError(
+                "XPU needs torch built with xccl or oneccl_bindings_for_pytorch installed"
+            )
+        backend = "ccl"
+    return backend
+
+
+class _TorchHandle:
+    """One all-to-all in flight. ``wait()`` returns the received tensor once."""
+
+    __slots__ = ("_work", "_send", "_output", "_finish", "_what", "_waited")
+
+    def __init__(
+        self,
+        work: Any,
+        send: torch.Tensor,
+        output: torch.Tensor,
+        finish: Callable[[torch.Tensor], torch.Tensor],
+        what: str,
+    ) -> None:
+        self._work = work
+        self._send = send  # kept alive until the collective is done
+        self._output = output
+        self._finish = finish
+        self._what = what
+        self._waited = False
+
+    def is_completed(self) -> bool:
+        return self._waited or bool(self._work.is_completed())
+
+    def wait(self) -> torch.Tensor:
+        """Block until this rank's part is done (on CUDA/XPU: until the current stream is
+        ordered after it) and return the received rows, grouped by source."""
+        if self._waited:
+            raise TransportError("wait() called twice on the same handle")
+        self._waited = True
+        try:
+            self._work.wait()
+        except RuntimeError as exc:
+            raise TransportError(f"{self._what} failed: {_one_line(exc)}") from exc
+        output, self._output, self._send = self._output, None, None
+        assert output is not None
+        return self._finish(output)
+
+
+class TorchTransport:
+    """A :class:`~transports.base.Transport` over torch.distributed.
+
+    Args:
+        backend: ``"gloo"``, ``"nccl"``, ``"xccl"``, ``"ccl"``...; None picks it from the
+            device (:data:`BACKEND_FOR_DEVICE`).
+        device: where this rank's tensors live; None picks the local accelerator or the CPU.
+        timeout_s: how long a rendezvous or a collective may wait for a peer before it fails
+            with :class:`TransportError` instead of hanging.
+        launch: this process's place in the job; None reads the launcher's environment.
+
+    If the default process group already exists (the caller initialised torch.distributed),
+    it is used and :meth:`close` leaves it alone, destroying only the groups made here.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: str | None = None,
+        device: str | torch.device | None = None,
+        timeout_s: float = 60.0,
+        launch: LaunchInfo | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        info = detect_launch() if launch is None else launch
+        self._device = default_device(info.local_rank) if device is None else torch.device(device)
+        self._backend = backend_for_device(self._device) if backend is None else backend
+        self._timeout = timedelta(seconds=timeout_s)
+        if self._device.type != "cpu":
+            getattr(torch, self._device.type).set_device(self._device)
+        if self._backend == "ccl":
+            import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
+
+        self._owns_default_group = not dist.is_initialized()
+        if self._owns_default_group:
+            self._init_default_group(info)
+        self._rank = dist.get_rank()
+        self._world_size = dist.get_world_size()
+        self._world = Group(tuple(range(self._world_size)))
+        self._groups: dict[tuple[int, ...], Group] = {self._world.ranks: self._world}
+        self._process_groups: dict[tuple[int, ...], Any] = {}
+        self._closed = False
+
+    def _init_default_group(self, info: LaunchInfo) -> None:
+        try:
+            store = torch_store(info, self._timeout)
+            dist.init_process_group(
+                self._backend,
+                store=store,
+                rank=info.rank,
+                world_size=info.world_size,
+                timeout=self._timeout,
+            )
+        except (RuntimeError, ValueError) as exc:
+            raise TransportError(
+                f"torch.distributed ({self._backend}) init failed on rank {info.rank} of "
+                f"{info.world_size} ({info.launcher}): {_one_line(exc)}"
+            ) from exc
+
+    @property
+    def name(self) -> str:
+        return "torch"
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def world(self) -> Group:
+        return self._world
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("transport is closed")
+
+    def new_group(self, ranks: Sequence[int]) -> Group:
+        """Create (or return the cached) sub-group. Collective over the whole world."""
+        self._check_open()
+        key = tuple(int(r) for r in ranks)
+        if key in self._groups:
+            return self._groups[key]
+        _check_group_ranks(key, self._world_size)
+        members = tuple(sorted(key))
+        if members not in self._process_groups:
+            try:
+                self._process_groups[members] = dist.new_group(
+                    ranks=list(members), timeout=self._timeout
+                )
+            except RuntimeError as exc:
+                raise TransportError(
+                    f"torch new_group({list(key)}) failed: {_one_line(exc)}"
+                ) from exc
+        group = Group(key, handle=self._process_groups[members])
+        self._groups[key] = group
+        return group
+
+    def all_to_all(
+        self,
+        send: torch.Tensor,
+        send_splits: Sequence[int],
+        recv_splits: Sequence[int],
+        group: Group | None = None,
+    ) -> _TorchHandle:
+        """Start an all-to-all of rows of ``send``; see :meth:`transports.base.Transport`."""
+        self._check_open()
+        group = self._world if group is None else group
+        send_rows = [int(n) for n in send_splits]
+        recv_rows = [int(n) for n in recv_splits]
+        _check_all_to_all(self._rank, group, send.shape, send_rows, recv_rows)
+        trailing = tuple(send.shape[1:])
+        # (n, *trailing) -> (n, row_bytes) uint8, a view of the contiguous send buffer.
+        send_bytes = send.contiguous().reshape(send.shape[0], math.prod(trailing))
+        send_bytes = send_bytes.view(torch.uint8)
+        row_bytes = send_bytes.shape[1]
+
+        order = _ascending_order(group.ranks)
+        if order is not None:  # torch's group order is ascending rank: permute around it
+            send_bytes = torch.cat(_blocks(send_bytes, send_rows, order))
+            send_rows = [send_rows[i] for i in order]
+            recv_rows_torch = [recv_rows[i] for i in order]
+        else:
+            recv_rows_torch = recv_rows
+        output = torch.empty(
+            (sum(recv_rows), row_bytes), dtype=torch.uint8, device=send_bytes.device
+        )
+
+        def finish(received: torch.Tensor) -> torch.Tensor:
+            if order is not None:
+                # blocks arrive in ascending-rank order; put them back in group order
+                inverse = sorted(range(len(order)), key=order.__getitem__)
+                received = torch.cat(_blocks(received, recv_rows_torch, inverse))
+            # (n, row_bytes) uint8 -> (n, *trailing) send.dtype
+            return received.view(send.dtype).reshape(received.shape[0], *trailing)
+
+        what = f"torch/{self._backend} all_to_all on rank {self._rank} over group {group.ranks}"
+        try:
+            work = dist.all_to_all_single(
+                output,
+                send_bytes,
+                output_split_sizes=recv_rows_torch,
+                input_split_sizes=send_rows,
+                group=group.handle,
+                async_op=True,
+            )
+        except RuntimeError as exc:
+            raise TransportError(f"{what} failed: {_one_line(exc)}") from exc
+        return _TorchHandle(work, send_bytes, output, finish, what)
+
+    def barrier(self) -> None:
+        self._check_open()
+        try:
+            dist.barrier()
+        except RuntimeError as exc:
+            raise TransportError(
+                f"torch barrier failed on rank {self._rank}: {_one_line(exc)}"
+            ) from exc
+
+    def close(self) -> None:
+        """Destroy the process groups made here (and the default one if made here).
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_default_group:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        else:
+            for process_group in self._process_groups.values():
+                dist.destroy_process_group(process_group)
+        self._process_groups.clear()
+
+
+def _check_group_ranks(ranks: tuple[int, ...], world_size: int) -> None:
+    if not ranks:
+        raise ValueError("a group needs at least one rank")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"duplicate ranks in group {ranks}")
+    bad = [r for r in ranks if not 0 <= r < world_size]
+    if bad:
+        raise ValueError(f"ranks {bad} outside world of {world_size}")
+
+
+def _check_all_to_all(
+    rank: int,
+    group: Group,
+    send_shape: Sequence[int],
+    send_rows: list[int],
+    recv_rows: list[int],
+) -> None:
+    if rank not in group.ranks:
+        raise ValueError(f"rank {rank} is not in group {group.ranks}")
+    if len(send_shape) == 0:
+        raise ValueError("send buffer must have at least one dimension (rows)")
+    for label, rows in (("send_splits", send_rows), ("recv_splits", recv_rows)):
+        if len(rows) != group.size:
+            raise ValueError(f"{label} has {len(rows)} entries for a group of {group.size}")
+        if any(n < 0 for n in rows):
+            raise ValueError(f"negative entry in {label} {rows}")
+    if sum(send_rows) != send_shape[0]:
+        raise ValueError(f"send_splits {send_rows} sum to {sum(send_rows)}, not {send_shape[0]}")
+
+
+def _ascending_order(ranks: tuple[int, ...]) -> list[int] | None:
+    """Group indices in ascending-rank order, or None when the group is already ascending."""
+    order = sorted(range(len(ranks)), key=ranks.__getitem__)
+    return None if order == list(range(len(ranks))) else order
+
+
+def _blocks(rows: torch.Tensor, splits: list[int], picks: Sequence[int]) -> list[torch.Tensor]:
+    """The blocks of ``rows`` (split by ``splits``) at the indices ``picks``, in that order."""
+    blocks = torch.split(rows, splits)
+    return [blocks[i] for i in picks]
