@@ -117,11 +117,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if not schedulers:
         raise CocodiffError("--schedule names no schedule")
     tokens = model.sequence_tokens(width, height, args.frames)
+    streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
     placement = Placement.node_major(topology)
     record = args.trace is not None or args.plot is not None
     results = []
     for name, scheduler in schedulers.items():
-        plan = scheduler(model, placement.num_ranks, tokens)
+        plan = scheduler(model, placement.num_ranks, streams)
         results.append(simulate_plan(plan, topology, placement, record_spans=record))
     layout = plan.layout
     spec = topology.spec

@@ -96,16 +96,19 @@ class UlyssesLayout:
 
     Args:
         sequence_tokens: real tokens (image + joint text).
-        padded_tokens: ``sequence_tokens`` rounded up to a multiple of the rank count.
+        padded_tokens: all ranks' local tokens together (each token stream padded to a
+            multiple of the rank count).
         heads: heads each rank attends over after the exchange (uneven when the head
             count does not divide).
         head_dim: values per head and token.
+        batch: samples per step (2 when classifier-free guidance batches them).
     """
 
     sequence_tokens: int
     padded_tokens: int
     heads: tuple[int, ...]
     head_dim: int
+    batch: int = 1
 
     @property
     def num_ranks(self) -> int:

@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     t = create_transport(args.backend, **kwargs)
     if args.hung_peer is not None:
         check_hung_peer(t, timeout_s)
-        return 0
+        return 0  # without close(): the transport must still let the process exit cleanly
     assert t.name == args.backend, f"{t.name} != {args.backend}"
     check_identity(t, args.world, args.launcher)
     check_uneven(t)

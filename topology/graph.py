@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import lru_cache
+from typing import cast
 
 import networkx as nx
 
@@ -105,10 +106,12 @@ class Topology:
         self._up: dict[str, Route] = {}
         self._down: dict[str, Route] = {}
         if spec.num_nodes > 1:
-            for tile, (node, gpu, _, nic) in self._tile_info.items():
-                host = f"n{node}"
-                self._up[tile] = ((tile, gpu), (gpu, host), (host, nic), (nic, FABRIC))
-                self._down[tile] = ((FABRIC, nic), (nic, host), (host, gpu), (gpu, tile))
+            # validate_spec guarantees NICs when there is more than one node.
+            for tile, (node_index, gpu_name, _, nic_name) in self._tile_info.items():
+                host, nic = f"n{node_index}", cast(str, nic_name)
+                up = ((tile, gpu_name), (gpu_name, host), (host, nic), (nic, FABRIC))
+                self._up[tile] = up
+                self._down[tile] = ((FABRIC, nic), (nic, host), (host, gpu_name), (gpu_name, tile))
         # Per-instance caches (an lru_cache on the methods would be shared by all
         # instances and keep them alive).
         self.route = lru_cache(maxsize=_ROUTE_CACHE_SIZE)(self._route)

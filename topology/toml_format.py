@@ -46,7 +46,6 @@ the file. See topology/FORMAT.md for complete examples.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -383,11 +382,9 @@ def _describe(value: object) -> str:
 
 
 def _toml_float(value: float) -> str:
-    """A TOML float that reads back as exactly ``value`` (repr is round-trip exact)."""
-    value = float(value)
-    if not math.isfinite(value):  # validate_spec refuses these; never reached
-        raise TopologyError(f"cannot write non-finite number {value}")
-    return repr(value)
+    """A TOML float that reads back as exactly ``value``: repr is round-trip exact and
+    valid TOML for finite floats (``1e-05``, ``2.5e+20``)."""
+    return repr(float(value))
 
 
 def _toml_string(value: str) -> str:

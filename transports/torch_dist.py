@@ -12,6 +12,7 @@ copy each way; ascending groups, the usual case, cost nothing extra).
 
 from __future__ import annotations
 
+import atexit
 import math
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -138,6 +139,10 @@ class TorchTransport:
         self._owns_default_group = not dist.is_initialized()
         if self._owns_default_group:
             self._init_default_group(info)
+            # A process that exits with gloo work still pending (e.g. after a TransportError)
+            # can abort in gloo's threads ("terminate called without an active exception");
+            # tearing the groups down first avoids that.
+            atexit.register(self.close)
         self._rank = dist.get_rank()
         self._world_size = dist.get_world_size()
         self._world = Group(tuple(range(self._world_size)))
@@ -278,6 +283,7 @@ class TorchTransport:
             return
         self._closed = True
         if self._owns_default_group:
+            atexit.unregister(self.close)
             if dist.is_initialized():
                 dist.destroy_process_group()
         else:

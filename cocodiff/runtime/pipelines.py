@@ -12,14 +12,18 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # huggingface_hub reads this when it is first imported (by diffusers, below): set it first.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import diffusers  # noqa: E402
 import torch  # noqa: E402
 from diffusers import DiffusionPipeline  # noqa: E402
+from diffusers.utils import is_accelerate_available  # noqa: E402
+from packaging.version import Version  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from cocodiff.runtime.tiny import TINY_MODELS, build_tiny  # noqa: E402
@@ -32,6 +36,11 @@ SUPPORTED_TRANSFORMERS = (
     "WanTransformer3DModel",
     "PixArtTransformer2DModel",
 )
+
+# diffusers 0.42 renamed from_pretrained's torch_dtype to dtype (the old name warns).
+_DTYPE_KWARG = "dtype" if Version(diffusers.__version__) >= Version("0.42") else "torch_dtype"
+# The CPU allocator's alignment (c10 uses 64 bytes); see _realign_tensors.
+_ALIGNMENT_BYTES = 64
 
 StepCallback = Callable[[int, int], None]
 """Called after each denoising step as ``callback(steps_done, num_steps)``."""
@@ -77,14 +86,65 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32) -> DiffusionPi
             f"supported: {', '.join(SUPPORTED_TRANSFORMERS)}"
         )
     try:
-        pipe = DiffusionPipeline.from_pretrained(
-            path, torch_dtype=dtype, use_safetensors=True, local_files_only=True
-        )
+        with _fp32_modules_loadable_without_accelerate(index, dtype):
+            pipe = DiffusionPipeline.from_pretrained(
+                path, use_safetensors=True, local_files_only=True, **{_DTYPE_KWARG: dtype}
+            )
     except (OSError, ValueError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
         raise ModelLoadError(f"cannot load {path}: {first_line}") from err
+    _realign_tensors(pipe)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+@contextmanager
+def _fp32_modules_loadable_without_accelerate(
+    index: dict[str, object], dtype: torch.dtype
+) -> Iterator[None]:
+    """Lets diffusers load classes with ``_keep_in_fp32_modules`` (Wan) without accelerate.
+
+    diffusers 0.42 falls back to ``low_cpu_mem_usage=False`` when accelerate is missing, then
+    refuses that for any class with ``_keep_in_fp32_modules``. In float32 the attribute changes
+    nothing (every module is float32 anyway), so it is cleared for the duration of the load and
+    restored after. In another dtype it matters, and accelerate is required.
+    """
+    if is_accelerate_available():
+        yield
+        return
+    classes = []
+    for entry in index.values():
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == "diffusers":
+            cls = getattr(diffusers, str(entry[1]), None)
+            if getattr(cls, "_keep_in_fp32_modules", None):
+                classes.append(cls)
+    if classes and dtype != torch.float32:
+        names = ", ".join(cls.__name__ for cls in classes)
+        raise ModelLoadError(f"loading {names} in {dtype} needs the accelerate package")
+    saved = [cls.__dict__.get("_keep_in_fp32_modules") for cls in classes]
+    try:
+        for cls in classes:
+            cls._keep_in_fp32_modules = None
+        yield
+    finally:
+        for cls, value in zip(classes, saved, strict=True):
+            cls._keep_in_fp32_modules = value
+
+
+def _realign_tensors(pipe: DiffusionPipeline) -> None:
+    """Copies every loaded weight into freshly allocated (64-byte aligned) memory.
+
+    safetensors hands back tensors at arbitrary offsets in the file buffer, and CPU GEMM
+    kernels round differently depending on the alignment of their operands: without this copy
+    a loaded pipeline differs from the freshly built one in the last bits.
+    """
+    for component in pipe.components.values():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        with torch.no_grad():
+            for tensor in [*component.parameters(), *component.buffers()]:
+                if tensor.data_ptr() % _ALIGNMENT_BYTES:
+                    tensor.data = tensor.data.clone()
 
 
 def export_tiny(name: str, directory: str | os.PathLike[str]) -> Path:
@@ -156,13 +216,19 @@ def run_pipeline(
         kwargs["clean_caption"] = False
     if max_sequence_length is not None:
         kwargs["max_sequence_length"] = max_sequence_length
-    if callback is not None:
+    if callback is not None and "callback_on_step_end" in params:
 
         def on_step_end(_pipe, step_index, _timestep, callback_kwargs):
             callback(step_index + 1, steps)
             return callback_kwargs
 
         kwargs["callback_on_step_end"] = on_step_end
+    elif callback is not None:  # the older API, e.g. PixArt
+
+        def on_step(step_index, _timestep, _latents):
+            callback(step_index + 1, steps)
+
+        kwargs.update(callback=on_step, callback_steps=1)
 
     generator = torch.Generator(device="cpu").manual_seed(seed)
     latents = pipe(
@@ -184,16 +250,16 @@ def run_pipeline(
 def _decode_kl(pipe: DiffusionPipeline, latents: torch.Tensor) -> Image.Image:
     config = pipe.vae.config
     latents = latents / config.scaling_factor + (getattr(config, "shift_factor", None) or 0.0)
-    image = pipe.vae.decode(latents.to(pipe.vae.dtype), return_dict=False)[0]
+    image = pipe.vae.decode(latents.to(pipe.vae.device, pipe.vae.dtype), return_dict=False)[0]
     return pipe.image_processor.postprocess(image, output_type="pil")[0]
 
 
 def _unnormalise_3d(pipe: DiffusionPipeline, latents: torch.Tensor) -> torch.Tensor:
     config = pipe.vae.config
     # (z,) -> (1, z, 1, 1, 1) to broadcast over (b, z, f, h, w)
-    mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1)
-    std = torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1)
-    return (latents * std + mean).to(pipe.vae.dtype)
+    mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1).to(latents.device)
+    std = torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1).to(latents.device)
+    return (latents * std + mean).to(pipe.vae.device, pipe.vae.dtype)
 
 
 def _decode_qwen(pipe: DiffusionPipeline, latents: torch.Tensor) -> Image.Image:

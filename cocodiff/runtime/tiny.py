@@ -47,6 +47,7 @@ from transformers import (
     CLIPTextModel,
     CLIPTextModelWithProjection,
     CLIPTokenizer,
+    PreTrainedModel,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2Tokenizer,
@@ -541,7 +542,8 @@ def build_tiny(name: str, dtype: torch.dtype = torch.float32) -> DiffusionPipeli
 
     Args:
         name: a key of ``TINY_MODELS``.
-        dtype: dtype of the pipeline's modules (built in float32, then cast).
+        dtype: dtype of the pipeline's modules: built in float32, then cast the way
+            ``from_pretrained(dtype=...)`` casts (modules a class keeps in float32 stay so).
 
     Returns:
         The pipeline on CPU, modules in eval mode, progress bars off.
@@ -553,8 +555,31 @@ def build_tiny(name: str, dtype: torch.dtype = torch.float32) -> DiffusionPipeli
     pipe = TINY_MODELS[name]()
     pipe.set_progress_bar_config(disable=True)
     if dtype != torch.float32:
-        pipe.to(dtype=dtype)
+        for component in pipe.components.values():
+            if isinstance(component, torch.nn.Module):
+                _cast_as_from_pretrained(component, dtype)
     return pipe
+
+
+def _cast_as_from_pretrained(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Casts floating-point weights to ``dtype``, except the modules the class keeps in float32.
+
+    diffusers keeps ``_keep_in_fp32_modules`` (Wan: rope, time embedder, norms) in float32 for any
+    lower dtype; transformers does so only for float16, and ``_keep_in_fp32_modules_strict`` for
+    float16 and bfloat16. A weight is kept when one component of its dotted name is listed.
+    """
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    if isinstance(model, PreTrainedModel):
+        keep = keep if dtype == torch.float16 else set()
+        keep |= set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    for module_name, module in model.named_modules():
+        module_keys = set(module_name.split("."))
+        for name, param in module.named_parameters(recurse=False):
+            if param.is_floating_point() and not keep & (module_keys | {name}):
+                param.data = param.data.to(dtype)
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point() and not keep & (module_keys | {name}):
+                setattr(module, name, buffer.to(dtype))
 
 
 def default_resolution(name: str) -> tuple[int, int, int]:

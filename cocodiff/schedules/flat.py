@@ -9,6 +9,8 @@ then whatever the block does outside attention (cross-attention, MLP).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from cocodiff.models import ModelSpec
 from cocodiff.plan import Exchange, LayerPlan, Plan, RankProgram, Step, UlyssesLayout, Wait
 from cocodiff.schedules.ulysses import (
@@ -25,18 +27,21 @@ from cocodiff.schedules.ulysses import (
 def plan_flat(
     spec: ModelSpec,
     num_ranks: int,
-    sequence_tokens: int,
+    stream_tokens: Sequence[int],
     dtype_bytes: int = 2,
+    batch: int = 1,
 ) -> Plan:
     """The flat Ulysses plan for one denoising step.
 
     Args:
         spec: the model.
         num_ranks: ranks in the (single, world) Ulysses group.
-        sequence_tokens: image + joint text tokens of one sample.
+        stream_tokens: tokens of each stream one sample attends over jointly (image,
+            joint-attention text); each is split over the ranks separately.
         dtype_bytes: bytes per activation value (bf16: 2).
+        batch: samples per step.
     """
-    layout = ulysses_layout(spec, num_ranks, sequence_tokens)
+    layout = ulysses_layout(spec, num_ranks, stream_tokens, batch)
     world = tuple(range(num_ranks))
     layers_by_heads: dict[int, LayerPlan] = {}
     programs = []
@@ -56,17 +61,19 @@ def flat_layer(
     dtype_bytes: int,
 ) -> LayerPlan:
     shape = layer_shape(layout, rank_in_group, dtype_bytes)
-    attention: list[Step] = [compute(spec, op, shape) for op in ("proj_q", "proj_k", "proj_v")]
-    attention += [compute(spec, op, shape) for op in qk_ops(spec)]
+    batch = layout.batch
+    attention: list[Step] = [
+        compute(spec, op, shape, batch) for op in ("proj_q", "proj_k", "proj_v", *qk_ops(spec))
+    ]
     for tensor in ("q", "k", "v"):
         exchange: Exchange = head_exchange(tensor, layout, group, rank_in_group, dtype_bytes)
         attention += [exchange, Wait(tensor)]
-    attention.append(compute(spec, "attention", shape))
+    attention.append(compute(spec, "attention", shape, batch))
     attention += [head_exchange("out", layout, group, rank_in_group, dtype_bytes), Wait("out")]
-    attention.append(compute(spec, "proj_out", shape))
-    after = [compute(spec, op, shape) for op in post_attention_ops(spec)]
+    attention.append(compute(spec, "proj_out", shape, batch))
+    after = [compute(spec, op, shape, batch) for op in post_attention_ops(spec)]
     return LayerPlan(
-        before=(compute(spec, "norm", shape),),
+        before=(compute(spec, "norm", shape, batch),),
         attention=tuple(attention),
         after=tuple(after),
     )

@@ -3,7 +3,9 @@ compute steps with their costs, and the four head exchanges."""
 
 from __future__ import annotations
 
-from cocodiff.cost import LayerShape, op_cost
+from collections.abc import Sequence
+
+from cocodiff.cost import Cost, LayerShape, op_cost
 from cocodiff.errors import ScheduleError
 from cocodiff.models import ModelSpec
 from cocodiff.plan import Compute, Exchange, Tensor, UlyssesLayout
@@ -36,11 +38,20 @@ def head_offsets(heads: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(offsets)
 
 
-def ulysses_layout(spec: ModelSpec, num_ranks: int, sequence_tokens: int) -> UlyssesLayout:
-    """Split ``sequence_tokens`` and the heads over ``num_ranks``; pad the sequence."""
-    padded = -(-sequence_tokens // num_ranks) * num_ranks
-    return UlyssesLayout(sequence_tokens, padded, split_heads(spec.num_heads, num_ranks),
-                         spec.head_dim)
+def ulysses_layout(
+    spec: ModelSpec, num_ranks: int, stream_tokens: Sequence[int], batch: int = 1
+) -> UlyssesLayout:
+    """Split the token streams (image, joint text) and the heads over ``num_ranks``.
+
+    Each stream is cut into equal chunks, one per rank, padded when it does not divide
+    (the runtime does the same: ``cocodiff.runtime.sharding``).
+    """
+    streams = tuple(int(tokens) for tokens in stream_tokens if tokens > 0)
+    if not streams:
+        raise ScheduleError("a plan needs at least one token")
+    padded = sum(-(-tokens // num_ranks) for tokens in streams) * num_ranks
+    return UlyssesLayout(sum(streams), padded, split_heads(spec.num_heads, num_ranks),
+                         spec.head_dim, batch)
 
 
 def layer_shape(layout: UlyssesLayout, rank_in_group: int, dtype_bytes: int) -> LayerShape:
@@ -63,8 +74,10 @@ def post_attention_ops(spec: ModelSpec) -> tuple[str, ...]:
     return (("cross_attention",) if spec.cross_attention_tokens else ()) + ("mlp",)
 
 
-def compute(spec: ModelSpec, op: str, shape: LayerShape) -> Compute:
-    return Compute(op, op_cost(spec, op, shape))
+def compute(spec: ModelSpec, op: str, shape: LayerShape, batch: int = 1) -> Compute:
+    """A compute step; costs are per sample, so a batch multiplies them."""
+    cost = op_cost(spec, op, shape)
+    return Compute(op, Cost(cost.flops * batch, cost.memory_bytes * batch))
 
 
 def head_exchange(
@@ -81,7 +94,7 @@ def head_exchange(
     heads' rows and receive my heads' rows from everyone; the output goes back.
     """
     heads = layout.heads
-    row_bytes = layout.local_tokens * layout.head_dim * dtype_bytes
+    row_bytes = layout.batch * layout.local_tokens * layout.head_dim * dtype_bytes
     mine = heads[rank_in_group]
     if tensor == "out":
         # (S, H/P, d) -> (S/P, H, d): my heads of every member's tokens go back to it.

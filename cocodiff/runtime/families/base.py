@@ -1,0 +1,87 @@
+"""What the runtime must know about a diffusers model family, as data plus a few ops.
+
+A family says where the token streams enter the model and leave it (:class:`Split`,
+:class:`Gather`: our counterpart of diffusers' ``_cp_plan``), which attention
+processors it replaces, and how the plan's compute steps map onto the model's own
+modules (:class:`AttentionOps`). The model's code is never changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """Split a module's input argument (or, with ``output``, an element of its output
+    tuple) along ``dim`` as token stream ``stream``.
+
+    ``module`` is a dotted name inside the transformer ("" is the transformer itself);
+    ``argument`` a parameter name of its forward, or an output index.
+    """
+
+    module: str
+    argument: str | int
+    dim: int
+    stream: str
+    output: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Gather:
+    """All-gather a module's output along ``dim`` (stream ``stream``), removing padding."""
+
+    module: str
+    dim: int
+    stream: str
+
+
+@dataclass(slots=True)
+class AttentionState:
+    """One attention call in flight: its inputs and the tensors the plan steps make.
+
+    ``tensors`` holds "q", "k", "v" ((B, s, H, D) local tokens before the exchange,
+    (B, S, h, D) after) and "out".
+    """
+
+    attn: Any
+    hidden_states: torch.Tensor
+    encoder_hidden_states: torch.Tensor | None
+    attention_mask: torch.Tensor | None
+    extra: dict[str, Any]
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    result: Any = None
+
+
+class AttentionOps(Protocol):
+    """The model-specific compute steps of one attention call.
+
+    Attributes:
+        streams: stream names in the order the attention concatenates them.
+        processor_classes: class names of the diffusers processors this replaces.
+    """
+
+    streams: tuple[str, ...]
+    processor_classes: tuple[str, ...]
+
+    def proj_q(self, state: AttentionState) -> None: ...
+    def proj_k(self, state: AttentionState) -> None: ...
+    def proj_v(self, state: AttentionState) -> None: ...
+    def qk_norm(self, state: AttentionState) -> None: ...
+    def rope(self, state: AttentionState) -> None: ...
+    def proj_out(self, state: AttentionState) -> None:
+        """Turn ``tensors["out"]`` ((B, s, H, D) local tokens) into ``state.result``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """Everything the runtime needs for one transformer class."""
+
+    transformer_class: str
+    splits: tuple[Split, ...]
+    gathers: tuple[Gather, ...]
+    ops: AttentionOps

@@ -1,0 +1,303 @@
+"""``parallelize``: Ulysses sequence parallelism on an unmodified diffusers model.
+
+Three things are installed on the transformer, all from the model's :class:`Family`:
+
+1. hooks that split the token streams over the ranks where they enter the model, and
+   gather them where they leave (padding streams that do not divide);
+2. attention processors that run the plan's attention steps with the shared executor
+   (``cocodiff.executor``) through any transport;
+3. nothing else: the rest of every block runs as diffusers wrote it, on local tokens.
+
+The plan is made on the first forward call, when the token counts are known, by the
+named scheduler, and remade if they change.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+from cocodiff.errors import CocodiffError
+from cocodiff.executor import PlanError, drive_blocking, run_steps
+from cocodiff.models import ModelSpec, spec_from_config
+from cocodiff.plan import Compute, Exchange, LayerPlan, Plan
+from cocodiff.runtime.exchange import (
+    all_gather_rows,
+    pack_gather_heads,
+    pack_scatter_heads,
+    unpack_gather_heads,
+    unpack_scatter_heads,
+)
+from cocodiff.runtime.families import FAMILIES
+from cocodiff.runtime.families.base import AttentionOps, AttentionState, Family
+from cocodiff.runtime.sharding import TokenLayout, TokenShard
+from cocodiff.schedules import get_schedule
+from transports.base import CompletedHandle, Group, Handle, Transport
+
+
+class UnsupportedModelError(CocodiffError):
+    """A model class the runtime has no family for."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What the runtime did, for comparing with the plan: ("compute", op, 0) or
+    ("exchange", tensor, bytes sent)."""
+
+    kind: str
+    name: str
+    num_bytes: int
+
+
+class UlyssesRuntime:
+    """Shared state of one parallelised transformer on one rank."""
+
+    def __init__(
+        self, transformer: torch.nn.Module, transport: Transport, family: Family, schedule: str
+    ) -> None:
+        self.transformer = transformer
+        self.transport = transport
+        self.family = family
+        # An in-memory config lacks the "_class_name" a saved config.json has.
+        config = {"_class_name": type(transformer).__name__, **dict(transformer.config)}
+        self.spec: ModelSpec = spec_from_config(config, name=type(transformer).__name__)
+        self.scheduler = get_schedule(schedule)
+        self.schedule = schedule
+        self.shards: dict[str, TokenShard] = {}
+        self._plans: dict[tuple, Plan] = {}
+        self._groups: dict[tuple[int, ...], Group] = {transport.world.ranks: transport.world}
+        self._layouts: dict[tuple, tuple[TokenLayout, torch.Tensor]] = {}
+        self.records: list[StepRecord] | None = None  # set to [] to record
+        self.plan: Plan | None = None
+
+    # -- token streams ----------------------------------------------------------------
+
+    def begin_forward(self) -> None:
+        self.shards.clear()
+
+    def shard(self, stream: str, total: int) -> TokenShard:
+        shard = self.shards.get(stream)
+        if shard is None:
+            shard = self.shards[stream] = TokenShard(total, self.transport.world_size)
+        elif shard.total != total:
+            raise PlanError(f"stream {stream} has {total} tokens here, {shard.total} before")
+        return shard
+
+    def original_positions(self, streams: tuple[str, ...]) -> torch.Tensor:
+        key = tuple((name, self.shards[name].total) for name in streams)
+        if key not in self._layouts:
+            layout = TokenLayout(tuple(self.shards[name] for name in streams))
+            self._layouts[key] = (layout, layout.original_positions())
+        return self._layouts[key][1]
+
+    # -- plans --------------------------------------------------------------------------
+
+    def layer_plan(self, layer_index: int, streams: tuple[str, ...], batch: int,
+                   dtype: torch.dtype) -> LayerPlan:
+        dtype_bytes = torch.finfo(dtype).bits // 8
+        stream_tokens = tuple(self.shards[name].total for name in streams)
+        key = (stream_tokens, batch, dtype_bytes)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self.scheduler(self.spec, self.transport.world_size, stream_tokens,
+                                  dtype_bytes=dtype_bytes, batch=batch)
+            self._create_groups(plan)
+            self._plans[key] = plan
+        self.plan = plan
+        return plan.program(self.transport.rank).layers[layer_index]
+
+    def _create_groups(self, plan: Plan) -> None:
+        # torch.distributed.new_group is collective over the world: every rank creates
+        # every group, in the same (sorted) order, even groups it is not in.
+        needed = sorted(
+            {step.group for program in plan.programs for layer in program.layers
+             for step in layer.exchanges}
+        )
+        for ranks in needed:
+            if ranks not in self._groups:
+                self._groups[ranks] = self.transport.new_group(ranks)
+
+    def group(self, ranks: tuple[int, ...]) -> Group:
+        return self._groups[ranks]
+
+
+class TensorBackend:
+    """Binds plan steps to one attention call's tensors and the transport."""
+
+    def __init__(self, runtime: UlyssesRuntime, ops: AttentionOps, state: AttentionState) -> None:
+        self.runtime = runtime
+        self.ops = ops
+        self.state = state
+
+    def _record(self, kind: str, name: str, num_bytes: int = 0) -> None:
+        if self.runtime.records is not None:
+            self.runtime.records.append(StepRecord(kind, name, num_bytes))
+
+    def compute(self, step: Compute) -> Handle:
+        if step.op == "attention":
+            self._attention()
+        else:
+            getattr(self.ops, step.op)(self.state)
+        self._record("compute", step.op)
+        return CompletedHandle()
+
+    def _attention(self) -> None:
+        # Pick the real tokens in the model's original order out of the gathered
+        # sequence, so the kernel sees exactly the single-process input (no padding).
+        tensors = self.state.tensors
+        positions = self.runtime.original_positions(self.ops.streams)
+        q, k, v = (tensors[name].index_select(1, positions) for name in ("q", "k", "v"))
+        out = dispatch_attention_fn(q, k, v, attn_mask=self.state.attention_mask)
+        gathered = out.new_zeros(tensors["q"].shape)
+        gathered[:, positions] = out
+        tensors["out"] = gathered
+
+    def start_exchange(self, step: Exchange) -> Handle:
+        x = self.state.tensors[step.tensor]
+        group = self.runtime.group(step.group)
+        if step.direction == "scatter_heads":
+            send = pack_scatter_heads(x)
+        else:
+            send = pack_gather_heads(x, group.size)
+        row_bytes = send[0].numel() * send.element_size()
+        if row_bytes != step.row_bytes or send.shape[0] != sum(step.send_rows):
+            raise PlanError(
+                f"exchange of {step.tensor}: the plan moves {sum(step.send_rows)} rows of "
+                f"{step.row_bytes} B, the model has {send.shape[0]} rows of {row_bytes} B"
+            )
+        self._record("exchange", step.tensor, send.numel() * send.element_size())
+        return self.runtime.transport.all_to_all(send, step.send_rows, step.recv_rows, group)
+
+    def finish_exchange(self, step: Exchange, received: torch.Tensor) -> None:
+        if step.direction == "scatter_heads":
+            self.state.tensors[step.tensor] = unpack_scatter_heads(received, len(step.group))
+        else:
+            self.state.tensors[step.tensor] = unpack_gather_heads(received)
+
+
+class UlyssesAttnProcessor:
+    """Runs one layer's planned attention steps in place of a diffusers processor.
+
+    The explicit parameters matter: diffusers passes a processor only the keyword
+    arguments its ``__call__`` signature names.
+    """
+
+    def __init__(self, runtime: UlyssesRuntime, ops: AttentionOps, layer_index: int) -> None:
+        self.runtime = runtime
+        self.ops = ops
+        self.layer_index = layer_index
+
+    def __call__(
+        self,
+        attn: Any,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: Any = None,
+        rotary_emb: Any = None,
+        encoder_hidden_states_mask: torch.Tensor | None = None,
+    ) -> Any:
+        extra = {"image_rotary_emb": image_rotary_emb, "rotary_emb": rotary_emb,
+                 "encoder_hidden_states_mask": encoder_hidden_states_mask}
+        state = AttentionState(attn, hidden_states, encoder_hidden_states, attention_mask, extra)
+        layer = self.runtime.layer_plan(
+            self.layer_index, self.ops.streams, hidden_states.shape[0], hidden_states.dtype
+        )
+        drive_blocking(run_steps(layer.attention, TensorBackend(self.runtime, self.ops, state)))
+        return state.result
+
+
+def family_of(transformer: torch.nn.Module) -> Family:
+    name = type(transformer).__name__
+    if name not in FAMILIES:
+        raise UnsupportedModelError(
+            f"unsupported transformer class {name}; supported: {', '.join(sorted(FAMILIES))}"
+        )
+    return FAMILIES[name]
+
+
+def parallelize(model: Any, transport: Transport, schedule: str = "flat") -> UlyssesRuntime:
+    """Make a diffusers pipeline (or its transformer) run Ulysses-parallel over
+    ``transport``. Every rank calls this and then runs the pipeline as usual, with the
+    same inputs; every rank gets the full output.
+
+    Returns:
+        The runtime state (its ``plan`` and, when ``records`` is set to a list, what
+        each attention call did).
+    """
+    transformer = getattr(model, "transformer", model)
+    family = family_of(transformer)
+    runtime = UlyssesRuntime(transformer, transport, family, schedule)
+    _install_splits(runtime)
+    _install_processors(runtime)
+    return runtime
+
+
+def _install_processors(runtime: UlyssesRuntime) -> None:
+    ops = runtime.family.ops
+    layer_index = 0
+    for _name, module in runtime.transformer.named_modules():
+        processor = getattr(module, "processor", None)
+        if processor is not None and type(processor).__name__ in ops.processor_classes:
+            module.set_processor(UlyssesAttnProcessor(runtime, ops, layer_index))
+            layer_index += 1
+    if layer_index != runtime.spec.num_layers:
+        raise UnsupportedModelError(
+            f"{type(runtime.transformer).__name__}: found {layer_index} attention processors "
+            f"to replace, expected {runtime.spec.num_layers} (a custom processor installed?)"
+        )
+
+
+def _install_splits(runtime: UlyssesRuntime) -> None:
+    transformer = runtime.transformer
+    transport = runtime.transport
+    rank = transport.rank
+    by_module: dict[str, list] = {}
+    for split in runtime.family.splits:
+        by_module.setdefault(split.module, []).append(split)
+
+    def input_hook(module, args, kwargs, splits):
+        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+        for split in splits:
+            value = bound.arguments.get(split.argument)
+            if isinstance(value, torch.Tensor):
+                shard = runtime.shard(split.stream, value.shape[split.dim])
+                bound.arguments[split.argument] = shard.split(value, split.dim, rank)
+        return bound.args, bound.kwargs
+
+    def output_hook(module, args, output, splits):
+        output = list(output)
+        for split in splits:
+            value = output[split.argument]
+            shard = runtime.shard(split.stream, value.shape[split.dim])
+            output[split.argument] = shard.split(value, split.dim, rank)
+        return tuple(output)
+
+    def root_hook(module, args, kwargs):
+        runtime.begin_forward()
+        return input_hook(module, args, kwargs, [s for s in by_module.get("", []) if not s.output])
+
+    transformer.register_forward_pre_hook(root_hook, with_kwargs=True)
+    for module_name, splits in by_module.items():
+        module = transformer.get_submodule(module_name)
+        inputs = [s for s in splits if not s.output]
+        outputs = [s for s in splits if s.output]
+        if module_name and inputs:
+            module.register_forward_pre_hook(
+                lambda m, a, k, s=inputs: input_hook(m, a, k, s), with_kwargs=True
+            )
+        if outputs:
+            module.register_forward_hook(lambda m, a, o, s=outputs: output_hook(m, a, o, s))
+
+    for gather in runtime.family.gathers:
+        def gather_hook(module, args, output, gather=gather):
+            shard = runtime.shards[gather.stream]
+            chunks = all_gather_rows(transport, output.contiguous())
+            # (P, ..., chunk, ...) -> (..., P*chunk, ...) -> drop the padding
+            return shard.unsplit(torch.cat(list(chunks), dim=gather.dim), gather.dim)
+
+        transformer.get_submodule(gather.module).register_forward_hook(gather_hook)
