@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cocodiff.errors import CocodiffError
+from cocodiff.runtime.run import add_run_arguments, run_command
 
 EXIT_USAGE = 2
 
@@ -70,7 +71,42 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--plot", type=Path,
                           help="write a PNG Gantt chart of one layer (ranks and busiest links)")
     simulate.set_defaults(handler=_cmd_simulate)
+
+    run = commands.add_parser(
+        "run",
+        help="run a diffusers model Ulysses-parallel (under mpiexec or torchrun)",
+        description="Generate with a diffusers DiT, Ulysses-parallel over every rank of the "
+        "launch: `mpiexec -n N cocodiff run ...` or `torchrun --nproc-per-node N -m cocodiff "
+        "run ...`; single-process without a launcher.",
+    )
+    add_run_arguments(run, positive_int)
+    run.set_defaults(handler=run_command)
+
+    export = commands.add_parser(
+        "export-tiny",
+        help="save a built-in tiny model as a diffusers directory",
+        description="Save a built-in tiny model (random weights from a fixed seed) as a "
+        "diffusers pipeline directory that `cocodiff run --model DIR` loads back.",
+    )
+    export.add_argument("name", help="tiny-flux, tiny-sd3, tiny-qwen, tiny-wan or tiny-pixart")
+    export.add_argument("directory", type=Path, help="where to write it")
+    export.set_defaults(handler=_cmd_export_tiny)
     return parser
+
+
+def _cmd_export_tiny(args: argparse.Namespace) -> int:
+    from cocodiff.runtime.pipelines import export_tiny
+    from cocodiff.runtime.tiny import TINY_MODELS
+
+    if args.name not in TINY_MODELS:
+        raise CocodiffError(
+            f"unknown tiny model {args.name!r}; valid: {', '.join(TINY_MODELS)}"
+        )
+    if args.directory.exists() and any(args.directory.iterdir()):
+        raise CocodiffError(f"{args.directory} exists and is not empty")
+    export_tiny(args.name, args.directory)
+    print(f"saved {args.name} to {args.directory}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

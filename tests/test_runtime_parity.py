@@ -23,7 +23,7 @@ SUPPORTED = [name for name in TINY_MODELS if name in ("tiny-flux",)]
 )
 def test_flat_plan_matches_single_process(launcher, transport, num_ranks, tmp_path):
     cmd = launcher_prefix(launcher, num_ranks) + [
-        str(WORKERS / "transformer_parity.py"), transport, "flat", *SUPPORTED
+        str(WORKERS / "parity.py"), transport, "flat", *SUPPORTED
     ]
     result = run_job(cmd, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -197,3 +197,9 @@ def test_wan_bfloat16_load_needs_accelerate(tmp_path: Path) -> None:
 def test_frames_refused_for_image_model() -> None:
     with pytest.raises(ValueError, match="FluxPipeline makes images: frames must be 1, got 5"):
         run_pipeline(build_tiny("tiny-flux"), PROMPT, STEPS, 128, 128, 5, 0)
+
+
+def test_load_pipeline_builds_tiny_names() -> None:
+    pipe = load_pipeline("tiny-sd3", torch.float32)
+    assert type(pipe).__name__ == "StableDiffusion3Pipeline"
+    assert _state_digest(pipe) == _state_digest(build_tiny("tiny-sd3"))

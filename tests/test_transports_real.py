@@ -26,6 +26,7 @@ from transports import (
     detect_launch,
 )
 from transports.launch import job_id
+from transports.registry import auto_transport_name
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "transport_worker.py"
@@ -105,18 +106,20 @@ def _mpiexec(num_ranks: int, *worker_args: str) -> list[str]:
 
 
 JOBS = [
-    pytest.param("torchrun", "torch", (), id="torchrun-torch", marks=needs_torchrun),
-    pytest.param("mpiexec", "torch", (), id="mpiexec-torch-tcpstore", marks=needs_mpi),
-    pytest.param(
-        "mpiexec", "torch", ("--no-mpi4py",), id="mpiexec-torch-filestore", marks=needs_mpi
-    ),
-    pytest.param("mpiexec", "mpi", (), id="mpiexec-mpi", marks=needs_mpi),
+    pytest.param(launcher, backend, extra, num_ranks, id=f"{name}-{num_ranks}", marks=marks)
+    for name, launcher, backend, extra, marks, rank_counts in [
+        ("torchrun-torch", "torchrun", "torch", (), needs_torchrun, (2, 4)),
+        ("mpiexec-torch-tcpstore", "mpiexec", "torch", (), needs_mpi, (2, 4)),
+        ("mpiexec-mpi", "mpiexec", "mpi", (), needs_mpi, (2, 4)),
+        # the FileStore rendezvous (no mpi4py) differs from the above only at start-up
+        ("mpiexec-torch-filestore", "mpiexec", "torch", ("--no-mpi4py",), needs_mpi, (2,)),
+    ]
+    for num_ranks in rank_counts
 ]
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("num_ranks", [2, 4])
-@pytest.mark.parametrize(("launcher", "backend", "extra"), JOBS)
+@pytest.mark.parametrize(("launcher", "backend", "extra", "num_ranks"), JOBS)
 def test_conformance(
     launcher: str, backend: str, extra: tuple[str, ...], num_ranks: int, tmp_path: Path
 ) -> None:
@@ -226,6 +229,24 @@ def test_unknown_transport_lists_valid_names() -> None:
 
 def test_registry_has_real_backends() -> None:
     assert {"torch", "mpi"} <= set(TRANSPORTS)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "torch"),
+        ({"RANK": "0", "WORLD_SIZE": "2"}, "torch"),
+        ({"PMI_RANK": "0", "PMI_SIZE": "2"}, "mpi" if find_spec("mpi4py") else "torch"),
+    ],
+)
+def test_auto_transport_name(
+    env: dict[str, str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in _LAUNCH_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert auto_transport_name() == expected
 
 
 def test_import_transports_does_not_import_torch_or_mpi4py() -> None:

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from transports import LaunchInfo, Transport, TransportError, create_transport, detect_launch
-from transports.base import Group
+from transports.base import Group, Handle
+from transports.registry import auto_transport_name
 
 TRAILING = (2, 3)  # every buffer is (rows, 2, 3): splits count rows of dim 0
 
@@ -73,11 +74,14 @@ def check_identity(t: Transport, world: int, launcher: str) -> None:
     assert t.world_size == world == info.world_size, f"world {t.world_size} != {world}"
     assert t.rank == info.rank, f"rank {t.rank} != launcher rank {info.rank}"
     assert t.world.ranks == tuple(range(world))
+    mpi = launcher == "mpiexec" and sys.modules.get("mpi4py", True) is not None
+    assert auto_transport_name() == ("mpi" if mpi else "torch"), auto_transport_name()
 
 
 def check_uneven(t: Transport) -> None:
     for salt, dtype in ((0, torch.float32), (1, torch.bfloat16), (3, torch.float32)):
         handle, expected = start(t, t.world, salt, dtype)
+        assert isinstance(handle, Handle), f"{type(handle).__name__} does not satisfy Handle"
         assert_rows(handle.wait(), expected, f"uneven {dtype} salt {salt}")
         assert handle.is_completed()
 

@@ -225,8 +225,8 @@ def _torch_buffers(
     out = torch.empty((recv_rows, *trailing), dtype=src.dtype, device=src.device)
     row_bytes = math.prod(trailing) * src.element_size()
     # (n, *trailing) -> flat bytes, views of the same memory (numpy ones on the host)
-    send_buf = src.reshape(-1).view(torch.uint8)
-    recv_buf = out.reshape(-1).view(torch.uint8)
+    send_buf: Any = src.reshape(-1).view(torch.uint8)
+    recv_buf: Any = out.reshape(-1).view(torch.uint8)
     if on_host:
         send_buf, recv_buf = send_buf.numpy(), recv_buf.numpy()
 

@@ -78,8 +78,8 @@ class _TorchHandle:
         what: str,
     ) -> None:
         self._work = work
-        self._send = send  # kept alive until the collective is done
-        self._output = output
+        self._send: torch.Tensor | None = send  # kept alive until the collective is done
+        self._output: torch.Tensor | None = output
         self._finish = finish
         self._what = what
         self._waited = False

@@ -15,6 +15,7 @@ named scheduler, and remade if they change.
 from __future__ import annotations
 
 import inspect
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +74,7 @@ class UlyssesRuntime:
         self._layouts: dict[tuple, tuple[TokenLayout, torch.Tensor]] = {}
         self.records: list[StepRecord] | None = None  # set to [] to record
         self.plan: Plan | None = None
+        self.comm_s = 0.0  # time spent waiting for exchanges and gathers
 
     # -- token streams ----------------------------------------------------------------
 
@@ -125,6 +127,27 @@ class UlyssesRuntime:
         return self._groups[ranks]
 
 
+class TimedHandle:
+    """A transport handle whose ``wait()`` adds its blocking time to the runtime's
+    ``comm_s``: the communication time the rank actually waited for."""
+
+    __slots__ = ("_handle", "_runtime")
+
+    def __init__(self, handle: Handle, runtime: UlyssesRuntime) -> None:
+        self._handle = handle
+        self._runtime = runtime
+
+    def is_completed(self) -> bool:
+        return self._handle.is_completed()
+
+    def wait(self) -> Any:
+        start = time.perf_counter()
+        try:
+            return self._handle.wait()
+        finally:
+            self._runtime.comm_s += time.perf_counter() - start
+
+
 class TensorBackend:
     """Binds plan steps to one attention call's tensors and the transport."""
 
@@ -170,7 +193,8 @@ class TensorBackend:
                 f"{step.row_bytes} B, the model has {send.shape[0]} rows of {row_bytes} B"
             )
         self._record("exchange", step.tensor, send.numel() * send.element_size())
-        return self.runtime.transport.all_to_all(send, step.send_rows, step.recv_rows, group)
+        handle = self.runtime.transport.all_to_all(send, step.send_rows, step.recv_rows, group)
+        return TimedHandle(handle, self.runtime)
 
     def finish_exchange(self, step: Exchange, received: torch.Tensor) -> None:
         if step.direction == "scatter_heads":
@@ -296,7 +320,9 @@ def _install_splits(runtime: UlyssesRuntime) -> None:
     for gather in runtime.family.gathers:
         def gather_hook(module, args, output, gather=gather):
             shard = runtime.shards[gather.stream]
+            start = time.perf_counter()
             chunks = all_gather_rows(transport, output.contiguous())
+            runtime.comm_s += time.perf_counter() - start
             # (P, ..., chunk, ...) -> (..., P*chunk, ...) -> drop the padding
             return shard.unsplit(torch.cat(list(chunks), dim=gather.dim), gather.dim)
 

@@ -9,9 +9,9 @@ compression, latent channels) at toy sizes: 4 attention heads everywhere, so 1, 
 ranks split heads evenly, and default resolutions whose image-token counts divide by 4.
 
 Tokenizers are the real transformers classes (CLIPTokenizer, T5Tokenizer, Qwen2Tokenizer) fed a
-vocabulary made here: byte-level BPE merges trained by the ``tokenizers`` library on an in-code
-corpus (deterministic: ties are broken by token id), or a T5 unigram vocabulary of whole words
-and single characters. Every prompt is accepted; unknown pieces map to the unknown token.
+vocabulary made here from an in-code word list: byte-level BPE (all 256 bytes plus merges that
+make each listed word one token) for CLIP and Qwen2, a unigram vocabulary of whole words and
+single characters for T5. Every prompt is accepted (bytes, or the unknown token for T5).
 """
 
 from __future__ import annotations
