@@ -34,7 +34,13 @@ from cocodiff.runtime.exchange import (
     unpack_scatter_heads,
 )
 from cocodiff.runtime.families import FAMILIES
-from cocodiff.runtime.families.base import AttentionOps, AttentionState, Family
+from cocodiff.runtime.families.base import (
+    AttentionOps,
+    AttentionState,
+    Family,
+    Split,
+    module_matches,
+)
 from cocodiff.runtime.sharding import TokenLayout, TokenShard
 from cocodiff.schedules import get_schedule
 from transports.base import CompletedHandle, Group, Handle, Transport
@@ -66,6 +72,11 @@ class UlyssesRuntime:
         # An in-memory config lacks the "_class_name" a saved config.json has.
         config = {"_class_name": type(transformer).__name__, **dict(transformer.config)}
         self.spec: ModelSpec = spec_from_config(config, name=type(transformer).__name__)
+        if transport.world_size > self.spec.num_heads:
+            raise UnsupportedModelError(
+                f"{transport.world_size} ranks cannot split the {self.spec.num_heads} attention "
+                f"heads of {self.spec.name}: launch at most {self.spec.num_heads} ranks"
+            )
         self.scheduler = get_schedule(schedule)
         self.schedule = schedule
         self.shards: dict[str, TokenShard] = {}
@@ -171,10 +182,13 @@ class TensorBackend:
     def _attention(self) -> None:
         # Pick the real tokens in the model's original order out of the gathered
         # sequence, so the kernel sees exactly the single-process input (no padding).
+        # The mask is the model's own, over that same sequence.
         tensors = self.state.tensors
         positions = self.runtime.original_positions(self.ops.streams)
+        stream_tokens = tuple(self.runtime.shards[name].total for name in self.ops.streams)
         q, k, v = (tensors[name].index_select(1, positions) for name in ("q", "k", "v"))
-        out = dispatch_attention_fn(q, k, v, attn_mask=self.state.attention_mask)
+        mask = self.ops.attention_mask(self.state, stream_tokens)
+        out = dispatch_attention_fn(q, k, v, attn_mask=mask)
         gathered = out.new_zeros(tensors["q"].shape)
         gathered[:, positions] = out
         tensors["out"] = gathered
@@ -207,7 +221,10 @@ class UlyssesAttnProcessor:
     """Runs one layer's planned attention steps in place of a diffusers processor.
 
     The explicit parameters matter: diffusers passes a processor only the keyword
-    arguments its ``__call__`` signature names.
+    arguments its ``__call__`` signature names. They are the union of what the supported
+    attention modules pass: FLUX (``image_rotary_emb``) and Wan (``rotary_emb``) pass the
+    rotary embedding positionally after ``attention_mask``, Qwen-Image passes
+    ``image_rotary_emb`` and ``encoder_hidden_states_mask`` by keyword.
     """
 
     def __init__(self, runtime: UlyssesRuntime, ops: AttentionOps, layer_index: int) -> None:
@@ -225,8 +242,8 @@ class UlyssesAttnProcessor:
         rotary_emb: Any = None,
         encoder_hidden_states_mask: torch.Tensor | None = None,
     ) -> Any:
-        extra = {"image_rotary_emb": image_rotary_emb, "rotary_emb": rotary_emb,
-                 "encoder_hidden_states_mask": encoder_hidden_states_mask}
+        rotary = image_rotary_emb if image_rotary_emb is not None else rotary_emb
+        extra = {"rotary_emb": rotary, "encoder_hidden_states_mask": encoder_hidden_states_mask}
         state = AttentionState(attn, hidden_states, encoder_hidden_states, attention_mask, extra)
         layer = self.runtime.layer_plan(
             self.layer_index, self.ops.streams, hidden_states.shape[0], hidden_states.dtype
@@ -263,16 +280,20 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat") -> Uly
 
 def _install_processors(runtime: UlyssesRuntime) -> None:
     ops = runtime.family.ops
+    pattern = runtime.family.attention_modules
     layer_index = 0
-    for _name, module in runtime.transformer.named_modules():
+    for name, module in runtime.transformer.named_modules():
         processor = getattr(module, "processor", None)
-        if processor is not None and type(processor).__name__ in ops.processor_classes:
+        if processor is None or type(processor).__name__ not in ops.processor_classes:
+            continue
+        if pattern is None or module_matches(name, pattern):
             module.set_processor(UlyssesAttnProcessor(runtime, ops, layer_index))
             layer_index += 1
     if layer_index != runtime.spec.num_layers:
         raise UnsupportedModelError(
             f"{type(runtime.transformer).__name__}: found {layer_index} attention processors "
-            f"to replace, expected {runtime.spec.num_layers} (a custom processor installed?)"
+            f"to replace, expected {runtime.spec.num_layers} (a custom processor installed, "
+            f"or attention layers the runtime does not know?)"
         )
 
 
@@ -280,26 +301,39 @@ def _install_splits(runtime: UlyssesRuntime) -> None:
     transformer = runtime.transformer
     transport = runtime.transport
     rank = transport.rank
-    by_module: dict[str, list] = {}
+    module_names = [name for name, _ in transformer.named_modules()]
+    by_module: dict[str, list[Split]] = {}
     for split in runtime.family.splits:
-        by_module.setdefault(split.module, []).append(split)
+        matched = [name for name in module_names if module_matches(name, split.module)]
+        if not matched:
+            raise UnsupportedModelError(
+                f"{type(transformer).__name__} has no module {split.module!r} to split "
+                f"{split.argument!r} at"
+            )
+        for name in matched:
+            by_module.setdefault(name, []).append(split)
+
+    def split_value(split: Split, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or split.ndim not in (None, value.ndim):
+            return value
+        shard = runtime.shard(split.stream, value.shape[split.dim])
+        return shard.split(value, split.dim, rank)
 
     def input_hook(module, args, kwargs, splits):
         bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
         for split in splits:
-            value = bound.arguments.get(split.argument)
-            if isinstance(value, torch.Tensor):
-                shard = runtime.shard(split.stream, value.shape[split.dim])
-                bound.arguments[split.argument] = shard.split(value, split.dim, rank)
+            if split.argument in bound.arguments:
+                bound.arguments[split.argument] = split_value(
+                    split, bound.arguments[split.argument]
+                )
         return bound.args, bound.kwargs
 
     def output_hook(module, args, output, splits):
-        output = list(output)
+        single = isinstance(output, torch.Tensor)
+        values = [output] if single else list(output)
         for split in splits:
-            value = output[split.argument]
-            shard = runtime.shard(split.stream, value.shape[split.dim])
-            output[split.argument] = shard.split(value, split.dim, rank)
-        return tuple(output)
+            values[split.argument] = split_value(split, values[split.argument])
+        return values[0] if single else tuple(values)
 
     def root_hook(module, args, kwargs):
         runtime.begin_forward()
@@ -320,9 +354,7 @@ def _install_splits(runtime: UlyssesRuntime) -> None:
     for gather in runtime.family.gathers:
         def gather_hook(module, args, output, gather=gather):
             shard = runtime.shards[gather.stream]
-            start = time.perf_counter()
             chunks = all_gather_rows(transport, output.contiguous())
-            runtime.comm_s += time.perf_counter() - start
             # (P, ..., chunk, ...) -> (..., P*chunk, ...) -> drop the padding
             return shard.unsplit(torch.cat(list(chunks), dim=gather.dim), gather.dim)
 

@@ -79,7 +79,9 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32) -> DiffusionPi
         index = json.loads(index_path.read_text())
         transformer_class = index["transformer"][1]
     except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
-        raise ModelLoadError(f"{index_path} names no transformer: {err!r}") from err
+        raise ModelLoadError(
+            f"{index_path} names no transformer: not a Diffusion Transformer pipeline"
+        ) from err
     if transformer_class not in SUPPORTED_TRANSFORMERS:
         raise ModelLoadError(
             f"unsupported transformer class {transformer_class!r} in {index_path}; "
@@ -147,6 +149,11 @@ def _realign_tensors(pipe: DiffusionPipeline) -> None:
                     tensor.data = tensor.data.clone()
 
 
+# Written beside an exported tiny model, so that loading the directory back also brings
+# the tiny model's default size and text length (and so the same output).
+TINY_MARKER = "cocodiff_tiny.json"
+
+
 def export_tiny(name: str, directory: str | os.PathLike[str]) -> Path:
     """Saves a tiny model as a diffusers pipeline directory (safetensors weights).
 
@@ -159,7 +166,19 @@ def export_tiny(name: str, directory: str | os.PathLike[str]) -> Path:
     """
     path = Path(directory)
     build_tiny(name).save_pretrained(path, safe_serialization=True)
+    (path / TINY_MARKER).write_text(json.dumps({"tiny_model": name}))
     return path
+
+
+def tiny_name_of(model: str) -> str | None:
+    """The tiny model ``model`` is: a tiny name, or a directory exported from one."""
+    if model in TINY_MODELS:
+        return model
+    marker = Path(model) / TINY_MARKER
+    if marker.is_file():
+        name = json.loads(marker.read_text()).get("tiny_model")
+        return name if name in TINY_MODELS else None
+    return None
 
 
 def run_pipeline(

@@ -87,9 +87,16 @@ def _run(args: argparse.Namespace, launch) -> int:
         raise CocodiffError(f"--timeout must be positive, got {args.timeout}")
 
     import torch
+    import transformers
+    from diffusers.utils import logging as diffusers_logging
+
+    # Library chatter (tokenizer length notes, deprecations) would drown the one line
+    # a user needs; errors still surface as exceptions.
+    transformers.logging.set_verbosity_error()
+    diffusers_logging.set_verbosity_error()
 
     from cocodiff.runtime.parallel import parallelize
-    from cocodiff.runtime.pipelines import load_pipeline, run_pipeline
+    from cocodiff.runtime.pipelines import load_pipeline, run_pipeline, tiny_name_of
     from cocodiff.runtime.tiny import TINY_DEFAULTS
     from transports.registry import TRANSPORTS, auto_transport_name, create_transport
 
@@ -105,8 +112,10 @@ def _run(args: argparse.Namespace, launch) -> int:
             _agree_on_arguments(transport, sys.argv[1:])
         dtype = getattr(torch, args.dtype)
         pipe = load_pipeline(args.model, dtype)
-        width, height, frames = _size(args, pipe)
-        text_tokens = TINY_DEFAULTS[args.model].max_sequence_length if args.model in TINY_DEFAULTS else None
+        tiny = tiny_name_of(args.model)
+        width, height, frames = _size(args, tiny)
+        # Tiny models use short prompts; real ones keep their pipeline's default length.
+        text_tokens = TINY_DEFAULTS[tiny].max_sequence_length if tiny else None
         runtime = parallelize(pipe, transport, args.schedule) if transport else None
         step_times: list[float] = []
         with _progress(is_root=launch.rank == 0 and not args.quiet, steps=args.steps) as advance:
@@ -145,13 +154,11 @@ def _run(args: argparse.Namespace, launch) -> int:
     return 0
 
 
-def _size(args: argparse.Namespace, pipe) -> tuple[int, int, int]:
+def _size(args: argparse.Namespace, tiny: str | None) -> tuple[int, int, int]:
     from cocodiff.models import parse_resolution
-    from cocodiff.runtime.tiny import TINY_MODELS, default_resolution
+    from cocodiff.runtime.tiny import default_resolution
 
-    width, height, frames = (
-        default_resolution(args.model) if args.model in TINY_MODELS else (1024, 1024, 1)
-    )
+    width, height, frames = default_resolution(tiny) if tiny else (1024, 1024, 1)
     if args.resolution is not None:
         width, height = parse_resolution(args.resolution)
     if args.frames is not None:

@@ -4,11 +4,16 @@ A family says where the token streams enter the model and leave it (:class:`Spli
 :class:`Gather`: our counterpart of diffusers' ``_cp_plan``), which attention
 processors it replaces, and how the plan's compute steps map onto the model's own
 modules (:class:`AttentionOps`). The model's code is never changed.
+
+Module names are dotted paths inside the transformer ("" is the transformer itself);
+where a pattern is allowed, each dot-separated part may be an ``fnmatch`` pattern
+matching exactly one part ("transformer_blocks.*" is every block, not their children).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any, Protocol
 
 import torch
@@ -19,8 +24,10 @@ class Split:
     """Split a module's input argument (or, with ``output``, an element of its output
     tuple) along ``dim`` as token stream ``stream``.
 
-    ``module`` is a dotted name inside the transformer ("" is the transformer itself);
-    ``argument`` a parameter name of its forward, or an output index.
+    ``module`` is a module name pattern (every matching module is hooked); ``argument`` a
+    parameter name of its forward, or an output index (a module returning one tensor
+    counts as returning a 1-tuple). With ``ndim``, only a tensor of that many dimensions
+    is split (diffusers' ``expected_dims``): others pass through whole.
     """
 
     module: str
@@ -28,6 +35,7 @@ class Split:
     dim: int
     stream: str
     output: bool = False
+    ndim: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +51,9 @@ class Gather:
 class AttentionState:
     """One attention call in flight: its inputs and the tensors the plan steps make.
 
-    ``tensors`` holds "q", "k", "v" ((B, s, H, D) local tokens before the exchange,
+    ``extra`` holds "rotary_emb" (the rotary embedding of the local tokens, under
+    whichever name the model passes it) and "encoder_hidden_states_mask" (as given: all
+    text tokens, not split). ``tensors`` holds "q", "k", "v" ((B, s, H, D) local tokens before the exchange,
     (B, S, h, D) after) and "out".
     """
 
@@ -72,6 +82,14 @@ class AttentionOps(Protocol):
     def proj_v(self, state: AttentionState) -> None: ...
     def qk_norm(self, state: AttentionState) -> None: ...
     def rope(self, state: AttentionState) -> None: ...
+    def attention_mask(
+        self, state: AttentionState, stream_tokens: tuple[int, ...]
+    ) -> torch.Tensor | None:
+        """The mask the model's own processor would give the attention kernel: over the
+        whole sequence (``stream_tokens``: each stream's real tokens, in ``streams``
+        order) in the model's original order, or None. The runtime runs the kernel on
+        exactly that sequence, so the mask needs no padding or permutation."""
+        ...
     def proj_out(self, state: AttentionState) -> None:
         """Turn ``tensors["out"]`` ((B, s, H, D) local tokens) into ``state.result``."""
         ...
@@ -79,9 +97,21 @@ class AttentionOps(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Family:
-    """Everything the runtime needs for one transformer class."""
+    """Everything the runtime needs for one transformer class.
+
+    ``attention_modules``: a module name pattern limiting which attention modules get
+    the parallel processor (self-attention, not the cross-attention next to it); None
+    for every module with one of ``ops.processor_classes``.
+    """
 
     transformer_class: str
     splits: tuple[Split, ...]
     gathers: tuple[Gather, ...]
     ops: AttentionOps
+    attention_modules: str | None = None
+
+
+def module_matches(name: str, pattern: str) -> bool:
+    """Whether module ``name`` matches ``pattern`` part by dotted part."""
+    parts, wanted = name.split("."), pattern.split(".")
+    return len(parts) == len(wanted) and all(map(fnmatchcase, parts, wanted))

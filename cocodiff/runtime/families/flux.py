@@ -53,11 +53,16 @@ class FluxOps:
             state.tensors[name] = x
 
     def rope(self, state: AttentionState) -> None:
-        rotary = state.extra.get("image_rotary_emb")
+        rotary = state.extra["rotary_emb"]
         if rotary is None:
             return
         for name in ("q", "k"):
             state.tensors[name] = apply_rotary_emb(state.tensors[name], rotary, sequence_dim=1)
+
+    def attention_mask(
+        self, state: AttentionState, stream_tokens: tuple[int, ...]
+    ) -> torch.Tensor | None:
+        return state.attention_mask  # FluxAttnProcessor hands it to the kernel as given
 
     def proj_out(self, state: AttentionState) -> None:
         attn = state.attn

@@ -1,0 +1,86 @@
+"""Stable Diffusion 3 / 3.5 (SD3Transformer2DModel, JointAttnProcessor2_0): MMDiT blocks
+attend over [image, text] with separate projections (and Q/K norms, in SD3.5) per
+stream. No RoPE: positions are added once, in ``pos_embed``, before the split.
+
+The streams are split where they are made (the patch embedding and the context
+embedder), so ``skip_layers`` may skip any block. The last block is
+``context_pre_only``: its text attention output is returned unprojected and the block
+drops it. SD3.5-medium's dual-attention blocks (a second, image-only ``attn2`` with the
+same processor) are not supported: ``parallelize`` finds more processors than layers and
+refuses.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cocodiff.runtime.families.base import AttentionState, Family, Gather, Split
+
+
+class SD3Ops:
+    streams = ("image", "text")
+    processor_classes = ("JointAttnProcessor2_0",)
+
+    def _project(self, state: AttentionState, image_proj: str, text_proj: str) -> torch.Tensor:
+        attn = state.attn
+        # (B, s, H*D) -> (B, s, H, D)
+        x = getattr(attn, image_proj)(state.hidden_states).unflatten(-1, (attn.heads, -1))
+        if state.encoder_hidden_states is None:
+            return x
+        context = getattr(attn, text_proj)(state.encoder_hidden_states)
+        return torch.cat([x, context.unflatten(-1, (attn.heads, -1))], dim=1)
+
+    def proj_q(self, state: AttentionState) -> None:
+        state.tensors["q"] = self._project(state, "to_q", "add_q_proj")
+
+    def proj_k(self, state: AttentionState) -> None:
+        state.tensors["k"] = self._project(state, "to_k", "add_k_proj")
+
+    def proj_v(self, state: AttentionState) -> None:
+        state.tensors["v"] = self._project(state, "to_v", "add_v_proj")
+
+    def qk_norm(self, state: AttentionState) -> None:
+        # Per-head norms over head_dim: per token, so norming each stream's local slice
+        # gives the processor's values. Each norm is applied only where the module has it.
+        attn = state.attn
+        image = state.hidden_states.shape[1]
+        for name, image_norm, text_norm in (("q", attn.norm_q, attn.norm_added_q),
+                                            ("k", attn.norm_k, attn.norm_added_k)):
+            x = state.tensors[name]
+            parts = [x[:, :image], x[:, image:]]
+            for i, norm in enumerate((image_norm, text_norm)):
+                if norm is not None:
+                    parts[i] = norm(parts[i])
+            state.tensors[name] = torch.cat(parts, dim=1)
+
+    def rope(self, state: AttentionState) -> None:
+        """SD3 has no rotary embedding (``ModelSpec.has_rope`` is False)."""
+
+    def attention_mask(
+        self, state: AttentionState, stream_tokens: tuple[int, ...]
+    ) -> torch.Tensor | None:
+        return None  # JointAttnProcessor2_0 ignores attention_mask
+
+    def proj_out(self, state: AttentionState) -> None:
+        attn = state.attn
+        # (B, s, H, D) -> (B, s, H*D)
+        out = state.tensors["out"].flatten(2, 3).to(state.tensors["q"].dtype)
+        if state.encoder_hidden_states is None:
+            state.result = attn.to_out[1](attn.to_out[0](out))
+            return
+        image = state.hidden_states.shape[1]
+        out, context = out[:, :image], out[:, image:]
+        if not attn.context_pre_only:
+            context = attn.to_add_out(context)
+        state.result = (attn.to_out[1](attn.to_out[0](out)), context)
+
+
+SD3 = Family(
+    transformer_class="SD3Transformer2DModel",
+    splits=(
+        Split("pos_embed", 0, 1, "image", output=True),
+        Split("context_embedder", 0, 1, "text", output=True),
+    ),
+    gathers=(Gather("proj_out", 1, "image"),),
+    ops=SD3Ops(),
+)

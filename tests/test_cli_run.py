@@ -1,0 +1,112 @@
+"""`cocodiff run` and `cocodiff export-tiny` in one process: outputs, the JSON record,
+loading an exported directory, and one-line errors with no partial output."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cocodiff.cli import main
+from cocodiff.runtime.parallel import UnsupportedModelError, parallelize
+from cocodiff.runtime.tiny import build_tiny
+from launching import MPIEXEC, launcher_prefix, needs_mpi, run_job
+from transports.base import Group
+
+RUN_KEYS = {"model", "num_ranks", "schedule", "transport", "steps", "step_times_s", "total_s",
+            "comm_s", "output"}
+
+
+def exit_code(argv):
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+def test_run_writes_image_json_and_latents(tmp_path):
+    image, record, latents = tmp_path / "a.png", tmp_path / "a.json", tmp_path / "a.pt"
+    assert main(["run", "--model", "tiny-flux", "--steps", "2", "--quiet", "--output", str(image),
+                 "--json", str(record), "--save-latents", str(latents)]) == 0
+    assert image.read_bytes()[:4] == b"\x89PNG"
+    data = json.loads(record.read_text())
+    assert RUN_KEYS <= data.keys()
+    assert data["num_ranks"] == 1 and data["steps"] == 2 and len(data["step_times_s"]) == 2
+    assert torch.isfinite(torch.load(latents, weights_only=True)).all()
+
+
+def test_an_exported_tiny_model_loads_back_identically(tmp_path):
+    directory = tmp_path / "tiny-sd3"
+    assert main(["export-tiny", "tiny-sd3", str(directory)]) == 0
+    assert (directory / "model_index.json").exists()
+    assert not list(directory.rglob("*.bin"))
+    paths = []
+    for model in ("tiny-sd3", str(directory)):
+        paths.append(tmp_path / f"{len(paths)}.pt")
+        assert main(["run", "--model", model, "--steps", "2", "--quiet",
+                     "--save-latents", str(paths[-1])]) == 0
+    first, second = (torch.load(p, weights_only=True) for p in paths)
+    torch.testing.assert_close(first, second, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        (None, ["--model", "/no/such/dir"], "/no/such/dir"),
+        ("empty", ["--model", "{dir}"], "model_index.json"),
+        ("unet", ["--model", "{dir}"], "names no transformer"),
+        (None, ["--transport", "carrier-pigeon"], "unknown transport 'carrier-pigeon'"),
+        (None, ["--schedule", "nope"], "unknown schedule 'nope'"),
+        (None, ["--output", "/no/such/dir/x.png"], "does not exist"),
+        (None, ["--dtype", "float8"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, setup, args, message):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    if setup == "unet":
+        (model_dir / "model_index.json").write_text(json.dumps({
+            "_class_name": "StableDiffusionPipeline",
+            "unet": ["diffusers", "UNet2DConditionModel"],
+        }))
+    args = [a.replace("{dir}", str(model_dir)) for a in args]
+    record = tmp_path / "r.json"
+    assert exit_code(["run", "--quiet", "--json", str(record), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(message, err), err
+    assert not record.exists()
+
+
+def test_export_refuses_unknown_names_and_non_empty_directories(tmp_path, capsys):
+    assert main(["export-tiny", "tiny-nope", str(tmp_path / "x")]) == 2
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "f").write_text("x")
+    assert main(["export-tiny", "tiny-flux", str(tmp_path / "full")]) == 2
+    assert capsys.readouterr().err.count("\n") == 2
+
+
+class _WideTransport:
+    """Just enough of a transport to ask for more ranks than heads."""
+
+    name, rank, world_size = "fake", 0, 8
+    world = Group(tuple(range(8)))
+
+
+def test_more_ranks_than_heads_is_refused():
+    with pytest.raises(UnsupportedModelError, match="8 ranks cannot split the 4 attention heads"):
+        parallelize(build_tiny("tiny-flux"), _WideTransport())
+
+
+@needs_mpi
+@pytest.mark.multiprocess
+def test_ranks_that_disagree_on_arguments_all_fail_with_one_message(tmp_path):
+    base = [sys.executable, "-m", "cocodiff", "run", "--model", "tiny-flux", "--steps", "1",
+            "--quiet", "--transport", "mpi"]
+    cmd = [str(MPIEXEC), "-n", "1", *base, "--seed", "1", ":", "-n", "1", *base, "--seed", "2"]
+    result = run_job(cmd, tmp_path, timeout_s=120)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if "disagree" in line]
+    assert lines == ["cocodiff run: error: ranks disagree on arguments: ranks [1] differ from rank 0"]
