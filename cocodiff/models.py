@@ -295,7 +295,9 @@ def _wan(config: Mapping[str, Any], name: str) -> ModelSpec:
         patch_size=patch[1],
         temporal_vae_scale=4,
         mlp_ratio=_positive_int(config, "ffn_dim") / (num_heads * head_dim),
-        has_qk_norm=config.get("qk_norm") is not None,
+        # WanAttention always norms Q and K: diffusers (0.42) never passes the config's
+        # qk_norm on to it, so the field does not decide.
+        has_qk_norm=True,
     )
 
 

@@ -7,6 +7,7 @@ simulated transport as flows on the topology's links.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -110,6 +111,7 @@ class SimResult:
             "folded": self.folded,
             "sim_wall_s": self.wall_s,
             "sim_flows": self.num_flows,
+            "sim_events": self.num_events,
         }
 
 
@@ -138,13 +140,13 @@ def simulate_plan(
         raise ValueError(
             f"plan has {plan.num_ranks} ranks, placement {placement.num_ranks}"
         )
-    can_fold = placement.is_node_symmetric(topology) and plan.foldable(placement.ranks_per_node)
+    fold_nodes = _fold_period_nodes(plan, topology, placement)
     if fold is None:
-        fold = can_fold
-    elif fold and not can_fold:
+        fold = fold_nodes is not None
+    elif fold and fold_nodes is None:
         raise ValueError("this plan and placement are not node-symmetric; cannot fold")
     simulation = Simulation(topology, record_link_intervals=record_spans)
-    world = SimWorld(simulation, placement, fold_by_node=fold)
+    world = SimWorld(simulation, placement, fold_nodes=fold_nodes if fold else None)
     finish_s: dict[int, float] = {}
     backends: dict[int, SimBackend] = {}
     for rank in world.simulated_ranks:
@@ -171,12 +173,26 @@ def simulate_plan(
         bytes_by_tier={tier: world.bytes_by_tier[tier] for tier in TIERS},
         busiest_links=_busiest_links(simulation, step_time_s),
         simulated_ranks=len(world.simulated_ranks),
-        folded=fold,
+        folded=world.folded,
         wall_s=time.perf_counter() - wall_start,
         num_flows=simulation.network.num_flows_started,
-        num_events=simulation.network.num_reallocations,
+        num_events=simulation.env.events_processed,
         simulation=simulation,
     )
+
+
+def _fold_period_nodes(plan: Plan, topology: Topology, placement: Placement) -> int | None:
+    """The fewest whole nodes after which both the plan and the placement repeat, when
+    fewer than all of them: those nodes are all the simulator needs to run."""
+    if plan.shift_period is None or not placement.is_node_symmetric(topology):
+        return None
+    per_node = placement.ranks_per_node
+    period_ranks = math.lcm(plan.shift_period, per_node)
+    nodes = placement.num_ranks // per_node
+    period_nodes = period_ranks // per_node
+    if period_nodes >= nodes or nodes % period_nodes:
+        return None
+    return period_nodes
 
 
 def _rank_process(simulation: Simulation, execution: Execution, rank: int,

@@ -15,6 +15,18 @@ if TYPE_CHECKING:
     from topology import Topology
 
 
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it processes (for benchmarks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events_processed = 0
+
+    def step(self) -> None:
+        self.events_processed += 1
+        super().step()
+
+
 class Simulation:
     """Everything that is shared by the simulated ranks of one run.
 
@@ -25,7 +37,7 @@ class Simulation:
     """
 
     def __init__(self, topology: Topology, record_link_intervals: bool = True) -> None:
-        self.env = simpy.Environment()
+        self.env = CountingEnvironment()
         self.topology = topology
         self.network = Network(
             self.env,

@@ -2,24 +2,29 @@
 
 A *flow* moves ``num_bytes`` over a fixed list of links. Every link's capacity is
 shared max-min fairly among the flows crossing it (progressive filling / water
-filling), and the allocation is recomputed whenever a flow starts or ends. A flow
-first pays its path latency, then transfers at its allocated rate.
+filling), and the allocation is recomputed whenever flows start or end. A flow first
+pays its path latency, then transfers at its allocated rate.
 
 A flow may stand for ``count`` identical flows on the same links (a *bundle*): it
-receives one member's rate and loads every link with ``count`` times that rate. The
-simulated transport uses bundles so that an all-to-all over P ranks does not create
-P^2 flows when many pairs share exactly the same links.
+receives one member's rate and loads every link with ``count`` times that rate.
+
+Flows arrive in batches (:class:`FlowBatch`, one per collective) and are tracked in
+numpy arrays, so an all-to-all of thousands of flows costs a few vectorised passes per
+event instead of thousands of SimPy events. Completion is reported per *owner*: each
+flow names up to two owners (its sender and its receiver, for a collective), and an
+owner's event fires when the last of its flows has arrived.
 
 Invariant after every reallocation: for each link, sum(count * rate) over its flows
 <= capacity (up to float rounding), and every flow is limited by at least one
-saturated link on its path (that is what max-min fair means).
+saturated link on its path on which no flow is faster (max-min fairness).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
 LinkId = Hashable
@@ -27,18 +32,82 @@ LinkId = Hashable
 # A flow is finished when less than this fraction of its bytes is left: rates times
 # durations accumulate float rounding, and a completion timer must not fire twice.
 _REL_EPS = 1e-9
+# Fair shares within this relative distance saturate together (one filling round).
+_SHARE_EPS = 1e-12
 
 
-@dataclass(slots=True, eq=False)
-class Flow:
-    links: tuple[LinkId, ...]
-    num_bytes: float  # per member of the bundle
-    count: int
-    done: simpy.Event
-    label: str
-    remaining: float = 0.0
-    rate: float = 0.0  # bytes/s per member
-    started_at: float = 0.0
+@dataclass(frozen=True, slots=True, eq=False)
+class FlowBatch:
+    """Flows that start together, as arrays (build once, start many times).
+
+    Args:
+        link_ptr: flow i crosses links ``link_idx[link_ptr[i]:link_ptr[i+1]]``.
+        link_idx: network link indices (:meth:`Network.link_index`).
+        num_bytes: bytes of each flow (per bundle member).
+        count: bundle size of each flow.
+        latency_s: path latency of each flow.
+        owners: (flows, 2) owner slots in ``0..num_owners-1``, -1 for none.
+        num_owners: how many completion events :meth:`Network.start` returns.
+    """
+
+    link_ptr: np.ndarray
+    link_idx: np.ndarray
+    num_bytes: np.ndarray
+    count: np.ndarray
+    latency_s: np.ndarray
+    owners: np.ndarray
+    num_owners: int
+
+    @property
+    def num_flows(self) -> int:
+        return len(self.num_bytes)
+
+    @staticmethod
+    def build(
+        flows: Sequence[tuple[Sequence[int], float, int, float, Sequence[int]]],
+        num_owners: int,
+    ) -> FlowBatch:
+        """From (link indices, bytes, count, latency_s, owner slots) per flow."""
+        lengths = [len(links) for links, *_ in flows]
+        link_ptr = np.zeros(len(flows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=link_ptr[1:])
+        link_idx = np.fromiter(
+            (link for links, *_ in flows for link in links), dtype=np.int64, count=sum(lengths)
+        )
+        owners = np.full((len(flows), 2), -1, dtype=np.int64)
+        for row, (*_, flow_owners) in enumerate(flows):
+            owners[row, : len(flow_owners)] = flow_owners
+        return FlowBatch(
+            link_ptr,
+            link_idx,
+            np.array([f[1] for f in flows], dtype=np.float64),
+            np.array([f[2] for f in flows], dtype=np.float64),
+            np.array([f[3] for f in flows], dtype=np.float64),
+            owners,
+            num_owners,
+        )
+
+    @staticmethod
+    def concatenate(batches: Sequence[FlowBatch], owner_offsets: Sequence[int],
+                    num_owners: int) -> FlowBatch:
+        """Join batches; batch k's owner slots are shifted by ``owner_offsets[k]``."""
+        ptrs, offset = [np.zeros(1, dtype=np.int64)], 0
+        for batch in batches:
+            ptrs.append(batch.link_ptr[1:] + offset)
+            offset += len(batch.link_idx)
+        owners = [
+            np.where(batch.owners >= 0, batch.owners + shift, -1)
+            for batch, shift in zip(batches, owner_offsets)
+        ]
+        return FlowBatch(
+            np.concatenate(ptrs),
+            np.concatenate([b.link_idx for b in batches]),
+            np.concatenate([b.num_bytes for b in batches]),
+            np.concatenate([b.count for b in batches]),
+            np.concatenate([b.latency_s for b in batches]),
+            np.concatenate(owners),
+            num_owners,
+        )
 
 
 @dataclass(slots=True)
@@ -71,19 +140,67 @@ class Network:
             if not capacity > 0:
                 raise ValueError(f"link {link} has non-positive capacity {capacity} B/s")
         self.env = env
-        self.stats: dict[LinkId, LinkStats] = {
-            link: LinkStats(capacity) for link, capacity in capacities.items()
-        }
+        self.links: list[LinkId] = list(capacities)
+        self._index = {link: i for i, link in enumerate(self.links)}
+        self._capacity = np.array([capacities[link] for link in self.links], dtype=np.float64)
+        num_links = len(self.links)
+        self._bytes_carried = np.zeros(num_links)
+        self._busy_s = np.zeros(num_links)
+        self._peak_flows = np.zeros(num_links)
+        self._busy_since = np.full(num_links, np.nan)
+        self._intervals: dict[int, list[tuple[float, float]]] = {}
         self._record_intervals = record_intervals
-        self._flows: list[Flow] = []
+        # Active flows, one entry per flow; their links as (flow, link) pairs.
+        self._remaining = np.zeros(0)
+        self._size = np.zeros(0)
+        self._count = np.zeros(0)
+        self._rate = np.zeros(0)
+        self._owners = np.zeros((0, 2), dtype=np.int64)
+        self._nnz_flow = np.zeros(0, dtype=np.int64)
+        self._nnz_link = np.zeros(0, dtype=np.int64)
+        # Owners: flows still to arrive, and the event to fire at zero.
+        self._owner_left = np.zeros(0, dtype=np.int64)
+        self._owner_events: list[simpy.Event] = []
         self._last_update = 0.0
         self._generation = 0  # invalidates completion timers made stale by a reallocation
         self._update_pending = False
-        self._busy_since: dict[LinkId, float] = {}
         self.num_reallocations = 0
         self.num_flows_started = 0
 
     # -- public ---------------------------------------------------------------------
+
+    def link_index(self, link: LinkId) -> int:
+        try:
+            return self._index[link]
+        except KeyError:
+            raise KeyError(f"unknown link {link}") from None
+
+    def start(self, batch: FlowBatch) -> list[simpy.Event]:
+        """Start a batch of flows; returns one event per owner slot, fired when every
+        flow naming that owner has arrived (at once for owners with no flows)."""
+        if batch.num_flows and (batch.num_bytes.min() < 0 or batch.latency_s.min() < 0
+                                or batch.count.min() < 1):
+            raise ValueError("flows need bytes >= 0, latency >= 0 and count >= 1")
+        first = len(self._owner_events)
+        events = [self.env.event() for _ in range(batch.num_owners)]
+        self._owner_events.extend(events)
+        left = np.zeros(batch.num_owners, dtype=np.int64)
+        owner_ids = batch.owners[batch.owners >= 0]
+        np.add.at(left, owner_ids, 1)
+        self._owner_left = np.concatenate([self._owner_left, left])
+        for slot in np.flatnonzero(left == 0):
+            events[slot].succeed()
+        self.num_flows_started += batch.num_flows
+        owners = np.where(batch.owners >= 0, batch.owners + first, -1)
+        for latency in np.unique(batch.latency_s):
+            chosen = np.flatnonzero(batch.latency_s == latency)
+            if latency > 0:
+                self.env.timeout(float(latency)).callbacks.append(
+                    lambda _e, chosen=chosen: self._admit(batch, chosen, owners)
+                )
+            else:
+                self._admit(batch, chosen, owners)
+        return events
 
     def transfer(
         self,
@@ -93,49 +210,76 @@ class Network:
         count: int = 1,
         label: str = "",
     ) -> simpy.Event:
-        """Start moving ``num_bytes`` (per bundle member) over ``links``.
-
-        Returns:
-            An event that succeeds when the last byte has arrived.
-        """
-        links = tuple(links)
-        unknown = [link for link in links if link not in self.stats]
-        if unknown:
-            raise KeyError(f"flow {label!r} crosses unknown link {unknown[0]}")
+        """Start one flow over ``links``; returns the event of its arrival."""
+        indices = [self.link_index(link) for link in links]
         if num_bytes < 0 or count < 1 or latency_s < 0:
             raise ValueError(
                 f"flow {label!r}: bytes {num_bytes}, count {count}, latency {latency_s} s"
             )
-        done = self.env.event()
-        flow = Flow(links, float(num_bytes), count, done, label, remaining=float(num_bytes))
-        self.num_flows_started += 1
-        if latency_s > 0:
-            self.env.timeout(latency_s).callbacks.append(lambda _event: self._admit(flow))
-        else:
-            self._admit(flow)
-        return done
+        batch = FlowBatch.build([(indices, num_bytes, count, latency_s, (0,))], num_owners=1)
+        return self.start(batch)[0]
 
     @property
     def active_flows(self) -> int:
-        return len(self._flows)
+        return len(self._remaining)
+
+    def allocation(self) -> list[tuple[tuple[LinkId, ...], int, float]]:
+        """The active flows as (links, count, rate per member): for tests and debugging."""
+        links_of: list[list[LinkId]] = [[] for _ in range(len(self._remaining))]
+        for flow, link in zip(self._nnz_flow.tolist(), self._nnz_link.tolist()):
+            links_of[flow].append(self.links[link])
+        return [(tuple(links_of[i]), int(self._count[i]), float(self._rate[i]))
+                for i in range(len(self._remaining))]
+
+    @property
+    def stats(self) -> dict[LinkId, LinkStats]:
+        """Per-link totals (materialised on demand from the arrays)."""
+        return {
+            link: LinkStats(
+                float(self._capacity[i]),
+                float(self._bytes_carried[i]),
+                float(self._busy_s[i]),
+                int(self._peak_flows[i]),
+                list(self._intervals.get(i, ())),
+            )
+            for i, link in enumerate(self.links)
+        }
 
     def finish(self) -> None:
         """Close the busy intervals still open at the end of a simulation."""
         now = self.env.now
-        for link, since in self._busy_since.items():
-            self._close_interval(link, since, now)
-        self._busy_since.clear()
+        for link in np.flatnonzero(~np.isnan(self._busy_since)):
+            self._close_interval(int(link), float(self._busy_since[link]), now)
+        self._busy_since[:] = np.nan
 
     # -- internals ------------------------------------------------------------------
 
-    def _admit(self, flow: Flow) -> None:
-        if flow.num_bytes == 0 or not flow.links:
-            # Nothing to share: a zero-byte message or a rank sending to itself.
-            flow.done.succeed()
-            return
+    def _admit(self, batch: FlowBatch, chosen: np.ndarray, owners: np.ndarray) -> None:
+        sizes = batch.num_bytes[chosen]
+        lengths = batch.link_ptr[chosen + 1] - batch.link_ptr[chosen]
+        # Nothing to share: zero-byte messages, or a rank sending to itself.
+        instant = (sizes == 0) | (lengths == 0)
+        if instant.any():
+            self._owners_done(owners[chosen[instant]])
+            chosen, sizes, lengths = chosen[~instant], sizes[~instant], lengths[~instant]
+            if not len(chosen):
+                return
         self._advance()
-        flow.started_at = self.env.now
-        self._flows.append(flow)
+        base = len(self._remaining)
+        starts = batch.link_ptr[chosen]
+        # The links of the chosen flows, flattened: for flow k, starts[k] .. +lengths[k].
+        within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        self._nnz_link = np.concatenate(
+            [self._nnz_link, batch.link_idx[np.repeat(starts, lengths) + within]]
+        )
+        self._nnz_flow = np.concatenate(
+            [self._nnz_flow, base + np.repeat(np.arange(len(chosen)), lengths)]
+        )
+        self._remaining = np.concatenate([self._remaining, sizes])
+        self._size = np.concatenate([self._size, sizes])
+        self._count = np.concatenate([self._count, batch.count[chosen]])
+        self._rate = np.concatenate([self._rate, np.zeros(len(chosen))])
+        self._owners = np.concatenate([self._owners, owners[chosen]])
         self._request_update()
 
     def _request_update(self) -> None:
@@ -156,82 +300,98 @@ class Network:
         """Move every flow forward to ``env.now`` at its current rate."""
         now = self.env.now
         elapsed = now - self._last_update
-        if elapsed > 0:
-            for flow in self._flows:
-                moved = min(flow.remaining, flow.rate * elapsed)
-                flow.remaining -= moved
-                carried = moved * flow.count
-                for link in flow.links:
-                    self.stats[link].bytes_carried += carried
+        if elapsed > 0 and len(self._remaining):
+            moved = np.minimum(self._remaining, self._rate * elapsed)
+            self._remaining -= moved
+            self._bytes_carried += np.bincount(
+                self._nnz_link, weights=(moved * self._count)[self._nnz_flow],
+                minlength=len(self.links),
+            )
         self._last_update = now
 
     def _complete_finished(self) -> None:
-        still_running = []
-        for flow in self._flows:
-            if flow.remaining <= _REL_EPS * flow.num_bytes:
-                flow.done.succeed()
-            else:
-                still_running.append(flow)
-        self._flows = still_running
+        done = self._remaining <= _REL_EPS * self._size
+        if not done.any():
+            return
+        finished_owners = self._owners[done]
+        keep = ~done
+        new_id = np.cumsum(keep) - 1
+        keep_nnz = keep[self._nnz_flow]
+        self._nnz_link = self._nnz_link[keep_nnz]
+        self._nnz_flow = new_id[self._nnz_flow[keep_nnz]]
+        for name in ("_remaining", "_size", "_count", "_rate", "_owners"):
+            setattr(self, name, getattr(self, name)[keep])
+        self._owners_done(finished_owners)
+
+    def _owners_done(self, owners: np.ndarray) -> None:
+        owners = owners[owners >= 0]
+        if not len(owners):
+            return
+        ids, arrived = np.unique(owners, return_counts=True)
+        self._owner_left[ids] -= arrived
+        for owner in ids[self._owner_left[ids] == 0]:
+            self._owner_events[owner].succeed()
 
     def _reallocate(self) -> None:
         """Max-min fair rates by progressive filling.
 
-        Repeatedly find the link whose remaining capacity divided by the number of
-        unfrozen flow members crossing it is smallest; that fair share is the rate
-        of every unfrozen flow on it. Freeze them and charge their links.
+        Repeatedly find the links whose remaining capacity divided by the number of
+        unfrozen flow members crossing them is smallest; that fair share is the rate
+        of every unfrozen flow on them. Freeze those flows and charge their links.
         """
         self.num_reallocations += 1
-        residual: dict[LinkId, float] = {}
-        members: dict[LinkId, int] = {}
-        flows_on: dict[LinkId, list[Flow]] = {}
-        for flow in self._flows:
-            for link in flow.links:
-                if link not in residual:
-                    residual[link] = self.stats[link].capacity_bytes_per_s
-                    members[link] = 0
-                    flows_on[link] = []
-                members[link] += flow.count
-                flows_on[link].append(flow)
-        unfrozen = set(map(id, self._flows))
-        while unfrozen:
-            share, bottleneck = min(
-                (residual[link] / members[link], link) for link in residual if members[link] > 0
-            )
-            for flow in flows_on[bottleneck]:
-                if id(flow) not in unfrozen:
-                    continue
-                unfrozen.discard(id(flow))
-                flow.rate = share
-                for link in flow.links:
-                    residual[link] = max(0.0, residual[link] - share * flow.count)
-                    members[link] -= flow.count
-        self._record_busy(flows_on)
+        num_flows = len(self._remaining)
+        used, nnz_local = np.unique(self._nnz_link, return_inverse=True)
+        num_used = len(used)
+        residual = self._capacity[used].copy()
+        nnz_count = self._count[self._nnz_flow]
+        members = np.bincount(nnz_local, weights=nnz_count, minlength=num_used)
+        rate = np.zeros(num_flows)
+        unfrozen = np.ones(num_flows, dtype=bool)
+        nnz_unfrozen = np.ones(len(nnz_local), dtype=bool)
+        while nnz_unfrozen.any():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                share = np.where(members > 0.5, residual / members, np.inf)
+            fair = share.min()
+            bottleneck = share <= fair * (1 + _SHARE_EPS)
+            hit = np.zeros(num_flows, dtype=bool)
+            hit[self._nnz_flow[bottleneck[nnz_local] & nnz_unfrozen]] = True
+            rate[hit] = fair
+            unfrozen &= ~hit
+            charged = hit[self._nnz_flow]
+            residual -= np.bincount(nnz_local[charged], weights=nnz_count[charged] * fair,
+                                    minlength=num_used)
+            np.maximum(residual, 0.0, out=residual)
+            members -= np.bincount(nnz_local[charged], weights=nnz_count[charged],
+                                   minlength=num_used)
+            nnz_unfrozen &= ~charged
+        self._rate = rate
+        self._record_busy(used, np.bincount(nnz_local, weights=nnz_count, minlength=num_used))
 
-    def _record_busy(self, flows_on: Mapping[LinkId, list[Flow]]) -> None:
+    def _record_busy(self, used: np.ndarray, load: np.ndarray) -> None:
         now = self.env.now
-        for link, flows in flows_on.items():
-            stats = self.stats[link]
-            stats.peak_flows = max(stats.peak_flows, sum(f.count for f in flows))
-            if link not in self._busy_since:
-                self._busy_since[link] = now
-        for link in [link for link in self._busy_since if link not in flows_on]:
-            self._close_interval(link, self._busy_since.pop(link), now)
+        np.maximum.at(self._peak_flows, used, load)
+        busy = np.zeros(len(self.links), dtype=bool)
+        busy[used] = True
+        idle_before = np.isnan(self._busy_since)
+        self._busy_since[busy & idle_before] = now
+        for link in np.flatnonzero(~busy & ~idle_before):
+            self._close_interval(int(link), float(self._busy_since[link]), now)
+            self._busy_since[link] = np.nan
 
-    def _close_interval(self, link: LinkId, start: float, end: float) -> None:
-        stats = self.stats[link]
-        stats.busy_s += end - start
+    def _close_interval(self, link: int, start: float, end: float) -> None:
+        self._busy_s[link] += end - start
         if self._record_intervals and end > start:
-            stats.busy_intervals.append((start, end))
+            self._intervals.setdefault(link, []).append((start, end))
 
     def _schedule_next_completion(self) -> None:
         self._generation += 1
-        if not self._flows:
+        if not len(self._remaining):
             return
-        rated = [flow.remaining / flow.rate for flow in self._flows if flow.rate > 0]
-        if not rated:
-            raise RuntimeError(f"{len(self._flows)} flows stalled with zero rate")
-        delay = min(rated)
+        positive = self._rate > 0
+        if not positive.any():
+            raise RuntimeError(f"{len(self._remaining)} flows stalled with zero rate")
+        delay = float((self._remaining[positive] / self._rate[positive]).min())
         generation = self._generation
 
         def on_timer(_event: simpy.Event) -> None:

@@ -123,19 +123,18 @@ def test_max_min_allocation_respects_capacity_and_has_a_bottleneck(flows):
     def check():
         while True:
             yield env.timeout(0.01)
-            active = network._flows
+            active = network.allocation()
             if not active:
                 continue
             for link, capacity in capacities.items():
-                load = sum(f.rate * f.count for f in active if link in f.links)
+                load = sum(rate * count for links, count, rate in active if link in links)
                 assert load <= capacity * (1 + 1e-9)
-            for flow in active:
+            for links, _count, rate in active:
                 # max-min: some link on the flow's path is saturated and no flow on it is faster
                 assert any(
-                    sum(f.rate * f.count for f in active if link in f.links)
-                    >= capacities[link] * (1 - 1e-9)
-                    and all(f.rate <= flow.rate * (1 + 1e-9) for f in active if link in f.links)
-                    for link in flow.links
+                    sum(r * c for ls, c, r in active if link in ls) >= capacities[link] * (1 - 1e-9)
+                    and all(r <= rate * (1 + 1e-9) for ls, _c, r in active if link in ls)
+                    for link in links
                 )
 
     env.process(check())

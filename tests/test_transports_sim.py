@@ -19,7 +19,7 @@ def make_world(spec, fold=False):
     topology = build_topology(spec)
     simulation = Simulation(topology)
     placement = Placement.node_major(topology)
-    return SimWorld(simulation, placement, fold_by_node=fold), simulation, topology, placement
+    return SimWorld(simulation, placement, fold_nodes=1 if fold else None), simulation, topology, placement
 
 
 def all_to_all_times(world, simulation, num_bytes, group=None):

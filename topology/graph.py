@@ -238,16 +238,22 @@ class Topology:
         for link, (bandwidth_gbps, latency_us, kind) in self._link_attrs.items():
             yield link, bandwidth_gbps, latency_us, kind
 
-    def fold_link(self, link: Link) -> Link:
-        """The same link on node 0: each endpoint's ``n{k}`` prefix becomes ``n0``.
+    def fold_link(self, link: Link, period_nodes: int = 1) -> Link:
+        """The same link on node ``k mod period_nodes``: with the default, node 0.
 
-        All nodes are identical, so traffic invariant under a shift by whole nodes can
-        be simulated on node 0's links only (``fabric`` is its own image).
+        All nodes are identical, so traffic invariant under a shift by ``period_nodes``
+        whole nodes can be simulated on nodes ``0..period_nodes-1`` only (``fabric`` is
+        its own image).
 
         Raises:
             TopologyError: no such link.
         """
-        folded = self._fold.get(link)
+        if period_nodes == 1:
+            folded = self._fold.get(link)
+        elif link in self._link_attrs:
+            folded = (_fold_vertex(link[0], period_nodes), _fold_vertex(link[1], period_nodes))
+        else:
+            folded = None
         if folded is None:
             raise TopologyError(f"no link {link!r} in topology {self.spec.name!r}")
         return folded
@@ -307,8 +313,8 @@ def build_topology(spec: TopologySpec) -> Topology:
     return Topology(spec, graph, tuple(tiles))
 
 
-def _fold_vertex(vertex: str) -> str:
+def _fold_vertex(vertex: str, period_nodes: int = 1) -> str:
     if vertex == FABRIC:
         return vertex
-    _, dot, rest = vertex.partition(".")
-    return f"n0{dot}{rest}"
+    node, dot, rest = vertex.partition(".")
+    return f"n{int(node[1:]) % period_nodes}{dot}{rest}"

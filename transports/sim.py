@@ -6,39 +6,41 @@ all-to-all starts when every (simulated) member of its group has posted its part
 real all-to-alls effectively do; each rank's handle completes when everything it
 sends and everything it receives has arrived.
 
-Symmetry. On a machine whose nodes are identical, a plan in which every rank does
-what the rank with the same local index on node 0 does (shifted by whole nodes)
-moves traffic that is invariant under that shift. Then only node 0's ranks need to
-be simulated: a flow from node 0 to node k crosses node k's links, which carry the
-same load as node 0's corresponding links by symmetry, so routes are *folded* onto
-node 0's links, and identical folded flows are bundled. An all-to-all over P ranks
-then costs O(ranks per node^2) flows instead of O(P^2), exactly.
+Symmetry. On a machine whose nodes are identical, a plan that repeats every m nodes
+(every rank does what the rank m nodes earlier does, shifted) moves traffic that is
+invariant under that shift. Then only the ranks of nodes 0..m-1 need simulating: a
+flow to node k crosses node k's links, which carry the same load as node (k mod m)'s
+corresponding links by symmetry, so routes are *folded* onto nodes 0..m-1, and
+identical folded flows are bundled. With m = 1 an all-to-all over P ranks costs
+O(ranks per node^2) flows instead of O(P^2), exactly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import simpy
 
 from sim import Simulation
+from sim.network import FlowBatch
 from topology import TIERS, Placement
 from transports.base import Group, TransportError, VirtualBuffer
 
 
 @dataclass(frozen=True, slots=True)
-class _Bundle:
-    """Identical flows from one source rank: same links, same bytes."""
+class _SenderFlows:
+    """One rank's part of an all-to-all as a flow batch, cached by (rank, group, bytes).
 
-    links: tuple
-    num_bytes: int
-    count: int
-    latency_s: float
-    dst_class: int  # the receiving rank, or its node-0 representative when folding
-    tier: str
+    Owner slots in ``batch`` are simulated rank ids (sender and receiver class).
+    """
+
+    batch: FlowBatch
+    bytes_by_tier: tuple[tuple[str, float], ...]
 
 
 @dataclass(slots=True)
@@ -53,37 +55,47 @@ class SimWorld:
     Args:
         simulation: the simulation the flows run in.
         placement: global rank -> tile.
-        fold_by_node: simulate node 0's ranks only and fold routes (see module doc).
-            Requires a node-symmetric placement; the caller guarantees the plan is
-            node-symmetric too.
+        fold_nodes: simulate only the ranks of nodes ``0..fold_nodes-1`` and fold routes
+            onto them (see module doc); None simulates every rank. Requires a
+            node-symmetric placement and a node count divisible by ``fold_nodes``; the
+            caller guarantees the plan repeats every ``fold_nodes`` nodes too.
     """
 
     def __init__(
-        self, simulation: Simulation, placement: Placement, fold_by_node: bool = False
+        self, simulation: Simulation, placement: Placement, fold_nodes: int | None = None
     ) -> None:
         topology = simulation.topology
-        if fold_by_node and not placement.is_node_symmetric(topology):
-            raise ValueError("folding by node needs ranks that fill whole, identical nodes")
+        num_nodes_used = placement.num_ranks // placement.ranks_per_node
+        if fold_nodes is not None and (
+            not placement.is_node_symmetric(topology) or num_nodes_used % fold_nodes
+        ):
+            raise ValueError(
+                f"cannot fold {num_nodes_used} nodes onto {fold_nodes}: folding needs ranks "
+                "that fill whole, identical nodes, in a whole number of periods"
+            )
         self.simulation = simulation
         self.placement = placement
-        self.fold_by_node = fold_by_node
-        num_nodes_used = placement.num_ranks // placement.ranks_per_node
-        # Each simulated flow stands for this many real ones.
-        self.multiplicity = num_nodes_used if fold_by_node else 1
-        if fold_by_node:
-            self.simulated_ranks = tuple(range(placement.ranks_per_node))
-        else:
+        self.fold_nodes = fold_nodes
+        if fold_nodes is None:
+            self.multiplicity = 1  # each simulated flow stands for this many real ones
             self.simulated_ranks = tuple(range(placement.num_ranks))
-        self._simulated = set(self.simulated_ranks)
+        else:
+            self.multiplicity = num_nodes_used // fold_nodes
+            self.simulated_ranks = tuple(range(fold_nodes * placement.ranks_per_node))
+        self._num_simulated = len(self.simulated_ranks)
         self._pending: dict[tuple[tuple[int, ...], int], _PendingCollective] = {}
         self._sequence: dict[tuple[int, tuple[int, ...]], int] = defaultdict(int)
-        self._bundle_cache: dict[tuple, tuple[_Bundle, ...]] = {}
+        self._sender_cache: dict[tuple, _SenderFlows] = {}
         self.bytes_by_tier: dict[str, float] = dict.fromkeys(TIERS, 0.0)
         self.num_collectives = 0
 
+    @property
+    def folded(self) -> bool:
+        return self.fold_nodes is not None and self.multiplicity > 1
+
     def transport(self, rank: int) -> SimTransport:
-        if rank not in self._simulated:
-            raise ValueError(f"rank {rank} is not simulated (simulated: {self.simulated_ranks})")
+        if not 0 <= rank < self._num_simulated:
+            raise ValueError(f"rank {rank} is not simulated (simulated: 0..{self._num_simulated - 1})")
         return SimTransport(self, rank)
 
     # -- collectives ------------------------------------------------------------------
@@ -97,65 +109,70 @@ class SimWorld:
         pending = self._pending.setdefault((key_group, sequence), _PendingCollective())
         pending.posted[rank] = send_bytes
         pending.events[rank] = self.simulation.env.event()
-        expected = [r for r in key_group if r in self._simulated]
-        if len(pending.posted) == len(expected):
+        expected = sum(1 for r in key_group if r < self._num_simulated)
+        if len(pending.posted) == expected:
             del self._pending[(key_group, sequence)]
             self._launch(key_group, pending)
         return pending.events[rank]
 
     def _launch(self, group_ranks: tuple[int, ...], pending: _PendingCollective) -> None:
         self.num_collectives += 1
-        involved: dict[int, list[simpy.Event]] = {rank: [] for rank in pending.posted}
-        for src_rank, send_bytes in pending.posted.items():
-            for bundle in self._bundles(src_rank, group_ranks, send_bytes):
-                done = self.simulation.transfer(
-                    bundle.links, bundle.num_bytes, bundle.latency_s, count=bundle.count
-                )
-                involved[src_rank].append(done)
-                involved.setdefault(bundle.dst_class, []).append(done)
-                self.bytes_by_tier[bundle.tier] += (
-                    bundle.num_bytes * bundle.count * self.multiplicity
-                )
-        env = self.simulation.env
-        for rank, event in pending.events.items():
-            simpy.AllOf(env, involved[rank]).callbacks.append(
-                lambda _all, event=event: event.succeed()
-            )
+        senders = [self._sender_flows(rank, group_ranks, sent)
+                   for rank, sent in pending.posted.items()]
+        for flows in senders:
+            for tier, num_bytes in flows.bytes_by_tier:
+                self.bytes_by_tier[tier] += num_bytes * self.multiplicity
+        ranks = list(pending.posted)
+        slot_of = np.full(self._num_simulated, -1, dtype=np.int64)
+        slot_of[ranks] = np.arange(len(ranks))
+        batch = FlowBatch.concatenate([f.batch for f in senders], [0] * len(senders),
+                                      self._num_simulated)
+        # Owners are rank ids in the cached batches: map them to this launch's slots.
+        owners = np.where(batch.owners >= 0, slot_of[np.maximum(batch.owners, 0)], -1)
+        batch = dataclasses.replace(batch, owners=owners, num_owners=len(ranks))
+        done = self.simulation.network.start(batch)
+        for slot, rank in enumerate(ranks):
+            event = pending.events[rank]
+            done[slot].callbacks.append(lambda _done, event=event: event.succeed())
 
-    def _bundles(
+    def _sender_flows(
         self, src_rank: int, group_ranks: tuple[int, ...], send_bytes: tuple[int, ...]
-    ) -> tuple[_Bundle, ...]:
+    ) -> _SenderFlows:
         key = (src_rank, group_ranks, send_bytes)
-        cached = self._bundle_cache.get(key)
+        cached = self._sender_cache.get(key)
         if cached is not None:
             return cached
         topology = self.simulation.topology
         placement = self.placement
+        network = self.simulation.network
         src_tile = placement.tile_of(src_rank)
         grouped: dict[tuple, list] = {}
+        tier_bytes: dict[str, float] = defaultdict(float)
         for dst_rank, num_bytes in zip(group_ranks, send_bytes):
             if dst_rank == src_rank or num_bytes == 0:
                 continue
             dst_tile = placement.tile_of(dst_rank)
             route = topology.route(src_tile, dst_tile)
-            if self.fold_by_node:
-                links = tuple(topology.fold_link(link) for link in route)
-                dst_class = placement.representative(dst_rank)
+            if self.fold_nodes is not None:
+                links = tuple(topology.fold_link(link, self.fold_nodes) for link in route)
+                dst_class = dst_rank % self._num_simulated
             else:
-                links = route
-                dst_class = dst_rank
+                links, dst_class = route, dst_rank
+            tier_bytes[topology.tier(src_tile, dst_tile)] += num_bytes
             bundle_key = (links, num_bytes, dst_class)
             if bundle_key in grouped:
                 grouped[bundle_key][0] += 1
             else:
-                latency_s = topology.route_latency_us(route) * 1e-6
-                grouped[bundle_key] = [1, latency_s, topology.tier(src_tile, dst_tile)]
-        bundles = tuple(
-            _Bundle(links, num_bytes, count, latency_s, dst_class, tier)
-            for (links, num_bytes, dst_class), (count, latency_s, tier) in grouped.items()
-        )
-        self._bundle_cache[key] = bundles
-        return bundles
+                grouped[bundle_key] = [1, topology.route_latency_us(route) * 1e-6]
+        flows = [
+            ([network.link_index(link) for link in links], num_bytes, count, latency_s,
+             (src_rank, dst_class))
+            for (links, num_bytes, dst_class), (count, latency_s) in grouped.items()
+        ]
+        sender = _SenderFlows(FlowBatch.build(flows, self._num_simulated),
+                              tuple(tier_bytes.items()))
+        self._sender_cache[key] = sender
+        return sender
 
 
 class SimHandle:

@@ -354,7 +354,9 @@ def _install_splits(runtime: UlyssesRuntime) -> None:
     for gather in runtime.family.gathers:
         def gather_hook(module, args, output, gather=gather):
             shard = runtime.shards[gather.stream]
+            start = time.perf_counter()
             chunks = all_gather_rows(transport, output.contiguous())
+            runtime.comm_s += time.perf_counter() - start
             # (P, ..., chunk, ...) -> (..., P*chunk, ...) -> drop the padding
             return shard.unsplit(torch.cat(list(chunks), dim=gather.dim), gather.dim)
 

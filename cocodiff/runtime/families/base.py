@@ -53,8 +53,8 @@ class AttentionState:
 
     ``extra`` holds "rotary_emb" (the rotary embedding of the local tokens, under
     whichever name the model passes it) and "encoder_hidden_states_mask" (as given: all
-    text tokens, not split). ``tensors`` holds "q", "k", "v" ((B, s, H, D) local tokens before the exchange,
-    (B, S, h, D) after) and "out".
+    text tokens, not split). ``tensors`` holds "q", "k", "v" ((B, s, H, D) local tokens
+    before the exchange, (B, S, h, D) after) and "out".
     """
 
     attn: Any

@@ -1,0 +1,87 @@
+"""How fast the simulator is: one flat Ulysses step of FLUX.1-dev at 1024^2 on 1 to 64
+Aurora nodes, with node folding (the default) and, where it is affordable, without.
+
+Prints wall time, SimPy events per second and flows per step, and the ratio of the
+unfolded to the folded wall time measured side by side; checks that both give the same
+predicted step time. Writes JSON (default results/sim_scaling.json).
+
+    python bench/sim_scaling.py [--nodes 1,2,4,8,16,32,64] [--unfolded-up-to 8] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from cocodiff.models import REGISTRY
+from cocodiff.schedules import plan_flat
+from cocodiff.simulate import simulate_plan
+from topology import Placement, build_topology, get_preset
+
+
+def measure(nodes: int, fold: bool, model_name: str, resolution: int) -> dict:
+    model = REGISTRY[model_name]
+    began = time.perf_counter()
+    topology = build_topology(get_preset("aurora", nodes))
+    placement = Placement.node_major(topology)
+    streams = (model.image_tokens(resolution, resolution), model.text_tokens)
+    plan = plan_flat(model, placement.num_ranks, streams)
+    result = simulate_plan(plan, topology, placement, fold=None if fold else False)
+    wall_s = time.perf_counter() - began
+    return {
+        "nodes": nodes,
+        "ranks": placement.num_ranks,
+        "folded": result.folded,
+        "simulated_ranks": result.simulated_ranks,
+        "wall_s": wall_s,
+        "events": result.num_events,
+        "events_per_s": result.num_events / wall_s,
+        "flows": result.num_flows,
+        "step_time_s": result.step_time_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="1,2,4,8,16,32,64")
+    parser.add_argument("--unfolded-up-to", type=int, default=8,
+                        help="also simulate every rank (no folding) up to this many nodes")
+    parser.add_argument("--model", default="flux1-dev")
+    parser.add_argument("--resolution", type=int, default=1024)
+    parser.add_argument("--json", type=Path, default=Path("results/sim_scaling.json"))
+    args = parser.parse_args()
+    rows = []
+    table = Table(title=f"simulator speed: flat Ulysses, {args.model} {args.resolution}^2, aurora")
+    for column in ("nodes", "ranks", "simulated", "wall", "events/s", "flows",
+                   "step time", "unfolded wall", "unfolded/folded"):
+        table.add_column(column, justify="right")
+    for nodes in (int(n) for n in args.nodes.split(",")):
+        folded = measure(nodes, True, args.model, args.resolution)
+        unfolded = (measure(nodes, False, args.model, args.resolution)
+                    if nodes <= args.unfolded_up_to else None)
+        if unfolded is not None:
+            relative = abs(unfolded["step_time_s"] - folded["step_time_s"]) / folded["step_time_s"]
+            if relative > 1e-9:
+                raise SystemExit(f"folded and unfolded disagree at {nodes} nodes: {relative:.2e}")
+        rows.append({"folded": folded, "unfolded": unfolded})
+        table.add_row(
+            str(nodes), str(folded["ranks"]), str(folded["simulated_ranks"]),
+            f"{folded['wall_s']:.2f} s", f"{folded['events_per_s']:,.0f}", f"{folded['flows']:,}",
+            f"{folded['step_time_s'] * 1e3:.2f} ms",
+            f"{unfolded['wall_s']:.2f} s" if unfolded else "-",
+            f"{unfolded['wall_s'] / folded['wall_s']:.1f}x" if unfolded else "-",
+        )
+    Console(width=200).print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"model": args.model, "resolution": args.resolution,
+                                     "rows": rows}, indent=2))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
