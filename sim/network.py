@@ -223,6 +223,12 @@ class Network:
     def active_flows(self) -> int:
         return len(self._remaining)
 
+    @property
+    def settled(self) -> bool:
+        """False between admitting flows and the reallocation that gives them rates
+        (zero simulated time, but other processes may run in between)."""
+        return not self._update_pending
+
     def allocation(self) -> list[tuple[tuple[LinkId, ...], int, float]]:
         """The active flows as (links, count, rate per member): for tests and debugging."""
         links_of: list[list[LinkId]] = [[] for _ in range(len(self._remaining))]

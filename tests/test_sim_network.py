@@ -124,7 +124,7 @@ def test_max_min_allocation_respects_capacity_and_has_a_bottleneck(flows):
         while True:
             yield env.timeout(0.01)
             active = network.allocation()
-            if not active:
+            if not active or not network.settled:
                 continue
             for link, capacity in capacities.items():
                 load = sum(rate * count for links, count, rate in active if link in links)
