@@ -157,7 +157,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     placement = Placement.node_major(topology)
     record = args.trace is not None or args.plot is not None
     results = []
-    for name, scheduler in schedulers.items():
+    for scheduler in schedulers.values():
         plan = scheduler(model, placement.num_ranks, streams)
         results.append(simulate_plan(plan, topology, placement, record_spans=record))
     layout = plan.layout

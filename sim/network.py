@@ -88,8 +88,9 @@ class FlowBatch:
         )
 
     @staticmethod
-    def concatenate(batches: Sequence[FlowBatch], owner_offsets: Sequence[int],
-                    num_owners: int) -> FlowBatch:
+    def concatenate(
+        batches: Sequence[FlowBatch], owner_offsets: Sequence[int], num_owners: int
+    ) -> FlowBatch:
         """Join batches; batch k's owner slots are shifted by ``owner_offsets[k]``."""
         ptrs, offset = [np.zeros(1, dtype=np.int64)], 0
         for batch in batches:
@@ -97,7 +98,7 @@ class FlowBatch:
             offset += len(batch.link_idx)
         owners = [
             np.where(batch.owners >= 0, batch.owners + shift, -1)
-            for batch, shift in zip(batches, owner_offsets)
+            for batch, shift in zip(batches, owner_offsets, strict=True)
         ]
         return FlowBatch(
             np.concatenate(ptrs),
@@ -178,8 +179,9 @@ class Network:
     def start(self, batch: FlowBatch) -> list[simpy.Event]:
         """Start a batch of flows; returns one event per owner slot, fired when every
         flow naming that owner has arrived (at once for owners with no flows)."""
-        if batch.num_flows and (batch.num_bytes.min() < 0 or batch.latency_s.min() < 0
-                                or batch.count.min() < 1):
+        if batch.num_flows and (
+            batch.num_bytes.min() < 0 or batch.latency_s.min() < 0 or batch.count.min() < 1
+        ):
             raise ValueError("flows need bytes >= 0, latency >= 0 and count >= 1")
         first = len(self._owner_events)
         events = [self.env.event() for _ in range(batch.num_owners)]
@@ -232,10 +234,12 @@ class Network:
     def allocation(self) -> list[tuple[tuple[LinkId, ...], int, float]]:
         """The active flows as (links, count, rate per member): for tests and debugging."""
         links_of: list[list[LinkId]] = [[] for _ in range(len(self._remaining))]
-        for flow, link in zip(self._nnz_flow.tolist(), self._nnz_link.tolist()):
+        for flow, link in zip(self._nnz_flow.tolist(), self._nnz_link.tolist(), strict=True):
             links_of[flow].append(self.links[link])
-        return [(tuple(links_of[i]), int(self._count[i]), float(self._rate[i]))
-                for i in range(len(self._remaining))]
+        return [
+            (tuple(links_of[i]), int(self._count[i]), float(self._rate[i]))
+            for i in range(len(self._remaining))
+        ]
 
     @property
     def stats(self) -> dict[LinkId, LinkStats]:
@@ -310,7 +314,8 @@ class Network:
             moved = np.minimum(self._remaining, self._rate * elapsed)
             self._remaining -= moved
             self._bytes_carried += np.bincount(
-                self._nnz_link, weights=(moved * self._count)[self._nnz_flow],
+                self._nnz_link,
+                weights=(moved * self._count)[self._nnz_flow],
                 minlength=len(self.links),
             )
         self._last_update = now
@@ -365,11 +370,13 @@ class Network:
             rate[hit] = fair
             unfrozen &= ~hit
             charged = hit[self._nnz_flow]
-            residual -= np.bincount(nnz_local[charged], weights=nnz_count[charged] * fair,
-                                    minlength=num_used)
+            residual -= np.bincount(
+                nnz_local[charged], weights=nnz_count[charged] * fair, minlength=num_used
+            )
             np.maximum(residual, 0.0, out=residual)
-            members -= np.bincount(nnz_local[charged], weights=nnz_count[charged],
-                                   minlength=num_used)
+            members -= np.bincount(
+                nnz_local[charged], weights=nnz_count[charged], minlength=num_used
+            )
             nnz_unfrozen &= ~charged
         self._rate = rate
         self._record_busy(used, np.bincount(nnz_local, weights=nnz_count, minlength=num_used))

@@ -3,20 +3,28 @@ loading an exported directory, and one-line errors with no partial output."""
 
 import json
 import re
-import subprocess
 import sys
 
 import pytest
 import torch
+from launching import MPIEXEC, needs_mpi, run_job
 
 from cocodiff.cli import main
 from cocodiff.runtime.parallel import UnsupportedModelError, parallelize
 from cocodiff.runtime.tiny import build_tiny
-from launching import MPIEXEC, launcher_prefix, needs_mpi, run_job
 from transports.base import Group
 
-RUN_KEYS = {"model", "num_ranks", "schedule", "transport", "steps", "step_times_s", "total_s",
-            "comm_s", "output"}
+RUN_KEYS = {
+    "model",
+    "num_ranks",
+    "schedule",
+    "transport",
+    "steps",
+    "step_times_s",
+    "total_s",
+    "comm_s",
+    "output",
+}
 
 
 def exit_code(argv):
@@ -28,8 +36,25 @@ def exit_code(argv):
 
 def test_run_writes_image_json_and_latents(tmp_path):
     image, record, latents = tmp_path / "a.png", tmp_path / "a.json", tmp_path / "a.pt"
-    assert main(["run", "--model", "tiny-flux", "--steps", "2", "--quiet", "--output", str(image),
-                 "--json", str(record), "--save-latents", str(latents)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                "tiny-flux",
+                "--steps",
+                "2",
+                "--quiet",
+                "--output",
+                str(image),
+                "--json",
+                str(record),
+                "--save-latents",
+                str(latents),
+            ]
+        )
+        == 0
+    )
     assert image.read_bytes()[:4] == b"\x89PNG"
     data = json.loads(record.read_text())
     assert RUN_KEYS <= data.keys()
@@ -45,8 +70,21 @@ def test_an_exported_tiny_model_loads_back_identically(tmp_path):
     paths = []
     for model in ("tiny-sd3", str(directory)):
         paths.append(tmp_path / f"{len(paths)}.pt")
-        assert main(["run", "--model", model, "--steps", "2", "--quiet",
-                     "--save-latents", str(paths[-1])]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--model",
+                    model,
+                    "--steps",
+                    "2",
+                    "--quiet",
+                    "--save-latents",
+                    str(paths[-1]),
+                ]
+            )
+            == 0
+        )
     first, second = (torch.load(p, weights_only=True) for p in paths)
     torch.testing.assert_close(first, second, atol=1e-6, rtol=1e-6)
 
@@ -67,10 +105,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, setup, args, message
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     if setup == "unet":
-        (model_dir / "model_index.json").write_text(json.dumps({
-            "_class_name": "StableDiffusionPipeline",
-            "unet": ["diffusers", "UNet2DConditionModel"],
-        }))
+        (model_dir / "model_index.json").write_text(
+            json.dumps(
+                {
+                    "_class_name": "StableDiffusionPipeline",
+                    "unet": ["diffusers", "UNet2DConditionModel"],
+                }
+            )
+        )
     args = [a.replace("{dir}", str(model_dir)) for a in args]
     record = tmp_path / "r.json"
     assert exit_code(["run", "--quiet", "--json", str(record), *args]) == 2
@@ -103,10 +145,23 @@ def test_more_ranks_than_heads_is_refused():
 @needs_mpi
 @pytest.mark.multiprocess
 def test_ranks_that_disagree_on_arguments_all_fail_with_one_message(tmp_path):
-    base = [sys.executable, "-m", "cocodiff", "run", "--model", "tiny-flux", "--steps", "1",
-            "--quiet", "--transport", "mpi"]
+    base = [
+        sys.executable,
+        "-m",
+        "cocodiff",
+        "run",
+        "--model",
+        "tiny-flux",
+        "--steps",
+        "1",
+        "--quiet",
+        "--transport",
+        "mpi",
+    ]
     cmd = [str(MPIEXEC), "-n", "1", *base, "--seed", "1", ":", "-n", "1", *base, "--seed", "2"]
     result = run_job(cmd, tmp_path, timeout_s=120)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if "disagree" in line]
-    assert lines == ["cocodiff run: error: ranks disagree on arguments: ranks [1] differ from rank 0"]
+    assert lines == [
+        "cocodiff run: error: ranks disagree on arguments: ranks [1] differ from rank 0"
+    ]

@@ -42,8 +42,9 @@ def test_default_aurora_8_nodes_writes_the_stable_json_keys(tmp_path, capsys):
 def test_all_to_all_share_rises_with_nodes_for_flux_1024(tmp_path):
     shares = []
     for nodes in (1, 2, 4, 8):
-        result = simulate(tmp_path, "--nodes", str(nodes), "--model", "flux1-dev",
-                          "--resolution", "1024")["results"][0]
+        result = simulate(
+            tmp_path, "--nodes", str(nodes), "--model", "flux1-dev", "--resolution", "1024"
+        )["results"][0]
         shares.append(result["comm_exposed_s"] / result["step_time_s"])
         assert result["bytes_by_tier"]["inter-node"] > 0 or nodes == 1
     assert shares == sorted(shares), shares
@@ -52,8 +53,24 @@ def test_all_to_all_share_rises_with_nodes_for_flux_1024(tmp_path):
 
 def test_trace_and_plot_are_written(tmp_path):
     trace, plot = tmp_path / "t.json", tmp_path / "p.png"
-    assert main(["simulate", "--topology", "cluster", "--model", "pixart-sigma",
-                 "--resolution", "512", "--trace", str(trace), "--plot", str(plot)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--topology",
+                "cluster",
+                "--model",
+                "pixart-sigma",
+                "--resolution",
+                "512",
+                "--trace",
+                str(trace),
+                "--plot",
+                str(plot),
+            ]
+        )
+        == 0
+    )
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["name"] for e in events if e["ph"] == "X"}
     assert {"attention", "a2a q", "a2a out", "cross_attention", "busy"} <= names
@@ -64,17 +81,27 @@ def test_a_toml_topology_and_a_config_json_model(tmp_path):
     topo = tmp_path / "two.toml"
     topo.write_text(
         'name = "two"\n[nodes]\ncount = 2\ngpus = 2\nnics = 1\n[tile]\ntflops = 10\n'
-        'memory_gbps = 100\n[links.gpu]\nbandwidth_gbps = 10\nlatency_us = 1\n'
+        "memory_gbps = 100\n[links.gpu]\nbandwidth_gbps = 10\nlatency_us = 1\n"
         'fabric = "switch"\n[links.host]\nbandwidth_gbps = 10\nlatency_us = 1\n'
-        '[links.nic]\nbandwidth_gbps = 1\nlatency_us = 5\n'
+        "[links.nic]\nbandwidth_gbps = 1\nlatency_us = 5\n"
     )
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"_class_name": "PixArtTransformer2DModel",
-                                  "num_layers": 2, "num_attention_heads": 4,
-                                  "attention_head_dim": 8, "patch_size": 2,
-                                  "cross_attention_dim": 32, "sample_size": 32}))
-    record = simulate(tmp_path, "--topology", str(topo), "--model", str(config),
-                      "--resolution", "256")
+    config.write_text(
+        json.dumps(
+            {
+                "_class_name": "PixArtTransformer2DModel",
+                "num_layers": 2,
+                "num_attention_heads": 4,
+                "attention_head_dim": 8,
+                "patch_size": 2,
+                "cross_attention_dim": 32,
+                "sample_size": 32,
+            }
+        )
+    )
+    record = simulate(
+        tmp_path, "--topology", str(topo), "--model", str(config), "--resolution", "256"
+    )
     assert record["num_ranks"] == 4 and record["topology"] == "two"
 
 
@@ -100,8 +127,10 @@ def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, capsys, args, mess
 
 def test_malformed_toml_is_refused_in_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
-    bad.write_text('[nodes]\ncount = 1\ngpus = 2\n[links.gpu]\nbandwidth_gbps = -3\n'
-                   'latency_us = 1\nfabric = "switch"\n')
+    bad.write_text(
+        "[nodes]\ncount = 1\ngpus = 2\n[links.gpu]\nbandwidth_gbps = -3\n"
+        'latency_us = 1\nfabric = "switch"\n'
+    )
     assert main(["simulate", "--topology", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "bad.toml" in err
@@ -110,7 +139,9 @@ def test_malformed_toml_is_refused_in_one_line(tmp_path, capsys):
 def test_the_console_script_exits_2_without_a_traceback():
     result = subprocess.run(
         [sys.executable, "-m", "cocodiff", "simulate", "--topology", "nope"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr

@@ -48,21 +48,38 @@ def test_flat_layer_runs_the_steps_in_ulysses_order():
     plan = plan_flat(FLUX, 4, (4096, 512))
     steps = plan.program(0).layers[0].attention
     kinds = [
-        step.op if isinstance(step, Compute)
-        else f"start {step.tensor}" if isinstance(step, Exchange) else f"wait {step.tensor}"
+        step.op
+        if isinstance(step, Compute)
+        else f"start {step.tensor}"
+        if isinstance(step, Exchange)
+        else f"wait {step.tensor}"
         for step in steps
     ]
     assert kinds == [
-        "proj_q", "proj_k", "proj_v", "qk_norm", "rope",
-        "start q", "wait q", "start k", "wait k", "start v", "wait v",
-        "attention", "start out", "wait out", "proj_out",
+        "proj_q",
+        "proj_k",
+        "proj_v",
+        "qk_norm",
+        "rope",
+        "start q",
+        "wait q",
+        "start k",
+        "wait k",
+        "start v",
+        "wait v",
+        "attention",
+        "start out",
+        "wait out",
+        "proj_out",
     ]
 
 
 def test_bytes_per_layer_equal_four_activation_tensors():
     num_ranks, tokens = 8, (4096, 512)
     plan = plan_flat(FLUX, num_ranks, tokens)
-    total = sum(ex.send_bytes for r in range(num_ranks) for ex in plan.program(r).layers[0].exchanges)
+    total = sum(
+        ex.send_bytes for r in range(num_ranks) for ex in plan.program(r).layers[0].exchanges
+    )
     assert total == 4 * sum(tokens) * FLUX.hidden_size * 2
 
 

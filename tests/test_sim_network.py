@@ -46,7 +46,9 @@ def test_n_equal_flows_each_get_a_share_of_bandwidth_over_n(n):
 
 def test_a_bundle_of_count_n_equals_n_separate_flows():
     bundled, _ = run_flows({"l": GB, "m": GB}, [(("l",), 1e8, 0, 0, 5), (("l", "m"), 1e8, 0, 0, 1)])
-    separate, _ = run_flows({"l": GB, "m": GB}, [(("l",), 1e8, 0, 0, 1)] * 5 + [(("l", "m"), 1e8, 0, 0, 1)])
+    separate, _ = run_flows(
+        {"l": GB, "m": GB}, [(("l",), 1e8, 0, 0, 1)] * 5 + [(("l", "m"), 1e8, 0, 0, 1)]
+    )
     assert bundled[0] == pytest.approx(separate[0], rel=1e-12)
     assert bundled[1] == pytest.approx(separate[5], rel=1e-12)
 

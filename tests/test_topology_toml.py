@@ -168,7 +168,7 @@ latency_us = 0
 
 
 def test_format_document_examples_load(tmp_path: Path) -> None:
-    doc = (Path(topology.__file__).parent / "FORMAT.md").read_text()
+    doc = (Path(topology.__file__).parents[1] / "README.md").read_text()
     blocks = re.findall(r"```toml\n(.*?)```", doc, flags=re.S)
     assert len(blocks) == 3
     specs = [load_topology(write(tmp_path, block, f"ex{i}.toml")) for i, block in enumerate(blocks)]

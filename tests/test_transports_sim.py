@@ -5,9 +5,9 @@ import dataclasses
 
 import pytest
 
-from cocodiff.simulate import simulate_plan
-from cocodiff.schedules import plan_flat
 from cocodiff.models import REGISTRY
+from cocodiff.schedules import plan_flat
+from cocodiff.simulate import simulate_plan
 from sim import Simulation
 from topology import Placement, build_topology, get_preset
 from topology.presets import cluster
@@ -19,7 +19,12 @@ def make_world(spec, fold=False):
     topology = build_topology(spec)
     simulation = Simulation(topology)
     placement = Placement.node_major(topology)
-    return SimWorld(simulation, placement, fold_nodes=1 if fold else None), simulation, topology, placement
+    return (
+        SimWorld(simulation, placement, fold_nodes=1 if fold else None),
+        simulation,
+        topology,
+        placement,
+    )
 
 
 def all_to_all_times(world, simulation, num_bytes, group=None):
@@ -31,7 +36,9 @@ def all_to_all_times(world, simulation, num_bytes, group=None):
         if rank not in members.ranks:
             return
         size = members.size
-        handle = transport.all_to_all(VirtualBuffer(size, num_bytes), [1] * size, [1] * size, members)
+        handle = transport.all_to_all(
+            VirtualBuffer(size, num_bytes), [1] * size, [1] * size, members
+        )
         yield handle.event
         handle.wait()
         finish[rank] = simulation.now

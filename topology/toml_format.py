@@ -41,7 +41,7 @@ or key that is left out keeps the preset's value, and a link the new shape no lo
 every spec round-trips through :func:`dump_topology`.
 
 Every problem raises :class:`TopologyError` with one line naming the value, the key and
-the file. See topology/FORMAT.md for complete examples.
+the file. See the "Topology files" section of README.md for complete examples.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def dump_topology(spec: TopologySpec) -> str:
     """
     validate_spec(spec)
     lines = [
-        "# CoCoDiff topology file (format: topology/FORMAT.md)",
+        '# CoCoDiff topology file (format: README.md, "Topology files")',
         f"name = {_toml_string(spec.name)}",
         "",
         "[nodes]",

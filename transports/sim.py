@@ -95,7 +95,8 @@ class SimWorld:
 
     def transport(self, rank: int) -> SimTransport:
         if not 0 <= rank < self._num_simulated:
-            raise ValueError(f"rank {rank} is not simulated (simulated: 0..{self._num_simulated - 1})")
+            last = self._num_simulated - 1
+            raise ValueError(f"rank {rank} is not simulated (simulated: 0..{last})")
         return SimTransport(self, rank)
 
     # -- collectives ------------------------------------------------------------------
@@ -148,7 +149,7 @@ class SimWorld:
         src_tile = placement.tile_of(src_rank)
         grouped: dict[tuple, list] = {}
         tier_bytes: dict[str, float] = defaultdict(float)
-        for dst_rank, num_bytes in zip(group_ranks, send_bytes):
+        for dst_rank, num_bytes in zip(group_ranks, send_bytes, strict=True):
             if dst_rank == src_rank or num_bytes == 0:
                 continue
             dst_tile = placement.tile_of(dst_rank)

@@ -1,0 +1,356 @@
+"""Starting one multi-rank job across the nodes of an :class:`EmulatedCluster`.
+
+Ranks are placed node-major (ranks ``k*R .. k*R+R-1`` on node ``k``), as
+``topology.Placement.node_major`` assumes.
+
+- ``torch`` (gloo): one process per rank, each ``ip netns exec <node> <command>`` with
+  torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+  ``GROUP_RANK``), ``MASTER_ADDR`` = node 0's address and a fixed ``MASTER_PORT`` (node 0's
+  namespace is new and private, so the port is free), and ``GLOO_SOCKET_IFNAME=fabric``:
+  gloo binds the node's address, so peers on the same node talk over ``lo`` and peers on
+  other nodes over the shaped veth. The job is supervised here: the first rank to fail
+  stops it.
+- ``mpi`` (MPICH hydra): one ``mpiexec`` inside node 0 with ``-hosts <ns0>:R,<ns1>:R``,
+  ``-launcher ssh -launcher-exec <wrapper>`` where the wrapper, written for this job, runs
+  hydra's proxy with ``ip netns exec <host>`` (and refuses any host that is not a node of
+  this cluster), and ``-iface fabric`` so the proxies reach ``mpiexec`` over the fabric.
+  MPICH keeps ranks of one host on shared memory; between hosts it uses its netmod, which
+  on its own would also pick shared memory (every "host" is this machine), so the job
+  selects the OFI netmod with libfabric's TCP provider on ``fabric``
+  (``MPIR_CVAR_CH4_NETMOD=ofi``, ``FI_PROVIDER=tcp``, ``FI_TCP_IFACE=fabric``). Any of
+  these set by the caller wins.
+
+Every process runs in a process group of its own; on failure, timeout or interrupt the
+cluster kills the groups and then anything left in its namespaces.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.cluster.netns import NODE_INTERFACE, ClusterError, EmulatedCluster
+
+REPO = Path(__file__).resolve().parents[2]
+MASTER_PORT = 29500
+POLL_S = 0.05
+# After the first rank fails, how long the others get to notice and print their own error.
+FAILURE_GRACE_S = 5.0
+
+# Variables a surrounding launcher may have set; a job started here must not inherit them.
+LAUNCH_VARS = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+    "MASTER_PORT", "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_LOCAL_RANK", "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS", "HYDRA_CONTROL_FD", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "PALS_RANKID", "PALS_LOCAL_RANKID", "PALS_SIZE", "PMIX_RANK",
+)
+
+MPI_FABRIC_ENV = {
+    "MPIR_CVAR_CH4_NETMOD": "ofi",
+    "FI_PROVIDER": "tcp",
+    "FI_TCP_IFACE": NODE_INTERFACE,
+    "UCX_NET_DEVICES": NODE_INTERFACE,  # in case a user selects the UCX netmod instead
+}
+
+
+class JobFailed(ClusterError):
+    """A job's rank failed or the job timed out; the message is one line naming the rank,
+    its node and the last line it printed. ``log_dir`` holds every rank's output."""
+
+    def __init__(self, message: str, log_dir: Path) -> None:
+        super().__init__(message)
+        self.log_dir = log_dir
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """A job that finished with every rank exiting 0.
+
+    Attributes:
+        transport: ``"torch"`` or ``"mpi"``.
+        num_ranks: ranks in the job.
+        wall_s: seconds from the first process start to the last exit.
+        log_dir: where each process's output is (``rank<r>.out`` / ``.err`` for torch,
+            ``mpiexec.out`` / ``.err`` for mpi).
+    """
+
+    transport: str
+    num_ranks: int
+    wall_s: float
+    log_dir: Path
+
+    def output(self, rank: int = 0) -> str:
+        """What rank ``rank`` printed on stdout (for mpi: all ranks, as hydra merged it)."""
+        name = f"rank{rank}.out" if self.transport == "torch" else "mpiexec.out"
+        return (self.log_dir / name).read_text(errors="replace")
+
+
+def job_environment(cluster: EmulatedCluster, env: Mapping[str, str] | None = None,
+                    threads_per_rank: int | None = None) -> dict[str, str]:
+    """The environment every rank starts from: the caller's, minus launcher variables,
+    with this interpreter's directory first on ``PATH`` (so ``python`` and ``cocodiff``
+    are this venv's), the repository on ``PYTHONPATH``, and ``OMP_NUM_THREADS`` set to
+    share the machine's cores among the ranks unless the caller set it."""
+    base = dict(os.environ if env is None else env)
+    out = {key: value for key, value in base.items() if key not in LAUNCH_VARS}
+    out["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent),
+                                                out.get("PATH")]))
+    out["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), out.get("PYTHONPATH")]))
+    if threads_per_rank is None:
+        threads_per_rank = max(1, (os.cpu_count() or 1) // cluster.spec.num_ranks)
+    out.setdefault("OMP_NUM_THREADS", str(threads_per_rank))
+    out.setdefault("HF_HUB_OFFLINE", "1")
+    return out
+
+
+def run_torch_job(cluster: EmulatedCluster, command: Sequence[str], *, timeout_s: float = 300.0,
+                  env: Mapping[str, str] | None = None, log_dir: str | Path | None = None,
+                  cwd: str | Path | None = None) -> JobResult:
+    """Run ``command`` once per rank, torchrun-style, across the cluster's nodes.
+
+    Args:
+        cluster: an open cluster.
+        command: the program and its arguments (e.g. ``["python", "-m", "cocodiff", "run"]``).
+        timeout_s: the whole job's limit; past it every rank is killed.
+        env: the base environment (default ``os.environ``); see :func:`job_environment`.
+        log_dir: where outputs go (default: a new temporary directory).
+        cwd: working directory of the ranks.
+
+    Raises:
+        JobFailed: a rank exited non-zero, or the job ran past ``timeout_s``.
+    """
+    logs = _log_dir(log_dir)
+    base = job_environment(cluster, env)
+    spec = cluster.spec
+    started = time.monotonic()
+    processes: list[subprocess.Popen] = []
+    files = []
+    try:
+        for rank in range(spec.num_ranks):
+            node = cluster.node_of_rank(rank)
+            rank_env = dict(base)
+            rank_env.update({
+                "RANK": str(rank),
+                "WORLD_SIZE": str(spec.num_ranks),
+                "LOCAL_RANK": str(rank % spec.ranks_per_node),
+                "LOCAL_WORLD_SIZE": str(spec.ranks_per_node),
+                "GROUP_RANK": str(node.index),
+                "MASTER_ADDR": cluster.nodes[0].address,
+                "MASTER_PORT": str(MASTER_PORT),
+            })
+            rank_env.setdefault("GLOO_SOCKET_IFNAME", NODE_INTERFACE)
+            out = open(logs / f"rank{rank}.out", "wb")  # noqa: SIM115 - closed below
+            err = open(logs / f"rank{rank}.err", "wb")  # noqa: SIM115
+            files += [out, err]
+            processes.append(cluster.spawn(node, list(command), env=rank_env, stdout=out,
+                                           stderr=err, cwd=cwd))
+        _supervise(processes, timeout_s, logs, started,
+                   lambda rank: f"rank {rank} (node {cluster.node_of_rank(rank).index})",
+                   lambda rank: logs / f"rank{rank}.err")
+    finally:
+        for handle in files:
+            handle.close()
+    return JobResult("torch", spec.num_ranks, time.monotonic() - started, logs)
+
+
+def run_mpi_job(cluster: EmulatedCluster, command: Sequence[str], *, timeout_s: float = 300.0,
+                env: Mapping[str, str] | None = None, log_dir: str | Path | None = None,
+                cwd: str | Path | None = None, mpiexec: str | None = None) -> JobResult:
+    """Run ``command`` on every rank with MPICH's ``mpiexec`` (hydra) across the nodes.
+
+    Arguments as :func:`run_torch_job`; ``mpiexec`` defaults to the one beside this
+    interpreter, else the first on ``PATH``.
+
+    Raises:
+        JobFailed: ``mpiexec`` exited non-zero (a rank failed; hydra then stops the
+            others) or the job ran past ``timeout_s``.
+        ClusterError: no ``mpiexec`` found.
+    """
+    logs = _log_dir(log_dir)
+    base = job_environment(cluster, env)
+    for key, value in MPI_FABRIC_ENV.items():
+        base.setdefault(key, value)
+    launcher = mpiexec or _find_mpiexec(base)
+    wrapper = _write_netns_wrapper(cluster, logs)
+    spec = cluster.spec
+    hosts = ",".join(f"{node.namespace}:{spec.ranks_per_node}" for node in cluster.nodes)
+    argv = [launcher, "-launcher", "ssh", "-launcher-exec", str(wrapper), "-hosts", hosts,
+            "-n", str(spec.num_ranks), "-iface", NODE_INTERFACE, *command]
+    started = time.monotonic()
+    with open(logs / "mpiexec.out", "wb") as out, open(logs / "mpiexec.err", "wb") as err:
+        process = cluster.spawn(cluster.nodes[0], argv, env=base, stdout=out, stderr=err,
+                                cwd=cwd)
+        _supervise([process], timeout_s, logs, started, lambda _: "mpiexec",
+                   lambda _: logs / "mpiexec.err")
+    return JobResult("mpi", spec.num_ranks, time.monotonic() - started, logs)
+
+
+JOB_RUNNERS: dict[str, Callable[..., JobResult]] = {
+    "torch": run_torch_job,
+    "mpi": run_mpi_job,
+}
+"""Transport name -> the function that launches a job for it."""
+
+
+def run_job(cluster: EmulatedCluster, command: Sequence[str], transport: str = "torch",
+            **kwargs) -> JobResult:
+    """:func:`run_torch_job` or :func:`run_mpi_job` by transport name.
+
+    Raises:
+        ClusterError: an unknown transport (the message lists the valid ones).
+    """
+    runner = JOB_RUNNERS.get(transport)
+    if runner is None:
+        raise ClusterError(
+            f"unknown transport {transport!r}; valid: {', '.join(JOB_RUNNERS)}"
+        )
+    return runner(cluster, command, **kwargs)
+
+
+def _log_dir(log_dir: str | Path | None) -> Path:
+    if log_dir is None:
+        return Path(tempfile.mkdtemp(prefix="cocodiff-cluster-job-"))
+    path = Path(log_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _find_mpiexec(env: Mapping[str, str]) -> str:
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    import shutil
+
+    found = shutil.which("mpiexec", path=env.get("PATH"))
+    if found is None:
+        raise ClusterError("no mpiexec beside this Python or on PATH (pip install mpich)")
+    return found
+
+
+def _write_netns_wrapper(cluster: EmulatedCluster, directory: Path) -> Path:
+    """The ``-launcher-exec`` program: hydra calls it as ``ssh`` would be called
+    (``wrapper [-x] HOST COMMAND...``); it runs COMMAND in HOST's namespace."""
+    allowed = " | ".join(shlex.quote(node.namespace) for node in cluster.nodes)
+    script = f"""#!/bin/sh
+# Written by bench.cluster for one MPI job: hydra's ssh launcher, but into a namespace.
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -*) shift ;;
+        *) break ;;
+    esac
+done
+host="$1"
+shift
+case "$host" in
+    {allowed}) ;;
+    *) echo "netns launcher: $host is not a node of cluster {cluster.name}" >&2; exit 1 ;;
+esac
+exec ip netns exec "$host" sh -c "$*"
+"""
+    path = directory / "netns-launcher.sh"
+    path.write_text(script)
+    path.chmod(0o755)
+    return path
+
+
+def _supervise(processes: list[subprocess.Popen], timeout_s: float, logs: Path,
+               started: float, label: Callable[[int], str],
+               stderr_of: Callable[[int], Path]) -> None:
+    """Wait for every process; on the first failure or at the deadline, stop the rest.
+
+    Raises:
+        JobFailed: naming the first process to fail (or those still running at timeout).
+    """
+    deadline = started + timeout_s
+    while True:
+        codes = [process.poll() for process in processes]
+        failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            first = failed[0]
+            _wait_all(processes, FAILURE_GRACE_S)
+            _kill_all(processes)
+            others = [i for i, code in enumerate(codes) if code is None]
+            reason = _last_error_line(stderr_of(first)) or "no output"
+            raise JobFailed(
+                f"{label(first)} {_describe_exit(codes[first])}: {reason}"
+                + (f" (stopped {len(others)} other process(es))" if others else "")
+                + f"; logs in {logs}",
+                logs,
+            )
+        if all(code == 0 for code in codes):
+            return
+        if time.monotonic() > deadline:
+            running = [i for i, code in enumerate(codes) if code is None]
+            _kill_all(processes)
+            raise JobFailed(
+                f"job did not finish in {timeout_s:g} s; still running: "
+                + ", ".join(label(i) for i in running) + f"; logs in {logs}",
+                logs,
+            )
+        time.sleep(POLL_S)
+
+
+def _describe_exit(code: int | None) -> str:
+    import signal
+
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _wait_all(processes: list[subprocess.Popen], grace_s: float) -> None:
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return
+
+
+def _kill_all(processes: list[subprocess.Popen]) -> None:
+    import signal
+
+    for process in processes:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+_NOISE = re.compile(r"^\s*(=+|\s*)$")
+_HYDRA_SUMMARY = re.compile(r"(RANK \d+ PID \d+ RUNNING AT \S+|EXIT CODE: \d+|"
+                            r"KILLED BY SIGNAL: \d+ \([^)]*\))")
+
+
+def _last_error_line(path: Path, max_bytes: int = 65536) -> str:
+    """The most telling line of a process's stderr: hydra's summary of the failed rank
+    when there is one, else the last line that is not decoration."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - max_bytes))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    summary = _HYDRA_SUMMARY.findall(text)
+    if summary:
+        return "; ".join(dict.fromkeys(summary))
+    lines = [line.strip() for line in text.splitlines() if not _NOISE.match(line)]
+    line = lines[-1] if lines else ""
+    return line if len(line) <= 300 else line[:297] + "..."
