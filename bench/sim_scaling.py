@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cocodiff.models import REGISTRY
-from cocodiff.schedules import plan_flat
+from cocodiff.schedules import RankGrid, plan_flat
 from cocodiff.simulate import simulate_plan
 from topology import Placement, build_topology, get_preset
 
@@ -30,7 +30,7 @@ def measure(nodes: int, fold: bool, model_name: str, resolution: int) -> dict:
     topology = build_topology(get_preset("aurora", nodes))
     placement = Placement.node_major(topology)
     streams = (model.image_tokens(resolution, resolution), model.text_tokens)
-    plan = plan_flat(model, placement.num_ranks, streams)
+    plan = plan_flat(model, RankGrid.from_placement(topology, placement), streams)
     result = simulate_plan(plan, topology, placement, fold=None if fold else False)
     wall_s = time.perf_counter() - began
     return {

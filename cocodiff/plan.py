@@ -30,12 +30,47 @@ class Compute:
     cost: Cost
 
 
+Level = Literal["tile", "gpu", "node"]
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One all-to-all of a topology-aligned (TAPA) exchange.
+
+    The members of ``group`` differ only in their ``level`` coordinate (their tile
+    within one GPU, their GPU within one node, or their node). A block held by a
+    member moves to the member whose ``level`` coordinate is its destination's, so
+    after one phase per level every block has reached its destination rank.
+
+    Args:
+        level: the coordinate the members differ in.
+        group: global ranks, group order.
+        send_rows: rows sent to each member (forwarded blocks included).
+        recv_rows: rows received from each member.
+        sent_fraction: the share of the rows actually sent; V-Major sends only the
+            active V blocks over slow tiers (the rest come from the receiver's cache).
+        index_bytes: bytes of block indices sent with a partial (V-Major) phase.
+    """
+
+    level: Level
+    group: tuple[int, ...]
+    send_rows: tuple[int, ...]
+    recv_rows: tuple[int, ...]
+    sent_fraction: float = 1.0
+    index_bytes: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Exchange:
     """Start an all-to-all of ``tensor`` over ``group`` (global ranks, group order).
 
     ``scatter_heads``: tokens are split and heads whole before, the opposite after
     (Q, K, V). ``gather_heads``: the reverse (the attention output).
+
+    ``send_rows``/``recv_rows`` describe the logical exchange: what each member ends
+    up with. With ``phases`` empty it runs as one flat all-to-all; otherwise as the
+    phases in order, the rows split into ``chunks`` that are pipelined through them
+    (chunk c's phase p runs while chunk c+1 is in phase p-1), so every tier is busy.
     """
 
     tensor: Tensor
@@ -44,6 +79,8 @@ class Exchange:
     recv_rows: tuple[int, ...]
     row_bytes: int
     direction: Literal["scatter_heads", "gather_heads"]
+    phases: tuple[Phase, ...] = ()
+    chunks: int = 1
 
     @property
     def send_bytes(self) -> int:

@@ -9,15 +9,33 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import simpy
+
+from cocodiff.bounds import plan_bound_s
 from cocodiff.cost import roofline_seconds
 from cocodiff.executor import Execution, run_program
+from cocodiff.models import ModelSpec
 from cocodiff.plan import Compute, Exchange, Plan
+from cocodiff.schedules import (
+    STEP_DEPENDENT,
+    RankGrid,
+    VMajorOptions,
+    get_schedule,
+    plan_for_step,
+)
 from sim import Simulation
 from topology import TIERS, Placement, Topology
 from transports.base import Group, VirtualBuffer
-from transports.sim import SimHandle, SimTransport, SimWorld
+from transports.sim import (
+    CollectiveModel,
+    SimHandle,
+    SimTransport,
+    SimWorld,
+    collective_model_for,
+)
 
 
 class SimBackend:
@@ -35,6 +53,7 @@ class SimBackend:
         self._groups: dict[tuple[int, ...], Group] = {}
         self._started: dict[str, float] = {}
         self.compute_s = 0.0
+        self.exchange_s = 0.0  # sum over exchanges of start -> arrival
 
     def compute(self, step: Compute) -> SimHandle:
         duration_s = roofline_seconds(step.cost, self._tflops, self._memory_gbps)
@@ -45,17 +64,54 @@ class SimBackend:
             event = self.simulation.env.timeout(duration_s)
         return SimHandle(event)
 
-    def start_exchange(self, step: Exchange) -> SimHandle:
-        group = self._groups.get(step.group)
+    def _group(self, ranks: tuple[int, ...]) -> Group:
+        group = self._groups.get(ranks)
         if group is None:
-            group = self._groups[step.group] = self.transport.new_group(step.group)
+            group = self._groups[ranks] = self.transport.new_group(ranks)
+        return group
+
+    def start_exchange(self, step: Exchange) -> SimHandle:
         self._started[step.tensor] = self.simulation.now
+        if step.phases:
+            env = self.simulation.env
+            return SimHandle(env.process(self._phased(step)))
         send = VirtualBuffer(sum(step.send_rows), step.row_bytes)
-        return self.transport.all_to_all(send, step.send_rows, step.recv_rows, group)
+        return self.transport.all_to_all(send, step.send_rows, step.recv_rows,
+                                         self._group(step.group), tag=step.tensor)
+
+    def _phased(self, step: Exchange):
+        """The phases of a TAPA exchange, the rows cut into chunks that flow through
+        the phases as a pipeline: chunk c enters phase p once it has left phase p-1
+        and chunk c-1 has left phase p."""
+        env = self.simulation.env
+        left = {(c, p): env.event() for c in range(step.chunks) for p in range(len(step.phases))}
+
+        def chunk(c: int):
+            for p, phase in enumerate(step.phases):
+                if c > 0:
+                    yield left[(c - 1, p)]
+                send = [_chunk_bytes(rows, c, step.chunks, step.row_bytes, phase.sent_fraction)
+                        for rows in phase.send_rows]
+                recv = [_chunk_bytes(rows, c, step.chunks, step.row_bytes, phase.sent_fraction)
+                        for rows in phase.recv_rows]
+                if phase.index_bytes:
+                    share = phase.index_bytes // (step.chunks * max(1, len(send)))
+                    send = [b + share if b else b for b in send]
+                    recv = [b + share if b else b for b in recv]
+                handle = self.transport.all_to_all(
+                    VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
+                    tag=(step.tensor, c, p),
+                )
+                yield handle.event
+                handle.wait()
+                left[(c, p)].succeed()
+
+        yield simpy.AllOf(env, [env.process(chunk(c)) for c in range(step.chunks)])
 
     def finish_exchange(self, step: Exchange, received: VirtualBuffer) -> None:
+        start = self._started[step.tensor]
+        self.exchange_s += self.simulation.now - start
         if self._record:
-            start = self._started[step.tensor]
             self.simulation.timeline.add(
                 self._track, f"a2a {step.tensor}", "comm", start, self.simulation.now
             )
@@ -84,7 +140,15 @@ class SimResult:
     wall_s: float
     num_flows: int
     num_events: int
+    exchange_s: float = 0.0  # the slowest rank's exchanges, start to arrival, summed
+    bound_s: float = 0.0  # the topology's lower bound for the same exchanges
+    step_times_s: list[float] = field(default_factory=list)  # per denoising step
     simulation: Simulation | None = field(default=None, repr=False)
+
+    @property
+    def efficiency(self) -> float:
+        """Lower bound over simulated exchange time (1 = as fast as the links allow)."""
+        return self.bound_s / self.exchange_s if self.exchange_s > 0 else 1.0
 
     @property
     def comm_share(self) -> float:
@@ -107,6 +171,10 @@ class SimResult:
                 if self.busiest_links
                 else None
             ),
+            "exchange_s": self.exchange_s,
+            "bound_s": self.bound_s,
+            "efficiency": self.efficiency,
+            "step_times_s": self.step_times_s or [self.step_time_s],
             "simulated_ranks": self.simulated_ranks,
             "folded": self.folded,
             "sim_wall_s": self.wall_s,
@@ -121,6 +189,7 @@ def simulate_plan(
     placement: Placement | None = None,
     fold: bool | None = None,
     record_spans: bool = False,
+    collective: CollectiveModel | None = None,
 ) -> SimResult:
     """Run one denoising step of ``plan`` on ``topology``.
 
@@ -133,6 +202,8 @@ def simulate_plan(
             ``transports.sim``). Default: whenever plan and placement allow it.
         record_spans: keep per-rank compute/comm spans and link intervals on the
             timeline (for traces and plots).
+        collective: how collectives are carried out beyond the wire; by default the
+            model of the topology's preset (``transports.sim.COLLECTIVE_MODELS``).
     """
     wall_start = time.perf_counter()
     placement = placement or Placement.node_major(topology, plan.num_ranks)
@@ -146,7 +217,9 @@ def simulate_plan(
     elif fold and fold_nodes is None:
         raise ValueError("this plan and placement are not node-symmetric; cannot fold")
     simulation = Simulation(topology, record_link_intervals=record_spans)
-    world = SimWorld(simulation, placement, fold_nodes=fold_nodes if fold else None)
+    collective = collective or collective_model_for(topology.spec.name)
+    world = SimWorld(simulation, placement, fold_nodes=fold_nodes if fold else None,
+                     collective=collective)
     finish_s: dict[int, float] = {}
     backends: dict[int, SimBackend] = {}
     for rank in world.simulated_ranks:
@@ -177,8 +250,80 @@ def simulate_plan(
         wall_s=time.perf_counter() - wall_start,
         num_flows=simulation.network.num_flows_started,
         num_events=simulation.env.events_processed,
+        exchange_s=backends[slowest].exchange_s,
         simulation=simulation,
     )
+
+
+def simulate_schedule(
+    name: str,
+    spec: ModelSpec,
+    topology: Topology,
+    placement: Placement,
+    stream_tokens: Sequence[int],
+    num_steps: int,
+    *,
+    chunks: int | None = None,
+    vmajor: VMajorOptions | None = None,
+    collective: CollectiveModel | None = None,
+    record_spans: bool = False,
+    with_bound: bool = True,
+) -> SimResult:
+    """Simulate a schedule over a whole generation of ``num_steps`` denoising steps.
+
+    Most schedules do the same thing every step, so one step is simulated. V-Major's
+    plan changes with the step's cache ratio: ratios are rounded to multiples of
+    :data:`RATIO_RESOLUTION`, each distinct one is simulated once, and the step times
+    are averaged over the steps (``step_times_s`` lists them all).
+    """
+    wall_start = time.perf_counter()
+    grid = RankGrid.from_placement(topology, placement)
+    kwargs = {} if name == "flat" or chunks is None else {"chunks": chunks}
+    by_plan: dict[float, SimResult] = {}
+    per_step: list[SimResult] = []
+    for step in range(num_steps if name in STEP_DEPENDENT else 1):
+        ratio = (vmajor or VMajorOptions()).cache_ratio(step, num_steps)
+        key = round(ratio / RATIO_RESOLUTION) * RATIO_RESOLUTION
+        if key not in by_plan:
+            if name in STEP_DEPENDENT:
+                kwargs |= {"cache_ratio": key,
+                           "slow_levels": (vmajor or VMajorOptions()).slow_levels}
+            plan = get_schedule(name)(spec, grid, stream_tokens, **kwargs)
+            by_plan[key] = simulate_plan(plan, topology, placement, collective=collective,
+                                         record_spans=record_spans and not by_plan)
+        per_step.append(by_plan[key])
+    first = per_step[0]
+    result = SimResult(
+        schedule=name,
+        num_ranks=first.num_ranks,
+        step_time_s=_mean(r.step_time_s for r in per_step),
+        compute_s=_mean(r.compute_s for r in per_step),
+        comm_exposed_s=_mean(r.comm_exposed_s for r in per_step),
+        bytes_by_tier={tier: _mean(r.bytes_by_tier[tier] for r in per_step) for tier in TIERS},
+        busiest_links=first.busiest_links,
+        simulated_ranks=first.simulated_ranks,
+        folded=first.folded,
+        wall_s=0.0,
+        num_flows=sum(r.num_flows for r in by_plan.values()),
+        num_events=sum(r.num_events for r in by_plan.values()),
+        exchange_s=_mean(r.exchange_s for r in per_step),
+        step_times_s=[r.step_time_s for r in per_step],
+        simulation=first.simulation,
+    )
+    if with_bound:
+        flat = plan_for_step("flat", spec, grid, stream_tokens, 0, num_steps)
+        result.bound_s = plan_bound_s(flat, topology, placement)
+    result.wall_s = time.perf_counter() - wall_start
+    return result
+
+
+# V-Major's cache ratios are simulated at this resolution (9 distinct plans at most).
+RATIO_RESOLUTION = 1 / 8
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
 
 
 def _fold_period_nodes(plan: Plan, topology: Topology, placement: Placement) -> int | None:
@@ -193,6 +338,14 @@ def _fold_period_nodes(plan: Plan, topology: Topology, placement: Placement) -> 
     if period_nodes >= nodes or nodes % period_nodes:
         return None
     return period_nodes
+
+
+def _chunk_bytes(rows: int, chunk: int, chunks: int, row_bytes: int, fraction: float) -> int:
+    """Bytes of chunk ``chunk`` of ``rows`` rows (rows split as evenly as possible),
+    of which only ``fraction`` is sent."""
+    base, extra = divmod(rows, chunks)
+    chunk_rows = base + (1 if chunk < extra else 0)
+    return int(round(chunk_rows * row_bytes * fraction))
 
 
 def _rank_process(simulation: Simulation, execution: Execution, rank: int,

@@ -48,6 +48,8 @@ class FlowBatch:
         latency_s: path latency of each flow.
         owners: (flows, 2) owner slots in ``0..num_owners-1``, -1 for none.
         num_owners: how many completion events :meth:`Network.start` returns.
+        max_rate: bytes/s one flow can reach whatever the links allow (a single
+            transfer's achievable rate); None for no cap.
     """
 
     link_ptr: np.ndarray
@@ -57,6 +59,7 @@ class FlowBatch:
     latency_s: np.ndarray
     owners: np.ndarray
     num_owners: int
+    max_rate: np.ndarray | None = None
 
     @property
     def num_flows(self) -> int:
@@ -66,6 +69,7 @@ class FlowBatch:
     def build(
         flows: Sequence[tuple[Sequence[int], float, int, float, Sequence[int]]],
         num_owners: int,
+        max_rate: Sequence[float] | None = None,
     ) -> FlowBatch:
         """From (link indices, bytes, count, latency_s, owner slots) per flow."""
         lengths = [len(links) for links, *_ in flows]
@@ -85,6 +89,7 @@ class FlowBatch:
             np.array([f[3] for f in flows], dtype=np.float64),
             owners,
             num_owners,
+            None if max_rate is None else np.array(max_rate, dtype=np.float64),
         )
 
     @staticmethod
@@ -108,7 +113,12 @@ class FlowBatch:
             np.concatenate([b.latency_s for b in batches]),
             np.concatenate(owners),
             num_owners,
+            np.concatenate([_caps(b) for b in batches]),
         )
+
+
+def _caps(batch: FlowBatch) -> np.ndarray:
+    return np.full(batch.num_flows, np.inf) if batch.max_rate is None else batch.max_rate
 
 
 @dataclass(slots=True)
@@ -156,6 +166,7 @@ class Network:
         self._size = np.zeros(0)
         self._count = np.zeros(0)
         self._rate = np.zeros(0)
+        self._cap = np.zeros(0)
         self._owners = np.zeros((0, 2), dtype=np.int64)
         self._nnz_flow = np.zeros(0, dtype=np.int64)
         self._nnz_link = np.zeros(0, dtype=np.int64)
@@ -289,6 +300,7 @@ class Network:
         self._size = np.concatenate([self._size, sizes])
         self._count = np.concatenate([self._count, batch.count[chosen]])
         self._rate = np.concatenate([self._rate, np.zeros(len(chosen))])
+        self._cap = np.concatenate([self._cap, _caps(batch)[chosen]])
         self._owners = np.concatenate([self._owners, owners[chosen]])
         self._request_update()
 
@@ -330,7 +342,7 @@ class Network:
         keep_nnz = keep[self._nnz_flow]
         self._nnz_link = self._nnz_link[keep_nnz]
         self._nnz_flow = new_id[self._nnz_flow[keep_nnz]]
-        for name in ("_remaining", "_size", "_count", "_rate", "_owners"):
+        for name in ("_remaining", "_size", "_count", "_rate", "_cap", "_owners"):
             setattr(self, name, getattr(self, name)[keep])
         self._owners_done(finished_owners)
 
@@ -348,7 +360,8 @@ class Network:
 
         Repeatedly find the links whose remaining capacity divided by the number of
         unfrozen flow members crossing them is smallest; that fair share is the rate
-        of every unfrozen flow on them. Freeze those flows and charge their links.
+        of every unfrozen flow on them. Freeze those flows and charge their links. A
+        flow whose own cap is below the smallest share freezes at its cap instead.
         """
         self.num_reallocations += 1
         num_flows = len(self._remaining)
@@ -364,10 +377,15 @@ class Network:
             with np.errstate(divide="ignore", invalid="ignore"):
                 share = np.where(members > 0.5, residual / members, np.inf)
             fair = share.min()
-            bottleneck = share <= fair * (1 + _SHARE_EPS)
-            hit = np.zeros(num_flows, dtype=bool)
-            hit[self._nnz_flow[bottleneck[nnz_local] & nnz_unfrozen]] = True
-            rate[hit] = fair
+            capped = unfrozen & (self._cap <= fair * (1 + _SHARE_EPS))
+            if capped.any():
+                fair = self._cap[capped].min()
+                hit = unfrozen & (self._cap <= fair * (1 + _SHARE_EPS))
+            else:
+                bottleneck = share <= fair * (1 + _SHARE_EPS)
+                hit = np.zeros(num_flows, dtype=bool)
+                hit[self._nnz_flow[bottleneck[nnz_local] & nnz_unfrozen]] = True
+            rate[hit] = np.minimum(fair, self._cap[hit])
             unfrozen &= ~hit
             charged = hit[self._nnz_flow]
             residual -= np.bincount(

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from cocodiff.errors import ScheduleError
 from cocodiff.models import REGISTRY
 from cocodiff.plan import Compute, Exchange
-from cocodiff.schedules import get_schedule, plan_flat
+from cocodiff.schedules import RankGrid, get_schedule, plan_flat
 from cocodiff.schedules.ulysses import split_heads
 
 FLUX = REGISTRY["flux1-dev"]
@@ -30,7 +30,7 @@ def test_split_heads_is_contiguous_balanced_and_complete(num_heads, num_ranks):
     batch=st.integers(1, 2),
 )
 def test_every_exchange_is_matched_by_its_peers(num_ranks, image_tokens, text_tokens, batch):
-    plan = plan_flat(FLUX, num_ranks, (image_tokens, text_tokens), batch=batch)
+    plan = plan_flat(FLUX, RankGrid.line(num_ranks), (image_tokens, text_tokens), batch=batch)
     layout = plan.layout
     assert layout.padded_tokens % num_ranks == 0
     assert layout.padded_tokens >= image_tokens + text_tokens
@@ -45,7 +45,7 @@ def test_every_exchange_is_matched_by_its_peers(num_ranks, image_tokens, text_to
 
 
 def test_flat_layer_runs_the_steps_in_ulysses_order():
-    plan = plan_flat(FLUX, 4, (4096, 512))
+    plan = plan_flat(FLUX, RankGrid.line(4), (4096, 512))
     steps = plan.program(0).layers[0].attention
     kinds = [
         step.op
@@ -76,7 +76,7 @@ def test_flat_layer_runs_the_steps_in_ulysses_order():
 
 def test_bytes_per_layer_equal_four_activation_tensors():
     num_ranks, tokens = 8, (4096, 512)
-    plan = plan_flat(FLUX, num_ranks, tokens)
+    plan = plan_flat(FLUX, RankGrid.line(num_ranks), tokens)
     total = sum(
         ex.send_bytes for r in range(num_ranks) for ex in plan.program(r).layers[0].exchanges
     )
@@ -84,17 +84,18 @@ def test_bytes_per_layer_equal_four_activation_tensors():
 
 
 def test_identical_ranks_share_one_layer_object_and_fold():
-    plan = plan_flat(FLUX, 24, (4096, 512))
+    plan = plan_flat(FLUX, RankGrid.line(24), (4096, 512))
     assert plan.program(0).layers[0] is plan.program(23).layers[5]
     assert plan.shift_period == 1 and plan.foldable(12)
 
 
 def test_plan_serialises_to_json():
-    data = json.loads(plan_flat(FLUX, 2, (64, 8)).to_json(ranks=(0,)))
+    data = json.loads(plan_flat(FLUX, RankGrid.line(2), (64, 8)).to_json(ranks=(0,)))
     assert data["schedule"] == "flat"
     assert data["programs"][0]["layers"][0]["attention"][5]["kind"] == "exchange"
 
 
 def test_unknown_schedule_lists_the_valid_ones():
-    with pytest.raises(ScheduleError, match="unknown schedule 'nope'; valid: flat"):
+    valid = "cocodiff, flat, tapa, vfirst"
+    with pytest.raises(ScheduleError, match=f"unknown schedule 'nope'; valid: {valid}"):
         get_schedule("nope")

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from cocodiff.models import REGISTRY
-from cocodiff.schedules import plan_flat
+from cocodiff.schedules import RankGrid, plan_flat
 from cocodiff.simulate import simulate_plan
 from sim import Simulation
 from topology import Placement, build_topology, get_preset
@@ -116,7 +116,7 @@ def test_handle_lifecycle_raises_on_misuse():
 def test_folding_by_node_equals_simulating_every_rank(spec, model_name):
     topology = build_topology(spec)
     model = REGISTRY[model_name]
-    plan = plan_flat(model, len(topology.tiles), (model.image_tokens(512, 512), model.text_tokens))
+    plan = plan_flat(model, RankGrid.line(len(topology.tiles)), (model.image_tokens(512, 512), model.text_tokens))
     full = simulate_plan(plan, topology, fold=False)
     folded = simulate_plan(plan, topology, fold=True)
     assert folded.simulated_ranks == spec.gpus_per_node * spec.tiles_per_gpu
@@ -134,7 +134,7 @@ def test_folding_is_refused_for_plans_that_are_not_node_symmetric():
     topology = build_topology(cluster(num_nodes=2, ranks_per_node=2))
     # 7 heads over 4 ranks (1, 2, 2, 2 with the spread split) repeat only every 4 ranks.
     model = dataclasses.replace(REGISTRY["sd35-large"], num_heads=7)
-    plan = plan_flat(model, 4, (model.image_tokens(256, 256), model.text_tokens))
+    plan = plan_flat(model, RankGrid.line(4), (model.image_tokens(256, 256), model.text_tokens))
     assert plan.shift_period == 4
     with pytest.raises(ValueError, match="not node-symmetric"):
         simulate_plan(plan, topology, fold=True)

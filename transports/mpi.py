@@ -8,14 +8,22 @@ Device tensors (CUDA, XPU) are staged through host memory unless the transport i
 ``gpu_aware=True``; then the device buffer is handed to MPI directly (through DLPack / CUDA
 array interface), which only a GPU-aware MPI may be given.
 
-MPI has no collective timeout: a dead peer ends the job through the launcher (mpiexec kills
-the other ranks) rather than raising here. MPI errors the library reports are raised as
-:class:`~transports.base.TransportError`.
+MPI has no collective timeout, so this transport makes its own: every wait (an all-to-all's
+``wait()``, ``barrier()``, the collective set-up of communicators) polls ``MPI_Test`` until
+the request completes or ``timeout_s`` has passed since it started, then raises
+:class:`~transports.base.TransportError` naming what timed out and the peers it waited for.
+A peer that is killed ends the job through the launcher (mpiexec kills the other ranks); a
+peer that is alive but silent, or one that exits without telling MPI, is caught by the
+deadline. After such an error the job cannot continue: the caller should end it with
+``MPI.COMM_WORLD.Abort`` (``cocodiff run`` does), since MPI_Finalize may wait for the dead
+peer. MPI errors the library reports are raised as :class:`~transports.base.TransportError`.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import time
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import Any
@@ -31,19 +39,74 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-class _MpiHandle:
-    """One ``Ialltoallv`` in flight. ``wait()`` returns the received buffer once."""
+# Polling a request: spin (yielding the CPU each time round) for this long, as MPI_Wait
+# would, so that a multi-round collective gets progress calls promptly; then sleep between
+# polls, so that a long wait (a peer still computing) leaves the CPU to the processes that
+# need it.
+_SPIN_S = 0.02
+_POLL_SLEEP_S = 0.001
 
-    __slots__ = ("_request", "_keep", "_finish", "_what", "_waited")
+
+def _wait_until(request: MPI.Request, deadline: float, timeout_s: float, what: str,
+                peers: tuple[int, ...]) -> None:
+    """Complete ``request`` by ``deadline`` (``time.monotonic()``), or raise.
+
+    Raises:
+        TransportError: MPI reported an error, or the deadline passed (the message names
+            the peers that were waited for).
+    """
+    try:
+        if request.Test():
+            return
+        spin_until = time.monotonic() + _SPIN_S
+        while not request.Test():
+            now = time.monotonic()
+            if now > deadline:
+                raise TransportError(
+                    f"{what} timed out after {timeout_s:g} s waiting for {_ranks_text(peers)}: "
+                    "a peer died or stopped responding"
+                )
+            if now < spin_until:
+                os.sched_yield()
+            else:
+                time.sleep(_POLL_SLEEP_S)
+    except MPI.Exception as exc:
+        raise TransportError(f"{what} failed: {_one_line(exc)}") from exc
+
+
+def _ranks_text(peers: tuple[int, ...]) -> str:
+    if len(peers) == 1:
+        return f"rank {peers[0]}"
+    return f"one of ranks {', '.join(map(str, peers))}"
+
+
+class _MpiHandle:
+    """One ``Ialltoallv`` in flight. ``wait()`` returns the received buffer once, or raises
+    :class:`~transports.base.TransportError` when it is not done ``timeout_s`` after it
+    started."""
+
+    __slots__ = ("_request", "_keep", "_finish", "_what", "_waited", "_deadline", "_timeout_s",
+                 "_peers")
 
     def __init__(
-        self, request: MPI.Request, keep: tuple[Any, ...], finish: Callable[[], Any], what: str
+        self,
+        request: MPI.Request,
+        keep: tuple[Any, ...],
+        finish: Callable[[], Any],
+        what: str,
+        timeout_s: float,
+        peers: tuple[int, ...],
     ) -> None:
         self._request = request
-        self._keep = keep  # the send/recv buffers must outlive the request
+        # The send/recv buffers must outlive the request, also when a wait timed out
+        # (MPI may still write into them): they are dropped only once it completed.
+        self._keep = keep
         self._finish = finish
         self._what = what
         self._waited = False
+        self._timeout_s = timeout_s
+        self._deadline = time.monotonic() + timeout_s
+        self._peers = peers
 
     def is_completed(self) -> bool:
         if self._waited:
@@ -58,10 +121,7 @@ class _MpiHandle:
         if self._waited:
             raise TransportError("wait() called twice on the same handle")
         self._waited = True
-        try:
-            self._request.Wait()
-        except MPI.Exception as exc:
-            raise TransportError(f"{self._what} failed: {_one_line(exc)}") from exc
+        _wait_until(self._request, self._deadline, self._timeout_s, self._what, self._peers)
         self._keep = ()
         return self._finish()
 
@@ -75,14 +135,24 @@ class MpiTransport:
         gpu_aware: pass device tensors to MPI directly instead of staging them through host
             memory. Only for an MPI built GPU-aware (e.g. Cray MPICH with
             ``MPIR_CVAR_ENABLE_GPU=1``, Intel MPI with ``I_MPI_OFFLOAD=1``).
+        timeout_s: how long any collective may wait for a peer before it fails with
+            :class:`TransportError` instead of hanging (see the module docstring).
     """
 
-    def __init__(self, *, comm: MPI.Comm | None = None, gpu_aware: bool = False) -> None:
+    def __init__(
+        self, *, comm: MPI.Comm | None = None, gpu_aware: bool = False, timeout_s: float = 60.0
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self._timeout_s = timeout_s
         base = MPI.COMM_WORLD if comm is None else comm
+        base_rank = base.Get_rank()
         try:
-            self._comm = base.Dup()
+            self._comm, request = base.Idup()
         except MPI.Exception as exc:
             raise TransportError(f"MPI communicator setup failed: {_one_line(exc)}") from exc
+        peers = tuple(r for r in range(base.Get_size()) if r != base_rank)
+        self._wait(request, f"MPI communicator setup on rank {base_rank}", peers)
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         self._gpu_aware = gpu_aware
         self._rank = self._comm.Get_rank()
@@ -91,9 +161,19 @@ class MpiTransport:
         self._groups: dict[tuple[int, ...], Group] = {self._world.ranks: self._world}
         self._closed = False
 
+    def _wait(self, request: MPI.Request, what: str, peers: tuple[int, ...]) -> None:
+        _wait_until(request, time.monotonic() + self._timeout_s, self._timeout_s, what, peers)
+
+    def _peers(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(r for r in ranks if r != self._rank)
+
     @property
     def name(self) -> str:
         return "mpi"
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
 
     @property
     def rank(self) -> int:
@@ -122,6 +202,9 @@ class MpiTransport:
         if key in self._groups:
             return self._groups[key]
         _check_group_ranks(key, self._world_size)
+        # MPI_Comm_create blocks and has no nonblocking form: meet in a bounded barrier
+        # first, so that a dead peer is caught here rather than inside Create.
+        self._barrier(f"MPI new_group({list(key)}) on rank {self._rank}")
         world_group = self._comm.Get_group()
         sub_group = world_group.Incl(list(key))
         try:
@@ -169,16 +252,19 @@ class MpiTransport:
             )
         except MPI.Exception as exc:
             raise TransportError(f"{what} failed: {_one_line(exc)}") from exc
-        return _MpiHandle(request, (send_buf, recv_buf), finish, what)
+        return _MpiHandle(request, (send_buf, recv_buf), finish, what, self._timeout_s,
+                          self._peers(group.ranks))
 
     def barrier(self) -> None:
         self._check_open()
+        self._barrier(f"MPI barrier on rank {self._rank}")
+
+    def _barrier(self, what: str) -> None:
         try:
-            self._comm.Barrier()
+            request = self._comm.Ibarrier()
         except MPI.Exception as exc:
-            raise TransportError(
-                f"MPI barrier failed on rank {self._rank}: {_one_line(exc)}"
-            ) from exc
+            raise TransportError(f"{what} failed: {_one_line(exc)}") from exc
+        self._wait(request, what, self._peers(self._world.ranks))
 
     def close(self) -> None:
         """Free the communicators made here. Idempotent; MPI itself is finalised by mpi4py

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,63 @@ from sim import Simulation
 from sim.network import FlowBatch
 from topology import TIERS, Placement
 from transports.base import Group, TransportError, VirtualBuffer
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveModel:
+    """How a collective is carried out, beyond the wire (DESIGN.md section 8).
+
+    Real all-to-alls run far below link rates: every transfer costs set-up time on
+    one of a few copy engines / NIC queues, and one transfer reaches only part of a
+    link. Here a rank's ``m`` transfers of one collective are set up ``engines`` at a
+    time, ``startup_us`` each, before its data moves (``startup_us * ceil(m /
+    engines)``), and each transfer's rate is capped per tier. Flat all-to-all pays the
+    set-up of P-1 transfers per rank; topology-aligned phases pay for few, large ones.
+
+    Args:
+        name: for reports.
+        startup_us: engine time to set up one transfer.
+        engines: transfers a rank sets up in parallel.
+        transfer_cap_gbps: per tier, the most one transfer achieves (GB/s).
+    """
+
+    name: str
+    startup_us: float = 0.0
+    engines: int = 1
+    transfer_cap_gbps: tuple[tuple[str, float], ...] = ()
+
+    def setup_s(self, num_messages: int) -> float:
+        return self.startup_us * 1e-6 * -(-num_messages // self.engines)
+
+    def cap_bytes_per_s(self, tier: str) -> float:
+        return dict(self.transfer_cap_gbps).get(tier, float("inf")) * 1e9
+
+
+# Collective models by topology preset. Every number is an assumption or a
+# measurement named beside it; `cocodiff calibrate` measures them on a real machine.
+COLLECTIVE_MODELS: dict[str, CollectiveModel] = {
+    # Links only: the physical lower bound of any schedule on these routes.
+    "ideal": CollectiveModel("ideal"),
+    # Aurora (Intel Max 1550 + Slingshot-11): single-transfer rates from ALCF's
+    # node-performance overview (158.5 GB/s to the sibling tile, 18.9 GB/s to another
+    # GPU; a NIC's 25 GB/s). Set-up cost and engine count are assumptions: ~20 us to
+    # submit and complete one copy on a Level Zero copy engine / post one RDMA, and
+    # two engines driving transfers per tile.
+    "aurora": CollectiveModel(
+        "aurora", startup_us=20.0, engines=2,
+        transfer_cap_gbps=(("intra-gpu", 158.5), ("intra-node", 18.9), ("inter-node", 25.0)),
+    ),
+    # DGX-H100: NCCL all-to-all; ~5 us per peer and 4 channels (assumptions).
+    "dgx-h100": CollectiveModel("dgx-h100", startup_us=5.0, engines=4),
+    # A CPU cluster over TCP (gloo / MPI): ~50 us per message, one at a time
+    # (assumption; `cocodiff calibrate` measures it).
+    "cluster": CollectiveModel("cluster", startup_us=50.0, engines=1),
+}
+
+
+def collective_model_for(topology_name: str) -> CollectiveModel:
+    """The model of a preset's machine; links only (``ideal``) for other machines."""
+    return COLLECTIVE_MODELS.get(topology_name, COLLECTIVE_MODELS["ideal"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +119,8 @@ class SimWorld:
     """
 
     def __init__(
-        self, simulation: Simulation, placement: Placement, fold_nodes: int | None = None
+        self, simulation: Simulation, placement: Placement, fold_nodes: int | None = None,
+        collective: CollectiveModel | None = None,
     ) -> None:
         topology = simulation.topology
         num_nodes_used = placement.num_ranks // placement.ranks_per_node
@@ -76,6 +134,7 @@ class SimWorld:
         self.simulation = simulation
         self.placement = placement
         self.fold_nodes = fold_nodes
+        self.collective = collective or COLLECTIVE_MODELS["ideal"]
         if fold_nodes is None:
             self.multiplicity = 1  # each simulated flow stands for this many real ones
             self.simulated_ranks = tuple(range(placement.num_ranks))
@@ -83,8 +142,9 @@ class SimWorld:
             self.multiplicity = num_nodes_used // fold_nodes
             self.simulated_ranks = tuple(range(fold_nodes * placement.ranks_per_node))
         self._num_simulated = len(self.simulated_ranks)
-        self._pending: dict[tuple[tuple[int, ...], int], _PendingCollective] = {}
-        self._sequence: dict[tuple[int, tuple[int, ...]], int] = defaultdict(int)
+        # Collectives match by (group, tag, n-th call with that tag on that group).
+        self._pending: dict[tuple, _PendingCollective] = {}
+        self._sequence: dict[tuple, int] = defaultdict(int)
         self._sender_cache: dict[tuple, _SenderFlows] = {}
         self.bytes_by_tier: dict[str, float] = dict.fromkeys(TIERS, 0.0)
         self.num_collectives = 0
@@ -102,17 +162,17 @@ class SimWorld:
     # -- collectives ------------------------------------------------------------------
 
     def post_all_to_all(
-        self, rank: int, group: Group, send_bytes: tuple[int, ...]
+        self, rank: int, group: Group, send_bytes: tuple[int, ...], tag: Hashable = None
     ) -> simpy.Event:
         key_group = group.ranks
-        sequence = self._sequence[(rank, key_group)]
-        self._sequence[(rank, key_group)] = sequence + 1
-        pending = self._pending.setdefault((key_group, sequence), _PendingCollective())
+        sequence = self._sequence[(rank, key_group, tag)]
+        self._sequence[(rank, key_group, tag)] = sequence + 1
+        pending = self._pending.setdefault((key_group, tag, sequence), _PendingCollective())
         pending.posted[rank] = send_bytes
         pending.events[rank] = self.simulation.env.event()
         expected = sum(1 for r in key_group if r < self._num_simulated)
         if len(pending.posted) == expected:
-            del self._pending[(key_group, sequence)]
+            del self._pending[(key_group, tag, sequence)]
             self._launch(key_group, pending)
         return pending.events[rank]
 
@@ -149,6 +209,10 @@ class SimWorld:
         src_tile = placement.tile_of(src_rank)
         grouped: dict[tuple, list] = {}
         tier_bytes: dict[str, float] = defaultdict(float)
+        model = self.collective
+        messages = sum(1 for dst, b in zip(group_ranks, send_bytes, strict=True)
+                       if b and dst != src_rank)
+        setup_s = model.setup_s(messages)
         for dst_rank, num_bytes in zip(group_ranks, send_bytes, strict=True):
             if dst_rank == src_rank or num_bytes == 0:
                 continue
@@ -159,18 +223,21 @@ class SimWorld:
                 dst_class = dst_rank % self._num_simulated
             else:
                 links, dst_class = route, dst_rank
-            tier_bytes[topology.tier(src_tile, dst_tile)] += num_bytes
+            tier = topology.tier(src_tile, dst_tile)
+            tier_bytes[tier] += num_bytes
             bundle_key = (links, num_bytes, dst_class)
             if bundle_key in grouped:
                 grouped[bundle_key][0] += 1
             else:
-                grouped[bundle_key] = [1, topology.route_latency_us(route) * 1e-6]
+                latency_s = topology.route_latency_us(route) * 1e-6 + setup_s
+                grouped[bundle_key] = [1, latency_s, model.cap_bytes_per_s(tier)]
         flows = [
             ([network.link_index(link) for link in links], num_bytes, count, latency_s,
              (src_rank, dst_class))
-            for (links, num_bytes, dst_class), (count, latency_s) in grouped.items()
+            for (links, num_bytes, dst_class), (count, latency_s, _) in grouped.items()
         ]
-        sender = _SenderFlows(FlowBatch.build(flows, self._num_simulated),
+        caps = [cap for count, latency_s, cap in grouped.values()]
+        sender = _SenderFlows(FlowBatch.build(flows, self._num_simulated, caps),
                               tuple(tier_bytes.items()))
         self._sender_cache[key] = sender
         return sender
@@ -241,7 +308,10 @@ class SimTransport:
         send_splits: Sequence[int],
         recv_splits: Sequence[int],
         group: Group | None = None,
+        tag: Hashable = None,
     ) -> SimHandle:
+        """As :meth:`Transport.all_to_all`; ``tag`` (simulator only) matches calls that
+        several concurrent exchanges make on one group, whatever order they post in."""
         group = group or self._world_group
         if len(send_splits) != group.size or len(recv_splits) != group.size:
             raise TransportError(
@@ -252,7 +322,7 @@ class SimTransport:
             raise TransportError(f"send splits sum to {sum(send_splits)}, buffer has "
                                  f"{send.num_rows} rows")
         send_bytes = tuple(rows * send.row_bytes for rows in send_splits)
-        event = self._world.post_all_to_all(self._rank, group, send_bytes)
+        event = self._world.post_all_to_all(self._rank, group, send_bytes, tag)
         return SimHandle(event, VirtualBuffer(sum(recv_splits), send.row_bytes))
 
     def barrier(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from importlib.util import find_spec
@@ -29,10 +30,26 @@ from transports.launch import LaunchInfo, detect_launch, torch_store
 BACKEND_FOR_DEVICE: dict[str, str] = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl"}
 
 
+# gloo prefixes its errors with the C++ source location and ends some with advice:
+# "[/.../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:17640: Connection reset by
+# peer. This is typically caused by a remote worker hanging or bugs in ..."
+_SOURCE_LOCATION = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
+_ADVICE = " This is typically caused by"
+
+
 def _one_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = lines[0] if lines else type(exc).__name__
+    text = _SOURCE_LOCATION.sub("", text).split(_ADVICE)[0]
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _waiting_for(rank: int, group: Group) -> str:
+    """Which peers a failed collective was waiting for: one only in a group of two."""
+    peers = [r for r in group.ranks if r != rank]
+    if len(peers) == 1:
+        return f"rank {peers[0]}"
+    return f"one of ranks {', '.join(map(str, peers))}"
 
 
 def default_device(local_rank: int) -> torch.device:
@@ -96,7 +113,7 @@ class _TorchHandle:
         try:
             self._work.wait()
         except RuntimeError as exc:
-            raise TransportError(f"{self._what} failed: {_one_line(exc)}") from exc
+            raise TransportError(f"{self._what}: {_one_line(exc)}") from exc
         output, self._output, self._send = self._output, None, None
         assert output is not None
         return self._finish(output)
@@ -253,7 +270,8 @@ class TorchTransport:
             # (n, row_bytes) uint8 -> (n, *trailing) send.dtype
             return received.view(send.dtype).reshape(received.shape[0], *trailing)
 
-        what = f"torch/{self._backend} all_to_all on rank {self._rank} over group {group.ranks}"
+        what = (f"torch/{self._backend} all_to_all on rank {self._rank} over group {group.ranks} "
+                f"failed waiting for {_waiting_for(self._rank, group)}")
         try:
             work = dist.all_to_all_single(
                 output,
@@ -264,7 +282,7 @@ class TorchTransport:
                 async_op=True,
             )
         except RuntimeError as exc:
-            raise TransportError(f"{what} failed: {_one_line(exc)}") from exc
+            raise TransportError(f"{what}: {_one_line(exc)}") from exc
         return _TorchHandle(work, send_bytes, output, finish, what)
 
     def barrier(self) -> None:

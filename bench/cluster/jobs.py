@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -133,6 +134,16 @@ def run_torch_job(cluster: EmulatedCluster, command: Sequence[str], *, timeout_s
     started = time.monotonic()
     processes: list[subprocess.Popen] = []
     files = []
+
+    def label(rank: int) -> str:
+        return f"rank {rank} (node {cluster.node_of_rank(rank).index})"
+
+    def find_failure(codes: list[int | None]) -> tuple[str, int, str] | None:
+        for rank, code in enumerate(codes):
+            if code not in (None, 0):
+                return label(rank), code, _last_line(logs / f"rank{rank}.err")
+        return None
+
     try:
         for rank in range(spec.num_ranks):
             node = cluster.node_of_rank(rank)
@@ -152,9 +163,8 @@ def run_torch_job(cluster: EmulatedCluster, command: Sequence[str], *, timeout_s
             files += [out, err]
             processes.append(cluster.spawn(node, list(command), env=rank_env, stdout=out,
                                            stderr=err, cwd=cwd))
-        _supervise(processes, timeout_s, logs, started,
-                   lambda rank: f"rank {rank} (node {cluster.node_of_rank(rank).index})",
-                   lambda rank: logs / f"rank{rank}.err")
+        _supervise(processes, timeout_s, started, logs, find_failure,
+                   lambda codes: [label(r) for r, code in enumerate(codes) if code is None])
     finally:
         for handle in files:
             handle.close()
@@ -167,11 +177,13 @@ def run_mpi_job(cluster: EmulatedCluster, command: Sequence[str], *, timeout_s: 
     """Run ``command`` on every rank with MPICH's ``mpiexec`` (hydra) across the nodes.
 
     Arguments as :func:`run_torch_job`; ``mpiexec`` defaults to the one beside this
-    interpreter, else the first on ``PATH``.
+    interpreter, else the first on ``PATH``. Hydra does not stop the other ranks when one
+    exits with an error, so each rank runs under a small wrapper that records a non-zero
+    exit code, and the job is stopped here on the first one (as for torch).
 
     Raises:
-        JobFailed: ``mpiexec`` exited non-zero (a rank failed; hydra then stops the
-            others) or the job ran past ``timeout_s``.
+        JobFailed: a rank exited non-zero, ``mpiexec`` failed, or the job ran past
+            ``timeout_s``.
         ClusterError: no ``mpiexec`` found.
     """
     logs = _log_dir(log_dir)
@@ -180,16 +192,37 @@ def run_mpi_job(cluster: EmulatedCluster, command: Sequence[str], *, timeout_s: 
         base.setdefault(key, value)
     launcher = mpiexec or _find_mpiexec(base)
     wrapper = _write_netns_wrapper(cluster, logs)
+    rank_wrapper = _write_rank_wrapper(logs)
     spec = cluster.spec
     hosts = ",".join(f"{node.namespace}:{spec.ranks_per_node}" for node in cluster.nodes)
     argv = [launcher, "-launcher", "ssh", "-launcher-exec", str(wrapper), "-hosts", hosts,
-            "-n", str(spec.num_ranks), "-iface", NODE_INTERFACE, *command]
+            "-n", str(spec.num_ranks), "-iface", NODE_INTERFACE, "-prepend-rank",
+            str(rank_wrapper), *command]
+
+    def find_failure(codes: list[int | None]) -> tuple[str, int, str] | None:
+        exits = sorted(logs.glob("exit.*"), key=lambda path: path.stat().st_mtime)
+        for path in exits:
+            rank_text = path.name.split(".", 1)[1]
+            try:
+                code = int(path.read_text().strip() or "1")
+            except ValueError:
+                continue  # being written: next poll
+            if rank_text.isdigit():
+                rank = int(rank_text)
+                where = f"rank {rank} (node {cluster.node_of_rank(rank).index})"
+                return where, code, _last_line(logs / "mpiexec.err", prefix=f"[{rank}] ")
+            return f"rank {rank_text}", code, _last_line(logs / "mpiexec.err")
+        if codes[0] not in (None, 0):
+            return "mpiexec", codes[0], _last_line(logs / "mpiexec.err")
+        return None
+
     started = time.monotonic()
     with open(logs / "mpiexec.out", "wb") as out, open(logs / "mpiexec.err", "wb") as err:
         process = cluster.spawn(cluster.nodes[0], argv, env=base, stdout=out, stderr=err,
                                 cwd=cwd)
-        _supervise([process], timeout_s, logs, started, lambda _: "mpiexec",
-                   lambda _: logs / "mpiexec.err")
+        _supervise([process], timeout_s, started, logs, find_failure,
+                   lambda codes: ["mpiexec"] if codes[0] is None else [],
+                   cluster=cluster)
     return JobResult("mpi", spec.num_ranks, time.monotonic() - started, logs)
 
 
@@ -261,46 +294,69 @@ exec ip netns exec "$host" sh -c "$*"
     return path
 
 
-def _supervise(processes: list[subprocess.Popen], timeout_s: float, logs: Path,
-               started: float, label: Callable[[int], str],
-               stderr_of: Callable[[int], Path]) -> None:
+def _write_rank_wrapper(directory: Path) -> Path:
+    """Runs one MPI rank and, if it fails, leaves ``exit.<rank>`` holding its exit code."""
+    script = f"""#!/bin/sh
+# Written by bench.cluster for one MPI job: records a rank's failure for the supervisor.
+"$@"
+code=$?
+if [ "$code" -ne 0 ]; then
+    echo "$code" > {shlex.quote(str(directory))}/exit.tmp.$$
+    mv {shlex.quote(str(directory))}/exit.tmp.$$ {shlex.quote(str(directory))}/exit.${{PMI_RANK:-unknown}}
+fi
+exit "$code"
+"""
+    path = directory / "rank-wrapper.sh"
+    path.write_text(script)
+    path.chmod(0o755)
+    return path
+
+
+def _supervise(processes: list[subprocess.Popen], timeout_s: float, started: float, logs: Path,
+               find_failure: Callable[[list[int | None]], tuple[str, int, str] | None],
+               still_running: Callable[[list[int | None]], list[str]],
+               cluster: EmulatedCluster | None = None) -> None:
     """Wait for every process; on the first failure or at the deadline, stop the rest.
 
+    Args:
+        find_failure: given the exit codes so far (None: running), the first failure as
+            ``(who, exit code, its last line)``, or None.
+        still_running: who is still running, for the timeout message.
+        cluster: if given, a failure also kills everything left in its namespaces (for MPI,
+            whose ranks are not children of this process).
+
     Raises:
-        JobFailed: naming the first process to fail (or those still running at timeout).
+        JobFailed: naming the first rank to fail (or those still running at timeout).
     """
     deadline = started + timeout_s
     while True:
         codes = [process.poll() for process in processes]
-        failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
-        if failed:
-            first = failed[0]
+        failure = find_failure(codes)
+        if failure is not None:
+            who, code, reason = failure
             _wait_all(processes, FAILURE_GRACE_S)
-            _kill_all(processes)
-            others = [i for i, code in enumerate(codes) if code is None]
-            reason = _last_error_line(stderr_of(first)) or "no output"
+            stopped = any(process.poll() is None for process in processes)
+            _kill_all(processes, cluster)
             raise JobFailed(
-                f"{label(first)} {_describe_exit(codes[first])}: {reason}"
-                + (f" (stopped {len(others)} other process(es))" if others else "")
+                f"{who} {_describe_exit(code)}: {reason or 'no output'}"
+                + (" (stopped the other ranks)" if stopped else "")
                 + f"; logs in {logs}",
                 logs,
             )
         if all(code == 0 for code in codes):
             return
         if time.monotonic() > deadline:
-            running = [i for i, code in enumerate(codes) if code is None]
-            _kill_all(processes)
+            running = still_running(codes)
+            _kill_all(processes, cluster)
             raise JobFailed(
                 f"job did not finish in {timeout_s:g} s; still running: "
-                + ", ".join(label(i) for i in running) + f"; logs in {logs}",
+                + ", ".join(running) + f"; logs in {logs}",
                 logs,
             )
         time.sleep(POLL_S)
 
 
 def _describe_exit(code: int | None) -> str:
-    import signal
-
     if code is not None and code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
@@ -318,9 +374,7 @@ def _wait_all(processes: list[subprocess.Popen], grace_s: float) -> None:
             return
 
 
-def _kill_all(processes: list[subprocess.Popen]) -> None:
-    import signal
-
+def _kill_all(processes: list[subprocess.Popen], cluster: EmulatedCluster | None) -> None:
     for process in processes:
         if process.poll() is None:
             try:
@@ -331,16 +385,16 @@ def _kill_all(processes: list[subprocess.Popen]) -> None:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+    if cluster is not None:
+        cluster.kill_stragglers()
 
 
 _NOISE = re.compile(r"^\s*(=+|\s*)$")
-_HYDRA_SUMMARY = re.compile(r"(RANK \d+ PID \d+ RUNNING AT \S+|EXIT CODE: \d+|"
-                            r"KILLED BY SIGNAL: \d+ \([^)]*\))")
 
 
-def _last_error_line(path: Path, max_bytes: int = 65536) -> str:
-    """The most telling line of a process's stderr: hydra's summary of the failed rank
-    when there is one, else the last line that is not decoration."""
+def _last_line(path: Path, prefix: str = "", max_bytes: int = 65536) -> str:
+    """The last line of a log that is not decoration (of the lines starting with
+    ``prefix``, with it removed, when given; any line if none does)."""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -348,9 +402,12 @@ def _last_error_line(path: Path, max_bytes: int = 65536) -> str:
             text = handle.read().decode(errors="replace")
     except OSError:
         return ""
-    summary = _HYDRA_SUMMARY.findall(text)
-    if summary:
-        return "; ".join(dict.fromkeys(summary))
     lines = [line.strip() for line in text.splitlines() if not _NOISE.match(line)]
+    if prefix:
+        # hydra's -prepend-rank writes "[r] " before each chunk a rank writes, which can
+        # leave a stray "[r]" at the end of a line too.
+        mine = [re.sub(r"\[\d+\]\s*$", "", line[len(prefix.strip()):]).strip()
+                for line in lines if line.startswith(prefix.strip())]
+        lines = [line for line in mine if line] or lines
     line = lines[-1] if lines else ""
     return line if len(line) <= 300 else line[:297] + "..."

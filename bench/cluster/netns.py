@@ -446,6 +446,14 @@ class EmulatedCluster:
         self._processes.append(process)
         return process
 
+    def kill_stragglers(self) -> None:
+        """SIGKILL every process still inside the cluster's node namespaces (e.g. the ranks
+        of a failed MPI job, which are children of hydra's proxies, not of this process).
+        The cluster stays up."""
+        for node in self.nodes:
+            if node.namespace in self._created:
+                _kill_namespace_processes(node.namespace)
+
     def _terminate_processes(self, grace_s: float = 3.0) -> None:
         # A group is signalled only while its leader is alive and unreaped, so its id cannot
         # have been reused; members that outlive their leader are still inside the cluster's
@@ -533,7 +541,10 @@ def describe(spec: ClusterSpec, *, intra_gbps: float = ASSUMED_INTRA_GBPS,
 def _renamed(topology: TopologySpec, spec: ClusterSpec) -> TopologySpec:
     import dataclasses
 
-    return dataclasses.replace(topology, name=cluster_label(spec))
+    from cocodiff.calibrate import unconstrained_host_links
+
+    return dataclasses.replace(topology, name=cluster_label(spec),
+                               **unconstrained_host_links(topology))
 
 
 def cluster_label(spec: ClusterSpec) -> str:

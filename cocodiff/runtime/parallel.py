@@ -42,8 +42,13 @@ from cocodiff.runtime.families.base import (
     module_matches,
 )
 from cocodiff.runtime.sharding import TokenLayout, TokenShard
-from cocodiff.schedules import get_schedule
+from cocodiff.schedules import RankGrid, get_schedule
 from transports.base import CompletedHandle, Group, Handle, Transport
+
+
+# Schedules whose exchanges the runtime can carry (TAPA phases and V-Major selection
+# on real transports are not built yet).
+RUNTIME_SCHEDULES = frozenset({"flat"})
 
 
 class UnsupportedModelError(CocodiffError):
@@ -76,6 +81,12 @@ class UlyssesRuntime:
             raise UnsupportedModelError(
                 f"{transport.world_size} ranks cannot split the {self.spec.num_heads} attention "
                 f"heads of {self.spec.name}: launch at most {self.spec.num_heads} ranks"
+            )
+        if schedule not in RUNTIME_SCHEDULES:
+            get_schedule(schedule)  # an unknown name gets the registry's message
+            raise UnsupportedModelError(
+                f"schedule {schedule!r} runs in the simulator only so far; the runtime runs: "
+                f"{', '.join(sorted(RUNTIME_SCHEDULES))}"
             )
         self.scheduler = get_schedule(schedule)
         self.schedule = schedule
@@ -116,7 +127,8 @@ class UlyssesRuntime:
         key = (stream_tokens, batch, dtype_bytes)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self.scheduler(self.spec, self.transport.world_size, stream_tokens,
+            grid = RankGrid.line(self.transport.world_size)
+            plan = self.scheduler(self.spec, grid, stream_tokens,
                                   dtype_bytes=dtype_bytes, batch=batch)
             self._create_groups(plan)
             self._plans[key] = plan

@@ -12,8 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 # huggingface_hub reads this when it is first imported (by diffusers, below): set it first.
@@ -22,7 +21,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import diffusers  # noqa: E402
 import torch  # noqa: E402
 from diffusers import DiffusionPipeline  # noqa: E402
-from diffusers.utils import is_accelerate_available  # noqa: E402
 from packaging.version import Version  # noqa: E402
 from PIL import Image  # noqa: E402
 
@@ -88,49 +86,15 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32) -> DiffusionPi
             f"supported: {', '.join(SUPPORTED_TRANSFORMERS)}"
         )
     try:
-        with _fp32_modules_loadable_without_accelerate(index, dtype):
-            pipe = DiffusionPipeline.from_pretrained(
-                path, use_safetensors=True, local_files_only=True, **{_DTYPE_KWARG: dtype}
-            )
+        pipe = DiffusionPipeline.from_pretrained(
+            path, use_safetensors=True, local_files_only=True, **{_DTYPE_KWARG: dtype}
+        )
     except (OSError, ValueError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
         raise ModelLoadError(f"cannot load {path}: {first_line}") from err
     _realign_tensors(pipe)
     pipe.set_progress_bar_config(disable=True)
     return pipe
-
-
-@contextmanager
-def _fp32_modules_loadable_without_accelerate(
-    index: dict[str, object], dtype: torch.dtype
-) -> Iterator[None]:
-    """Lets diffusers load classes with ``_keep_in_fp32_modules`` (Wan) without accelerate.
-
-    diffusers 0.42 falls back to ``low_cpu_mem_usage=False`` when accelerate is missing, then
-    refuses that for any class with ``_keep_in_fp32_modules``. In float32 the attribute changes
-    nothing (every module is float32 anyway), so it is cleared for the duration of the load and
-    restored after. In another dtype it matters, and accelerate is required.
-    """
-    if is_accelerate_available():
-        yield
-        return
-    classes = []
-    for entry in index.values():
-        if isinstance(entry, list) and len(entry) == 2 and entry[0] == "diffusers":
-            cls = getattr(diffusers, str(entry[1]), None)
-            if getattr(cls, "_keep_in_fp32_modules", None):
-                classes.append(cls)
-    if classes and dtype != torch.float32:
-        names = ", ".join(cls.__name__ for cls in classes)
-        raise ModelLoadError(f"loading {names} in {dtype} needs the accelerate package")
-    saved = [cls.__dict__.get("_keep_in_fp32_modules") for cls in classes]
-    try:
-        for cls in classes:
-            cls._keep_in_fp32_modules = None
-        yield
-    finally:
-        for cls, value in zip(classes, saved, strict=True):
-            cls._keep_in_fp32_modules = value
 
 
 def _realign_tensors(pipe: DiffusionPipeline) -> None:

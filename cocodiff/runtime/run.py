@@ -5,6 +5,20 @@ rank loads the same model, the transformer is parallelised over the transport, a
 rank 0 shows progress and writes the outputs (each written whole or not at all).
 Errors that every rank hits the same way (a bad model directory) are printed once, by
 rank 0; every rank exits non-zero.
+
+Failures never hang the job:
+
+* every wait on a peer is bounded by ``--timeout`` (both transports); a rank whose peer
+  died or went silent prints one line naming itself and what it waited for, and exits 1;
+  under mpiexec it then ends the whole job (``MPI_Abort``), since mpiexec would leave a
+  silent peer running and MPI_Finalize may wait for a dead one;
+* SIGINT and SIGTERM raise in the main thread, so ``finally`` blocks run (a half-written
+  output's temporary file is removed) and the rank exits ``128 + signal``; a second signal
+  ends it at once;
+* NaN or Inf in a step stops the run with the step and layer (``--no-guards`` turns the
+  checks off), before anything is written.
+
+``COCODIFF_FAULT`` injects a failure for tests (:mod:`cocodiff.runtime.faults`).
 """
 
 from __future__ import annotations
@@ -12,18 +26,40 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
+import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from cocodiff.errors import CocodiffError
 
 DTYPES = ("float32", "bfloat16")
+# --timeout above this is a typo, not a wish: gloo's timeout is in int milliseconds.
+MAX_TIMEOUT_S = 1e6
+# torch.Generator.manual_seed accepts [-2**63, 2**64).
+SEED_RANGE = range(-(2**63), 2**64)
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
 
 
 class RankFailure(CocodiffError):
     """Something that stops the job on every rank."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived; raised in the main thread so that cleanups run."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
@@ -50,6 +86,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--save-latents", type=Path, default=None,
                         help="write the final latents here (torch.save of one tensor)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--no-guards", action="store_true",
+                        help="do not check each step for NaN/Inf (one isfinite per attention "
+                        "layer and step)")
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -57,18 +96,29 @@ def run_command(args: argparse.Namespace) -> int:
 
     launch = detect_launch()
     is_root = launch.rank == 0
-    try:
-        return _run(args, launch)
-    except CocodiffError as error:
-        _report(is_root, str(error))
-        return 2
-    except (ValueError, FileNotFoundError) as error:
-        _report(is_root, str(error.args[0] if error.args else error))
-        return 2
-    except Exception as error:  # a peer died, a timeout: say so on every rank that saw it
-        print(f"cocodiff run: rank {launch.rank}: {type(error).__name__}: "
-              f"{str(error).splitlines()[0] if str(error) else ''}", file=sys.stderr)
-        return 1
+    with _signals_raise():
+        try:
+            return _run(args, launch)
+        except CocodiffError as error:
+            _report(is_root, str(error))
+            return EXIT_USAGE
+        except (ValueError, FileNotFoundError) as error:
+            _report(is_root, str(error.args[0] if error.args else error))
+            return EXIT_USAGE
+        except Interrupted as interrupt:
+            print(f"cocodiff run: rank {launch.rank}: interrupted by {interrupt.signal_name}",
+                  file=sys.stderr, flush=True)
+            return 128 + interrupt.signum
+        except Exception as error:  # a peer died, a timeout, NaN: say so on every rank that saw it
+            print(f"cocodiff run: rank {launch.rank}: {type(error).__name__}: "
+                  f"{_first_line(error)}", file=sys.stderr, flush=True)
+            _end_job_after_failure(launch)
+            return EXIT_FAILURE
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def _report(is_root: bool, message: str) -> None:
@@ -76,15 +126,76 @@ def _report(is_root: bool, message: str) -> None:
         print(f"cocodiff run: error: {message}", file=sys.stderr)
 
 
-def _run(args: argparse.Namespace, launch) -> int:
-    from cocodiff.schedules import get_schedule
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into :class:`Interrupted` for the duration."""
+    watched = (signal.SIGINT, signal.SIGTERM)
 
-    get_schedule(args.schedule)  # fail before the expensive imports
-    for path in (args.output, args.json, args.save_latents):
-        if path is not None and not path.parent.is_dir():
+    def handler(signum: int, frame: Any) -> None:
+        # A second signal (a launcher that escalates, an impatient user) ends the process
+        # at once, without waiting for the cleanups the first one started.
+        for sig in watched:
+            signal.signal(sig, signal.SIG_DFL)
+        raise Interrupted(signum)
+
+    try:
+        previous = {sig: signal.signal(sig, handler) for sig in watched}
+    except ValueError:  # not the main thread: signals go to the main thread anyway
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _end_job_after_failure(launch) -> None:
+    """Under mpiexec, end every rank now: mpiexec leaves a silent peer running, and
+    MPI_Finalize at exit may wait forever for a dead one."""
+    from transports.launch import MPIEXEC
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    if launch.launcher != MPIEXEC or mpi is None:
+        return
+    if mpi.Is_initialized() and not mpi.Is_finalized():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        mpi.COMM_WORLD.Abort(EXIT_FAILURE)
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Everything about the arguments that can be checked before the expensive imports."""
+    from cocodiff.models import parse_resolution
+    from cocodiff.schedules import get_schedule
+    from transports.registry import AUTO, TRANSPORTS, create_transport
+
+    get_schedule(args.schedule)
+    if args.transport != AUTO and args.transport not in TRANSPORTS:
+        create_transport(args.transport)  # raises the registry's one-line error
+    outputs = [path for path in (args.output, args.json, args.save_latents) if path is not None]
+    for path in outputs:
+        if not path.parent.is_dir():
             raise CocodiffError(f"output directory {path.parent} does not exist (for {path})")
-    if args.timeout <= 0:
-        raise CocodiffError(f"--timeout must be positive, got {args.timeout}")
+        if path.is_dir():
+            raise CocodiffError(f"output {path} is a directory")
+    if len({path.resolve() for path in outputs}) != len(outputs):
+        raise CocodiffError(f"--output, --json and --save-latents name the same file: "
+                            f"{', '.join(map(str, outputs))}")
+    if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
+        raise CocodiffError(f"--timeout must be in (0, {MAX_TIMEOUT_S:g}] seconds, "
+                            f"got {args.timeout}")
+    if args.seed not in SEED_RANGE:
+        raise CocodiffError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
+    if args.resolution is not None:
+        parse_resolution(args.resolution)
+
+
+def _run(args: argparse.Namespace, launch) -> int:
+    from cocodiff.runtime.faults import fault_from_env, install_faults
+
+    fault = fault_from_env()  # read once; None (and nothing installed) when unset
+    _check_arguments(args)
 
     import torch
     import transformers
@@ -95,19 +206,17 @@ def _run(args: argparse.Namespace, launch) -> int:
     transformers.logging.set_verbosity_error()
     diffusers_logging.set_verbosity_error()
 
+    from cocodiff.runtime.guards import NumericsGuard
     from cocodiff.runtime.parallel import parallelize
     from cocodiff.runtime.pipelines import load_pipeline, run_pipeline, tiny_name_of
     from cocodiff.runtime.tiny import TINY_DEFAULTS
-    from transports.registry import TRANSPORTS, auto_transport_name, create_transport
+    from transports.registry import create_transport
 
-    name = auto_transport_name() if args.transport == "auto" else args.transport
-    if name not in TRANSPORTS:
-        create_transport(name)  # raises the registry's one-line error
     transport = None
     if launch.is_distributed:
-        options = {"timeout_s": args.timeout} if name == "torch" else {}
-        transport = create_transport(name, **options)
+        transport = create_transport(args.transport, timeout_s=args.timeout)
     try:
+        transport, step_fault = install_faults(fault, transport, launch.rank)
         if transport is not None:
             _agree_on_arguments(transport, sys.argv[1:])
         dtype = getattr(torch, args.dtype)
@@ -117,6 +226,7 @@ def _run(args: argparse.Namespace, launch) -> int:
         # Tiny models use short prompts; real ones keep their pipeline's default length.
         text_tokens = TINY_DEFAULTS[tiny].max_sequence_length if tiny else None
         runtime = parallelize(pipe, transport, args.schedule) if transport else None
+        guard = None if args.no_guards else NumericsGuard(launch.rank).install(pipe.transformer)
         step_times: list[float] = []
         with _progress(is_root=launch.rank == 0 and not args.quiet, steps=args.steps) as advance:
             last = time.perf_counter()
@@ -127,11 +237,17 @@ def _run(args: argparse.Namespace, launch) -> int:
                 now = time.perf_counter()
                 step_times.append(now - last)
                 last = now
+                if guard is not None:
+                    guard.end_step()
+                if step_fault is not None:
+                    step_fault.after_step(done)
                 advance()
 
             latents = run_pipeline(pipe, args.prompt, args.steps, width, height, frames,
                                    args.seed, on_step, max_sequence_length=text_tokens)
             total_s = time.perf_counter() - started
+        if guard is not None:
+            guard.check_latents(latents)
         if launch.rank == 0:
             _write_outputs(args, pipe, latents, {
                 "model": args.model,

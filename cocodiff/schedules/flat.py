@@ -1,18 +1,30 @@
-"""Flat Ulysses: the baseline every other schedule is measured against.
+"""The Ulysses schedules, from the flat baseline to CoCoDiff.
 
-Per layer and rank: projections, Q/K norm and RoPE, then the Q, K and V all-to-alls
-over all ranks one after another (each waited before the next starts, as
-DeepSpeed-Ulysses, yunchang and diffusers' context parallelism do), attention on the
-local heads over the whole sequence, the output all-to-all, the output projection,
-then whatever the block does outside attention (cross-attention, MLP).
+Per layer and rank, every schedule runs the same steps: Q/K/V projections, Q/K norm
+and RoPE, the Q, K and V all-to-alls, attention on the local heads over the whole
+sequence, the output all-to-all and the output projection; the block's norms, MLP
+and cross-attention run outside attention. They differ in order and in how an
+all-to-all is carried:
+
+* ``flat``: the three input all-to-alls over all ranks one after another, each waited
+  before the next starts (DeepSpeed-Ulysses, yunchang, diffusers' context parallelism).
+* ``tapa``: the same order; every all-to-all as topology-aligned phases
+  (:mod:`cocodiff.schedules.tapa`).
+* ``vfirst``: TAPA, and V first: V is projected and its exchange started before the
+  Q/K projections, norm and RoPE, which hide it; Q's and K's exchanges then run
+  together.
+* ``cocodiff``: V-First TAPA plus V-Major: on the inter-node tier only the active
+  fraction of V's rows is sent (:mod:`cocodiff.schedules.vmajor`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Exchange, LayerPlan, Plan, RankProgram, Step, UlyssesLayout, Wait
+from cocodiff.plan import Exchange, LayerPlan, Plan, RankProgram, Step, Tensor, UlyssesLayout, Wait
+from cocodiff.schedules.grid import RankGrid
+from cocodiff.schedules.tapa import DEFAULT_CHUNKS, TapaRows
 from cocodiff.schedules.ulysses import (
     compute,
     head_exchange,
@@ -23,57 +35,104 @@ from cocodiff.schedules.ulysses import (
     ulysses_layout,
 )
 
+ExchangeFor = Callable[[Tensor, int], Exchange]
+"""(tensor, global rank) -> that rank's exchange of the tensor."""
 
-def plan_flat(
-    spec: ModelSpec,
-    num_ranks: int,
-    stream_tokens: Sequence[int],
-    dtype_bytes: int = 2,
-    batch: int = 1,
-) -> Plan:
-    """The flat Ulysses plan for one denoising step.
+
+def plan_flat(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
+              dtype_bytes: int = 2, batch: int = 1) -> Plan:
+    """Flat Ulysses over every rank of ``grid``.
 
     Args:
         spec: the model.
-        num_ranks: ranks in the (single, world) Ulysses group.
+        grid: the ranks (only their number matters here).
         stream_tokens: tokens of each stream one sample attends over jointly (image,
             joint-attention text); each is split over the ranks separately.
         dtype_bytes: bytes per activation value (bf16: 2).
         batch: samples per step.
     """
-    layout = ulysses_layout(spec, num_ranks, stream_tokens, batch)
-    world = tuple(range(num_ranks))
-    layers_by_heads: dict[int, LayerPlan] = {}
+    layout = ulysses_layout(spec, grid.num_ranks, stream_tokens, batch)
+
+    def exchange(tensor: Tensor, rank: int) -> Exchange:
+        return head_exchange(tensor, layout, grid.ranks, grid.position(rank), dtype_bytes)
+
+    return build_plan("flat", spec, layout, grid, dtype_bytes, exchange, v_first=False,
+                      share_key=lambda rank: layout.heads[grid.position(rank)])
+
+
+def plan_tapa(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
+              dtype_bytes: int = 2, batch: int = 1, chunks: int = DEFAULT_CHUNKS) -> Plan:
+    """Flat Ulysses order, every all-to-all as TAPA phases."""
+    return plan_phased("tapa", spec, grid, stream_tokens, dtype_bytes, batch, chunks,
+                       v_first=False)
+
+
+def plan_vfirst(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
+                dtype_bytes: int = 2, batch: int = 1, chunks: int = DEFAULT_CHUNKS) -> Plan:
+    """TAPA phases with V's exchange started first."""
+    return plan_phased("vfirst", spec, grid, stream_tokens, dtype_bytes, batch, chunks,
+                       v_first=True)
+
+
+def plan_phased(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
+                dtype_bytes: int, batch: int, chunks: int, v_first: bool,
+                sent_fraction: dict[Tensor, dict[str, float]] | None = None) -> Plan:
+    """A TAPA plan; ``sent_fraction[tensor][level]`` makes a phase partial (V-Major)."""
+    layout = ulysses_layout(spec, grid.num_ranks, stream_tokens, batch)
+    rows = {tensor: TapaRows(grid, layout.heads, "gather_heads" if tensor == "out"
+                             else "scatter_heads") for tensor in ("q", "k", "v", "out")}
+
+    def exchange(tensor: Tensor, rank: int) -> Exchange:
+        flat = head_exchange(tensor, layout, grid.ranks, grid.position(rank), dtype_bytes)
+        return rows[tensor].exchange(flat, rank, chunks, (sent_fraction or {}).get(tensor))
+
+    return build_plan(name, spec, layout, grid, dtype_bytes, exchange, v_first,
+                      share_key=None)
+
+
+def build_plan(name: str, spec: ModelSpec, layout: UlyssesLayout, grid: RankGrid,
+               dtype_bytes: int, exchange: ExchangeFor, v_first: bool,
+               share_key: Callable[[int], Hashable] | None) -> Plan:
+    """One program per rank. Ranks with equal ``share_key`` get the same layer object
+    (flat Ulysses: ranks with equal head counts do exactly the same thing)."""
+    shared: dict[Hashable, LayerPlan] = {}
     programs = []
-    for rank in range(num_ranks):
-        local_heads = layout.heads[rank]
-        if local_heads not in layers_by_heads:
-            layers_by_heads[local_heads] = flat_layer(spec, layout, world, rank, dtype_bytes)
-        programs.append(RankProgram(rank, (layers_by_heads[local_heads],) * spec.num_layers))
-    return Plan("flat", spec.name, layout, tuple(programs), smallest_period(layout.heads))
+    for rank in range(grid.num_ranks):
+        key = share_key(rank) if share_key else None
+        layer = shared.get(key) if key is not None else None
+        if layer is None:
+            layer = ulysses_layer(spec, layout, grid.position(rank), dtype_bytes,
+                                  lambda tensor, rank=rank: exchange(tensor, rank), v_first)
+            if key is not None:
+                shared[key] = layer
+        programs.append(RankProgram(rank, (layer,) * spec.num_layers))
+    # The plan repeats every `period` ranks when heads do and ranks sit in grid order.
+    in_order = grid.ranks == tuple(range(grid.num_ranks))
+    return Plan(name, spec.name, layout, tuple(programs),
+                smallest_period(layout.heads) if in_order else None)
 
 
-def flat_layer(
-    spec: ModelSpec,
-    layout: UlyssesLayout,
-    group: tuple[int, ...],
-    rank_in_group: int,
-    dtype_bytes: int,
-) -> LayerPlan:
-    shape = layer_shape(layout, rank_in_group, dtype_bytes)
+def ulysses_layer(spec: ModelSpec, layout: UlyssesLayout, index: int, dtype_bytes: int,
+                  exchange: Callable[[Tensor], Exchange], v_first: bool) -> LayerPlan:
+    """One layer on the rank at ``index`` of the Ulysses group."""
+    shape = layer_shape(layout, index, dtype_bytes)
     batch = layout.batch
-    attention: list[Step] = [
-        compute(spec, op, shape, batch) for op in ("proj_q", "proj_k", "proj_v", *qk_ops(spec))
-    ]
-    for tensor in ("q", "k", "v"):
-        exchange: Exchange = head_exchange(tensor, layout, group, rank_in_group, dtype_bytes)
-        attention += [exchange, Wait(tensor)]
-    attention.append(compute(spec, "attention", shape, batch))
-    attention += [head_exchange("out", layout, group, rank_in_group, dtype_bytes), Wait("out")]
-    attention.append(compute(spec, "proj_out", shape, batch))
-    after = [compute(spec, op, shape, batch) for op in post_attention_ops(spec)]
+
+    def op(name: str):
+        return compute(spec, name, shape, batch)
+
+    attention: list[Step] = []
+    if v_first:
+        attention += [op("proj_v"), exchange("v")]
+        attention += [op(name) for name in ("proj_q", "proj_k", *qk_ops(spec))]
+        attention += [exchange("q"), exchange("k"), Wait("q"), Wait("k"), Wait("v")]
+    else:
+        attention += [op(name) for name in ("proj_q", "proj_k", "proj_v", *qk_ops(spec))]
+        for tensor in ("q", "k", "v"):
+            attention += [exchange(tensor), Wait(tensor)]
+    attention += [op("attention"), exchange("out"), Wait("out"), op("proj_out")]
     return LayerPlan(
-        before=(compute(spec, "norm", shape, batch),),
+        before=(op("norm"),),
         attention=tuple(attention),
-        after=tuple(after),
+        after=tuple(op(name) for name in post_attention_ops(spec)),
     )

@@ -1,0 +1,100 @@
+"""TAPA: the flat all-to-all as topology-aligned phases.
+
+A flat all-to-all sends every block (source, destination) directly: P-1 messages per
+rank, most of them small, across every tier at once. TAPA moves blocks one coordinate
+at a time instead: first across nodes (each rank exchanges with the ranks that share
+its GPU and tile index on the other nodes, sending everything bound for each node in
+one message), then across the GPUs of a node, then between the tiles of a GPU. Every
+block crosses each tier at most once, and each tier carries only what it must plus the
+blocks forwarded on its way; a rank sends (N-1) + (G-1) + (T-1) messages instead of
+N*G*T - 1. The payload is cut into chunks pipelined through the phases, so the slow
+inter-node phase of one chunk overlaps the fast phases of the previous one.
+
+Rows of a block. Ulysses blocks factor as rows(s, d) = a[s] * b[d]: for Q/K/V every
+source sends destination d its heads' rows (a = 1, b = heads); for the output, source
+s sends its own heads' rows (a = heads, b = 1). That makes every phase's row counts
+box sums over the rank grid, computed for all ranks at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cocodiff.plan import Exchange, Phase
+from cocodiff.schedules.grid import LEVELS, RankGrid
+
+# One chunk: with per-transfer set-up costs (transports.sim.CollectiveModel) more chunks
+# mean more, smaller transfers; large payloads may prefer 2-4 (`--chunks`).
+DEFAULT_CHUNKS = 1
+INDEX_BYTES_PER_ROW = 4  # one int32 block index per row sent by a partial (V-Major) phase
+
+
+def tapa_levels(grid: RankGrid) -> tuple[str, ...]:
+    """The levels with more than one member, slowest first."""
+    return tuple(level for level, size in zip(LEVELS, grid.shape, strict=True) if size > 1)
+
+
+@dataclass(frozen=True, slots=True)
+class _PhaseTable:
+    """For one phase: rows(holder -> member) = source[holder] * destination[member]
+    (both indexed by grid position)."""
+
+    level: str
+    source: np.ndarray
+    destination: np.ndarray
+
+
+class TapaRows:
+    """The phase row counts of one logical exchange pattern, for every rank.
+
+    Args:
+        grid: where the ranks sit; group index i of the logical exchange is the rank at
+            grid position i.
+        heads: heads of each group member.
+        direction: "scatter_heads" (Q/K/V) or "gather_heads" (output).
+    """
+
+    def __init__(self, grid: RankGrid, heads: tuple[int, ...], direction: str) -> None:
+        self.grid = grid
+        per_member = np.array(heads, dtype=np.int64).reshape(grid.shape)
+        ones = np.ones(grid.shape, dtype=np.int64)
+        a, b = (ones, per_member) if direction == "scatter_heads" else (per_member, ones)
+        self.tables: list[_PhaseTable] = []
+        done: list[int] = []
+        for level in tapa_levels(grid):
+            axis = LEVELS.index(level)
+            later = tuple(x for x in range(3) if x not in done and x != axis)
+            # A holder holds blocks from the sources that differ from it along the done
+            # axes; it sends a member the blocks whose destination agrees with the holder
+            # along the done axes and with the member along this axis.
+            source = np.broadcast_to(a.sum(axis=tuple(done), keepdims=True), grid.shape)
+            destination = np.broadcast_to(b.sum(axis=later, keepdims=True), grid.shape)
+            self.tables.append(_PhaseTable(level, source.ravel(), destination.ravel()))
+            done.append(axis)
+
+    def exchange(self, flat: Exchange, rank: int, chunks: int,
+                 sent_fraction: dict[str, float] | None = None) -> Exchange:
+        """``rank``'s logical exchange ``flat`` carried as phases.
+
+        Args:
+            sent_fraction: per level, the share of rows actually sent (V-Major).
+        """
+        if len(self.tables) <= 1:
+            return flat  # one tier: the flat exchange is already aligned
+        grid = self.grid
+        me = grid.position(rank)
+        phases = []
+        for table in self.tables:
+            group = grid.peers(rank, table.level)
+            positions = [grid.position(member) for member in group]
+            send = tuple(int(table.source[me] * table.destination[p]) for p in positions)
+            recv = tuple(int(table.source[p] * table.destination[me]) for p in positions)
+            fraction = (sent_fraction or {}).get(table.level, 1.0)
+            index_bytes = 0
+            if fraction < 1.0:
+                index_bytes = int(round(sum(send) * fraction)) * INDEX_BYTES_PER_ROW
+            phases.append(Phase(table.level, group, send, recv, fraction, index_bytes))
+        return Exchange(flat.tensor, flat.group, flat.send_rows, flat.recv_rows,
+                        flat.row_bytes, flat.direction, tuple(phases), chunks)

@@ -1,0 +1,267 @@
+"""``cocodiff simulate``: schedules side by side on one machine, or the paper's sweep.
+
+Everything is validated before any simulation runs, and output files are written only
+once every result exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cocodiff.errors import CocodiffError
+
+# The paper's grid (arXiv 2604.14561): models x resolutions x Aurora nodes.
+SWEEP = {
+    "models": ("flux1-dev", "qwen-image", "sd35-large", "flux2-dev"),
+    "resolutions": (768, 1536, 2304),
+    "nodes": (1, 2, 4, 8),
+}
+
+
+def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+    parser.add_argument(
+        "--topology", default="aurora",
+        help="a preset (aurora, dgx-h100, cluster) or a topology TOML file (default: aurora)",
+    )
+    parser.add_argument("--nodes", type=positive_int, default=None,
+                        help="number of nodes (default: the preset's or file's)")
+    parser.add_argument("--model", default="flux1-dev",
+                        help="a model name or a diffusers transformer config.json / model "
+                        "directory (default: flux1-dev)")
+    parser.add_argument("--resolution", default="1024",
+                        help="image size in pixels: 1024 or WIDTHxHEIGHT (default: 1024)")
+    parser.add_argument("--frames", type=positive_int, default=1,
+                        help="video frames (video models only; default: 1)")
+    parser.add_argument("--steps", type=positive_int, default=28,
+                        help="denoising steps (default: 28)")
+    parser.add_argument("--schedule", default="flat",
+                        help="schedule(s), comma-separated: flat, tapa, vfirst (TAPA + V-First), "
+                        "cocodiff (TAPA + V-First + V-Major); default: flat")
+    parser.add_argument("--chunks", type=positive_int, default=None,
+                        help="pipeline chunks of TAPA exchanges (default: 1)")
+    parser.add_argument("--collective", default="auto",
+                        help="collective model: auto (the preset's), ideal (links only), "
+                        "aurora, dgx-h100, cluster")
+    parser.add_argument("--vmajor-ratio-schedule", default="linear",
+                        help="V-Major cached fraction: linear, linear:MAX, constant:R "
+                        "(default: linear, 0 -> 1)")
+    parser.add_argument("--vmajor-warmup", type=int, default=1,
+                        help="first steps that send all of V (default: 1)")
+    parser.add_argument("--vmajor-refresh", type=int, default=0,
+                        help="every N-th step sends all of V (default: 0, never)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="run the paper's grid (models flux1-dev, qwen-image, sd35-large, "
+                        "flux2-dev; 768/1536/2304 px; 1/2/4/8 Aurora nodes)")
+    parser.add_argument("--sweep-models", default=None, help="restrict the sweep's models")
+    parser.add_argument("--sweep-resolutions", default=None, help="restrict its resolutions")
+    parser.add_argument("--sweep-nodes", default=None, help="restrict its node counts")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--trace", type=Path,
+                        help="write a Chrome/Perfetto trace (open in ui.perfetto.dev)")
+    parser.add_argument("--plot", type=Path,
+                        help="write a PNG: a Gantt chart of one layer, or with --sweep the "
+                        "speedup over flat against nodes per model")
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    from cocodiff.schedules import VMajorOptions, get_schedule
+    from transports.sim import COLLECTIVE_MODELS
+
+    for path in (args.json, args.trace, args.plot):
+        if path is not None and not path.parent.is_dir():
+            raise CocodiffError(f"output directory {path.parent} does not exist (for {path})")
+    names = [name.strip() for name in args.schedule.split(",") if name.strip()]
+    if not names:
+        raise CocodiffError("--schedule names no schedule")
+    for name in names:
+        get_schedule(name)
+    vmajor = VMajorOptions.parse(args.vmajor_ratio_schedule, args.vmajor_warmup,
+                                 args.vmajor_refresh)
+    if args.collective != "auto" and args.collective not in COLLECTIVE_MODELS:
+        raise CocodiffError(f"unknown collective model {args.collective!r}; valid: auto, "
+                            f"{', '.join(COLLECTIVE_MODELS)}")
+    collective = None if args.collective == "auto" else COLLECTIVE_MODELS[args.collective]
+    if args.sweep:
+        return _sweep(args, names, vmajor, collective)
+    return _single(args, names, vmajor, collective)
+
+
+def _single(args, names, vmajor, collective) -> int:
+    from cocodiff.atomic import atomic_write_text
+    from cocodiff.models import load_model_spec, parse_resolution
+    from cocodiff.report import plot_layer_gantt, print_results
+    from cocodiff.simulate import simulate_schedule
+    from topology import Placement, build_topology, resolve_topology
+
+    topology = build_topology(resolve_topology(args.topology, args.nodes))
+    model = load_model_spec(args.model)
+    width, height = parse_resolution(args.resolution)
+    model.check_resolution(width, height)
+    tokens = model.sequence_tokens(width, height, args.frames)
+    streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
+    placement = Placement.node_major(topology)
+    record = args.trace is not None or args.plot is not None
+    results = [
+        simulate_schedule(name, model, topology, placement, streams, args.steps,
+                          chunks=args.chunks, vmajor=vmajor, collective=collective,
+                          record_spans=record)
+        for name in names
+    ]
+    spec = topology.spec
+    title = (
+        f"{model.name} {width}x{height}" + (f"x{args.frames}f" if args.frames > 1 else "")
+        + f": {tokens} tokens on {spec.name}, {spec.num_nodes} node(s), "
+        f"{placement.num_ranks} ranks; {args.steps} steps"
+    )
+    notes = _notes(results, args.steps, collective, topology, model, placement)
+    print_results(results, title, notes)
+    if args.json:
+        atomic_write_text(args.json, json.dumps({
+            "model": model.name,
+            "topology": spec.name,
+            "num_nodes": spec.num_nodes,
+            "num_ranks": placement.num_ranks,
+            "resolution": [width, height],
+            "frames": args.frames,
+            "steps": args.steps,
+            "sequence_tokens": tokens,
+            "results": [r.to_json() for r in results],
+        }, indent=2))
+    if args.trace:
+        atomic_write_text(args.trace,
+                          json.dumps(results[0].simulation.timeline.to_chrome_trace()))
+    if args.plot:
+        plot_layer_gantt(results[0], args.plot, title)
+    return 0
+
+
+def _notes(results, steps, collective, topology, model, placement) -> list[str]:
+    from transports.sim import collective_model_for
+
+    model_used = collective or collective_model_for(topology.spec.name)
+    notes = [f"collective model: {model_used.name} (per-transfer set-up "
+             f"{model_used.startup_us:g} us, {model_used.engines} engine(s)); bound = links only"]
+    flat = next((r for r in results if r.schedule == "flat"), None)
+    for r in results:
+        speedup = f", {flat.step_time_s / r.step_time_s:.2f}x over flat" if flat else ""
+        notes.append(
+            f"{r.schedule}: {steps} steps {sum(r.step_times_s) / len(r.step_times_s) * steps:.3f}"
+            f" s{speedup}; all-to-all efficiency {r.efficiency:.2f} of the link bound "
+            f"(simulated {r.simulated_ranks} of {r.num_ranks} ranks"
+            + (", folded" if r.folded else "") + f", {r.wall_s:.2f} s wall)"
+        )
+    heads = model.num_heads
+    if placement.num_ranks > heads:
+        notes.append(f"{placement.num_ranks} ranks > {heads} heads: "
+                     f"{placement.num_ranks - heads} ranks hold no head during attention "
+                     "(the pure-Ulysses limit)")
+    return notes
+
+
+def _sweep(args, names, vmajor, collective) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from cocodiff.atomic import atomic_write, atomic_write_text
+    from cocodiff.models import load_model_spec
+    from cocodiff.simulate import simulate_schedule
+    from topology import Placement, build_topology, get_preset
+
+    models = _sweep_values(args.sweep_models, SWEEP["models"], str, "model")
+    resolutions = _sweep_values(args.sweep_resolutions, SWEEP["resolutions"], int, "resolution")
+    nodes_list = _sweep_values(args.sweep_nodes, SWEEP["nodes"], int, "node count")
+    specs = {name: load_model_spec(name) for name in models}
+    if "flat" not in names:
+        names = ["flat", *names]
+    rows = []
+    for model_name in models:
+        model = specs[model_name]
+        for resolution in resolutions:
+            model.check_resolution(resolution, resolution)
+            streams = (model.image_tokens(resolution, resolution), model.text_tokens)
+            for nodes in nodes_list:
+                topology = build_topology(get_preset("aurora", nodes))
+                placement = Placement.node_major(topology)
+                results = {name: simulate_schedule(name, model, topology, placement, streams,
+                                                   args.steps, chunks=args.chunks,
+                                                   vmajor=vmajor, collective=collective)
+                           for name in names}
+                flat = results["flat"].step_time_s
+                rows.append({
+                    "model": model_name, "resolution": resolution, "nodes": nodes,
+                    "num_ranks": placement.num_ranks,
+                    "idle_attention_ranks": max(0, placement.num_ranks - model.num_heads),
+                    "results": [r.to_json() for r in results.values()],
+                    "speedup": {name: flat / r.step_time_s for name, r in results.items()},
+                })
+                print(f"{model_name} {resolution}px {nodes} node(s): " + ", ".join(
+                    f"{name} {rows[-1]['speedup'][name]:.2f}x" for name in names), flush=True)
+    table = Table(title="simulated speedup over flat Ulysses (Aurora)", title_justify="left")
+    for column in ("model", "px", "nodes", *names):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(row["model"], str(row["resolution"]), str(row["nodes"]),
+                      *(f"{row['speedup'][name]:.2f}x" for name in names))
+    Console(width=200).print(table)
+    best = names[-1]
+    speedups = [row["speedup"][best] for row in rows]
+    peak = max(rows, key=lambda row: row["speedup"][best])
+    print(f"{best} over flat: mean {sum(speedups) / len(speedups):.2f}x, peak "
+          f"{peak['speedup'][best]:.2f}x ({peak['model']}, {peak['resolution']}px, "
+          f"{peak['nodes']} nodes)")
+    if args.json:
+        atomic_write_text(args.json, json.dumps({"grid": {"models": models,
+                                                          "resolutions": resolutions,
+                                                          "nodes": nodes_list},
+                                                 "steps": args.steps, "rows": rows}, indent=2))
+    if args.plot:
+        atomic_write(args.plot, lambda tmp: _plot_sweep(rows, names, tmp))
+    return 0
+
+
+def _sweep_values(text, default, kind, what):
+    if text is None:
+        return list(default)
+    values = []
+    for item in text.split(","):
+        try:
+            values.append(kind(item.strip()))
+        except ValueError:
+            raise CocodiffError(f"sweep {what} {item.strip()!r} is not valid") from None
+    if kind is str:
+        unknown = [v for v in values if v not in default]
+        if unknown:
+            raise CocodiffError(f"unknown sweep {what} {unknown[0]!r}; valid: "
+                                f"{', '.join(default)}")
+    elif any(v < 1 for v in values):
+        raise CocodiffError(f"sweep {what}s must be positive, got {text!r}")
+    return values
+
+
+def _plot_sweep(rows, names, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.4), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        for resolution in sorted({row["resolution"] for row in rows}):
+            chosen = [row for row in rows if row["model"] == model
+                      and row["resolution"] == resolution]
+            for name, style in zip(names[1:], ("--", "-.", "-"), strict=False):
+                ax.plot([row["nodes"] for row in chosen],
+                        [row["speedup"][name] for row in chosen], style, marker="o",
+                        label=f"{name} {resolution}px")
+        ax.set_title(model, fontsize=9)
+        ax.set_xlabel("Aurora nodes")
+        ax.set_xscale("log", base=2)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+    axes[0][0].set_ylabel("speedup over flat Ulysses")
+    axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, format="png")
+    plt.close(fig)
