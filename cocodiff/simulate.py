@@ -26,6 +26,7 @@ from cocodiff.schedules import (
     get_schedule,
     plan_for_step,
 )
+from cocodiff.schedules.activity import ActivityTrace, plan_from_activity
 from sim import Simulation
 from topology import TIERS, Placement, Topology
 from transports.base import Group, VirtualBuffer
@@ -268,20 +269,30 @@ def simulate_schedule(
     collective: CollectiveModel | None = None,
     record_spans: bool = False,
     with_bound: bool = True,
+    activity: ActivityTrace | None = None,
 ) -> SimResult:
     """Simulate a schedule over a whole generation of ``num_steps`` denoising steps.
 
     Most schedules do the same thing every step, so one step is simulated. V-Major's
     plan changes with the step's cache ratio: ratios are rounded to multiples of
     :data:`RATIO_RESOLUTION`, each distinct one is simulated once, and the step times
-    are averaged over the steps (``step_times_s`` lists them all).
+    are averaged over the steps (``step_times_s`` lists them all). With an ``activity``
+    trace, V-Major's selection is the recorded one, step by step.
     """
     wall_start = time.perf_counter()
     grid = RankGrid.from_placement(topology, placement)
     kwargs = {} if name == "flat" or chunks is None else {"chunks": chunks}
     by_plan: dict[float, SimResult] = {}
     per_step: list[SimResult] = []
-    for step in range(num_steps if name in STEP_DEPENDENT else 1):
+    if activity is not None and name in STEP_DEPENDENT:
+        for step in range(activity.num_steps):
+            plan = plan_from_activity(spec, grid, stream_tokens, activity, step,
+                                      chunks=chunks or 1)
+            by_plan[float(step)] = simulate_plan(plan, topology, placement,
+                                                 collective=collective)
+            per_step.append(by_plan[float(step)])
+    for step in range(num_steps if name in STEP_DEPENDENT and activity is None else
+                      0 if per_step else 1):
         ratio = (vmajor or VMajorOptions()).cache_ratio(step, num_steps)
         key = round(ratio / RATIO_RESOLUTION) * RATIO_RESOLUTION
         if key not in by_plan:

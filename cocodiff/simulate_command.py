@@ -51,6 +51,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
                         help="first steps that send all of V (default: 1)")
     parser.add_argument("--vmajor-refresh", type=int, default=0,
                         help="every N-th step sends all of V (default: 0, never)")
+    parser.add_argument("--activity-trace", type=Path, default=None,
+                        help="replay a recorded V-Major activity trace (JSON, "
+                        "cocodiff-activity/1) in the cocodiff schedule")
     parser.add_argument("--sweep", action="store_true",
                         help="run the paper's grid (models flux1-dev, qwen-image, sd35-large, "
                         "flux2-dev; 768/1536/2304 px; 1/2/4/8 Aurora nodes)")
@@ -83,6 +86,14 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise CocodiffError(f"unknown collective model {args.collective!r}; valid: auto, "
                             f"{', '.join(COLLECTIVE_MODELS)}")
     collective = None if args.collective == "auto" else COLLECTIVE_MODELS[args.collective]
+    if args.activity_trace is not None:
+        from cocodiff.schedules.activity import load_activity
+
+        args.activity = load_activity(args.activity_trace)
+        if args.sweep:
+            raise CocodiffError("--activity-trace replays one run; it cannot drive --sweep")
+    else:
+        args.activity = None
     if args.sweep:
         return _sweep(args, names, vmajor, collective)
     return _single(args, names, vmajor, collective)
@@ -106,7 +117,7 @@ def _single(args, names, vmajor, collective) -> int:
     results = [
         simulate_schedule(name, model, topology, placement, streams, args.steps,
                           chunks=args.chunks, vmajor=vmajor, collective=collective,
-                          record_spans=record)
+                          record_spans=record, activity=args.activity)
         for name in names
     ]
     spec = topology.spec

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from cocodiff.errors import ScheduleError
 from cocodiff.models import REGISTRY
-from cocodiff.plan import Compute, Exchange, Wait
+from cocodiff.plan import Compute
 from cocodiff.schedules import (
     RankGrid,
     VMajorOptions,
@@ -152,3 +152,82 @@ def test_tapa_on_a_cluster_matches_the_flat_bytes_across_nodes():
     flat = simulate_schedule("flat", FLUX, topology, placement, (1024, 64), 1)
     tapa = simulate_schedule("tapa", FLUX, topology, placement, (1024, 64), 1)
     assert tapa.bytes_by_tier["inter-node"] == pytest.approx(flat.bytes_by_tier["inter-node"])
+
+
+def small_trace(num_ranks, num_layers, blocks, steps):
+    from cocodiff.schedules.activity import parse_activity
+
+    return parse_activity(
+        {
+            "format": "cocodiff-activity/1",
+            "num_ranks": num_ranks,
+            "num_layers": num_layers,
+            "blocks_per_rank": blocks,
+            "steps": [
+                {
+                    "step": s,
+                    "sent": [
+                        [list(range(blocks - s)) for _ in range(num_layers)]
+                        for _ in range(num_ranks)
+                    ],
+                }
+                for s in range(steps)
+            ],
+        }
+    )
+
+
+def test_an_activity_trace_drives_v_major_and_round_trips(tmp_path):
+    from cocodiff.schedules.activity import load_activity
+
+    topology = build_topology(cluster(num_nodes=2, ranks_per_node=2))
+    placement = Placement.node_major(topology)
+    spec = FLUX.__class__(**{**{f: getattr(FLUX, f) for f in FLUX.__slots__}, "num_layers": 2})
+    trace = small_trace(4, 2, blocks=4, steps=3)
+    path = tmp_path / "trace.json"
+    path.write_text(trace.to_json())
+    assert load_activity(path) == trace
+    result = simulate_schedule("cocodiff", spec, topology, placement, (256, 16), 3, activity=trace)
+    assert len(result.step_times_s) == 3
+    assert result.step_times_s[2] <= result.step_times_s[0]  # fewer blocks sent later
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(format="x"), "not a cocodiff-activity/1 trace"),
+        (lambda d: d.update(num_ranks=0), "num_ranks must be a positive integer"),
+        (lambda d: d["steps"][0]["sent"].pop(), "must list 4 ranks"),
+        (lambda d: d["steps"][0]["sent"][1].pop(), "must list 2 layers"),
+        (lambda d: d["steps"][0]["sent"][1][0].append(9), "blocks must be distinct integers"),
+    ],
+)
+def test_malformed_activity_traces_are_refused(edit, message):
+    import json
+
+    from cocodiff.schedules.activity import parse_activity
+
+    data = json.loads(small_trace(4, 2, 4, 1).to_json())
+    edit(data)
+    with pytest.raises(ScheduleError, match=message):
+        parse_activity(data)
+
+
+def test_a_trace_for_another_shape_is_refused_by_the_cli(tmp_path, capsys):
+    from cocodiff.cli import main
+
+    path = tmp_path / "trace.json"
+    path.write_text(small_trace(4, 2, 4, 1).to_json())
+    code = main(
+        [
+            "simulate",
+            "--topology",
+            "cluster",
+            "--schedule",
+            "cocodiff",
+            "--activity-trace",
+            str(path),
+        ]
+    )
+    assert code == 2
+    assert "activity trace is for 4 ranks x 2 layers" in capsys.readouterr().err

@@ -45,7 +45,6 @@ from cocodiff.runtime.sharding import TokenLayout, TokenShard
 from cocodiff.schedules import RankGrid, get_schedule
 from transports.base import CompletedHandle, Group, Handle, Transport
 
-
 # Schedules whose exchanges the runtime can carry (TAPA phases and V-Major selection
 # on real transports are not built yet).
 RUNTIME_SCHEDULES = frozenset({"flat"})

@@ -1,0 +1,158 @@
+"""V-Major activity traces: which V blocks each rank actually sent over the slow tier,
+step by step and layer by layer, so that a real run's selection can be replayed in the
+simulator.
+
+The JSON format (``cocodiff-activity/1``)::
+
+    {
+      "format": "cocodiff-activity/1",
+      "num_ranks": 24,            # ranks of the run
+      "num_layers": 57,           # attention layers per step
+      "blocks_per_rank": 96,      # V blocks one rank could send per layer on the slow tier
+      "steps": [                  # one entry per denoising step, in order
+        {"step": 0,
+         "sent": [[[0, 1, 5], ...],   # sent[rank][layer] = the block indices sent
+                  ...]}
+      ]
+    }
+
+A rank that sent every block may write ``null`` instead of the full list.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cocodiff.errors import ScheduleError
+
+FORMAT = "cocodiff-activity/1"
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityTrace:
+    """Sent V blocks: ``sent[step][rank][layer]`` is a tuple of block indices, or None
+    for all of them."""
+
+    num_ranks: int
+    num_layers: int
+    blocks_per_rank: int
+    sent: tuple[tuple[tuple[tuple[int, ...] | None, ...], ...], ...]
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.sent)
+
+    def sent_fraction(self, step: int, rank: int, layer: int) -> float:
+        blocks = self.sent[step][rank][layer]
+        return 1.0 if blocks is None else len(blocks) / self.blocks_per_rank
+
+    def check_matches(self, num_ranks: int, num_layers: int) -> None:
+        """Raises ScheduleError unless the trace was recorded for this many ranks and layers."""
+        if (self.num_ranks, self.num_layers) != (num_ranks, num_layers):
+            raise ScheduleError(
+                f"activity trace is for {self.num_ranks} ranks x {self.num_layers} layers, "
+                f"the plan has {num_ranks} ranks x {num_layers} layers"
+            )
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format": FORMAT,
+            "num_ranks": self.num_ranks,
+            "num_layers": self.num_layers,
+            "blocks_per_rank": self.blocks_per_rank,
+            "steps": [
+                {"step": index, "sent": [[None if b is None else list(b) for b in ranks]
+                                         for ranks in step]}
+                for index, step in enumerate(self.sent)
+            ],
+        })
+
+
+def load_activity(path: str | Path) -> ActivityTrace:
+    """Read and validate a trace file; every problem is one ScheduleError line."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ScheduleError(f"activity trace {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ScheduleError(f"activity trace {path} is not JSON: {error}") from None
+    return parse_activity(data, str(path))
+
+
+def parse_activity(data: object, where: str = "activity trace") -> ActivityTrace:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ScheduleError(f"{where}: not a {FORMAT} trace (no matching \"format\" key)")
+    sizes = []
+    for key in ("num_ranks", "num_layers", "blocks_per_rank"):
+        value = data.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ScheduleError(f"{where}: {key} must be a positive integer, got {value!r}")
+        sizes.append(value)
+    num_ranks, num_layers, blocks = sizes
+    steps = data.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise ScheduleError(f"{where}: \"steps\" must be a non-empty list")
+    sent = []
+    for index, step in enumerate(steps):
+        ranks = step.get("sent") if isinstance(step, dict) else None
+        if not isinstance(ranks, list) or len(ranks) != num_ranks:
+            raise ScheduleError(f"{where}: step {index} must list {num_ranks} ranks")
+        sent.append(tuple(_rank_layers(layers, num_layers, blocks, where, index, rank)
+                          for rank, layers in enumerate(ranks)))
+    return ActivityTrace(num_ranks, num_layers, blocks, tuple(sent))
+
+
+def _rank_layers(layers: object, num_layers: int, blocks: int, where: str, step: int,
+                 rank: int) -> tuple[tuple[int, ...] | None, ...]:
+    if not isinstance(layers, list) or len(layers) != num_layers:
+        raise ScheduleError(f"{where}: step {step} rank {rank} must list {num_layers} layers")
+    out = []
+    for layer, sent in enumerate(layers):
+        if sent is None:
+            out.append(None)
+            continue
+        if not isinstance(sent, list) or not all(
+            isinstance(b, int) and not isinstance(b, bool) and 0 <= b < blocks for b in sent
+        ) or len(set(sent)) != len(sent):
+            raise ScheduleError(f"{where}: step {step} rank {rank} layer {layer}: blocks must "
+                                f"be distinct integers in [0, {blocks})")
+        out.append(tuple(sent))
+    return tuple(out)
+
+
+def plan_from_activity(spec, grid, stream_tokens: Sequence[int], trace: ActivityTrace,
+                       step: int, dtype_bytes: int = 2, batch: int = 1, chunks: int = 1,
+                       slow_levels: Sequence[str] = ("node",)):
+    """The ``cocodiff`` plan of ``step`` with each rank's and layer's V-Major fraction
+    taken from the trace instead of the ratio schedule."""
+    from cocodiff.plan import Plan, RankProgram
+    from cocodiff.schedules.flat import plan_phased
+
+    trace.check_matches(grid.num_ranks, spec.num_layers)
+    if not 0 <= step < trace.num_steps:
+        raise ScheduleError(f"activity trace has {trace.num_steps} steps, asked for step {step}")
+    cache: dict[float, object] = {}
+
+    def plan_at(fraction: float):
+        key = round(fraction, 6)
+        if key not in cache:
+            cache[key] = plan_phased(
+                "cocodiff", spec, grid, stream_tokens, dtype_bytes, batch, chunks, v_first=True,
+                sent_fraction={"v": {level: fraction for level in slow_levels}},
+            )
+        return cache[key]
+
+    programs = []
+    for rank in range(grid.num_ranks):
+        layers = tuple(
+            plan_at(trace.sent_fraction(step, rank, layer)).program(rank).layers[layer]
+            for layer in range(spec.num_layers)
+        )
+        programs.append(RankProgram(rank, layers))
+    full = plan_at(1.0)
+    # Ranks select different blocks: nothing repeats, so the simulator runs every rank.
+    return Plan("cocodiff", spec.name, full.layout, tuple(programs), None)

@@ -1,0 +1,189 @@
+"""cocodiff calibrate: the fit, the layer shapes, the compute timing, and the command end to
+end on this machine (self-launched on loopback) and across an emulated cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cocodiff.calibrate import (
+    CalibrationError,
+    LinkFit,
+    fit_latency_bandwidth,
+    layer_shapes,
+    measure_compute,
+    predict_all_to_all,
+    startup_estimate_us,
+)
+from cocodiff.cli import main
+from launching import job_env
+from topology import load_topology
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_fit_recovers_latency_and_bandwidth():
+    latency_s, bandwidth = 150e-6, 0.12e9
+    points = [(n, latency_s + n / bandwidth) for n in (1024, 16384, 262144, 4 << 20, 16 << 20)]
+    fit = fit_latency_bandwidth(points)
+    assert fit.latency_us == pytest.approx(150.0, rel=1e-6)
+    assert fit.bandwidth_gbps == pytest.approx(0.12, rel=1e-6)
+    assert fit.max_rel_error < 1e-9
+    assert fit.seconds(1 << 20) == pytest.approx(latency_s + (1 << 20) / bandwidth)
+
+
+def test_fit_is_not_dragged_by_a_fast_middle():
+    """Messages that fit a shaper's burst (or a cache) run faster than the line: the
+    bandwidth still comes from the large sizes, the latency from the small ones."""
+    line = [(n, 100e-6 + n / 0.1e9) for n in (1024, 4096, 4 << 20, 16 << 20)]
+    burst = [(65536, 120e-6), (262144, 300e-6)]
+    fit = fit_latency_bandwidth(line + burst)
+    assert fit.bandwidth_gbps == pytest.approx(0.1, rel=0.02)
+    assert fit.latency_us == pytest.approx(100.0, rel=0.1)
+    assert fit.max_rel_error > 1.0  # reported, not hidden
+
+
+def test_fit_refuses_what_cannot_be_fitted():
+    with pytest.raises(CalibrationError, match="at least two message sizes"):
+        fit_latency_bandwidth([(1024, 1e-4), (1024, 2e-4)])
+    with pytest.raises(CalibrationError, match="do not grow with message size"):
+        fit_latency_bandwidth([(1024, 3e-4), (4096, 2e-4), (16384, 1e-4)])
+    with pytest.raises(CalibrationError, match="non-positive measured time"):
+        fit_latency_bandwidth([(1024, 0.0), (4096, 1e-4)])
+
+
+def test_all_to_all_prediction_takes_the_busiest_link():
+    intra = LinkFit(10.0, 1.0)
+    inter = LinkFit(50.0, 0.1)
+    # 2 nodes x 2 ranks, 1 MB per peer: a rank port carries 1 MB, a NIC 2 x 2 = 4 MB.
+    predicted = predict_all_to_all(10**6, 2, 2, intra, inter)
+    assert predicted == pytest.approx(50e-6 + 4 * 10**6 / 0.1e9)
+    assert predict_all_to_all(10**6, 1, 4, intra, inter) == pytest.approx(10e-6 + 3e-3)
+
+
+def test_startup_estimate_spreads_the_excess_over_the_transfers():
+    rows = [{"bytes_per_peer": 16384, "measured_s": 1.3e-3, "link_model_s": 1.0e-3},
+            {"bytes_per_peer": 1 << 20, "measured_s": 9e-3, "link_model_s": 8e-3}]
+    assert startup_estimate_us(rows, 4) == pytest.approx(100.0)
+    assert startup_estimate_us([{**rows[0], "measured_s": 0.5e-3}], 4) == 0.0
+
+
+def test_layer_shapes_of_a_registry_model_and_a_tiny_one():
+    flux = layer_shapes("flux1-dev", None, "1024", 8)
+    assert (flux.total_tokens, flux.local_tokens) == (4096 + 512, 576)
+    assert (flux.local_heads, flux.head_dim, flux.hidden_size) == (3, 128, 3072)
+    tiny = layer_shapes("tiny-flux", None, None, 4)
+    # 128 px: 8 x 8 image tokens + the tiny pipeline's 16 text tokens (not FLUX's 512).
+    assert (tiny.total_tokens, tiny.local_tokens, tiny.local_heads) == (80, 20, 1)
+    assert tiny.hidden_size == 64
+    assert layer_shapes("flux1-dev", 1000, None, 3).local_tokens == 334
+
+
+def test_compute_rates_are_positive_and_quick():
+    shapes = layer_shapes("flux1-dev", 256, None, 24)
+    flops, memory, op_seconds = measure_compute(shapes, min_time_s=0.01)
+    assert flops > 1e7 and memory > 1e6
+    assert set(op_seconds) == {"projection", "mlp_up", "mlp_down", "attention", "norm"}
+
+
+def _run_cli(args: list[str], tmp_path: Path, timeout_s: float = 180):
+    return subprocess.run([sys.executable, "-m", "cocodiff", *args], cwd=REPO,
+                          env=job_env(tmp_path), capture_output=True, text=True,
+                          timeout=timeout_s, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.multiprocess
+def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
+    output, record = tmp_path / "cluster.toml", tmp_path / "calibration.json"
+    done = _run_cli(["calibrate", "--quick", "--nodes", "2", "--ranks-per-node", "1",
+                     "--output", str(output), "--json", str(record)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "calibrated 2 node(s) x 1 ranks over torch" in done.stdout
+    spec = load_topology(output)
+    assert (spec.num_nodes, spec.gpus_per_node) == (2, 1)
+    data = json.loads(record.read_text())
+    assert data["inter"]["source"] == "measured on loopback"
+    assert spec.nic_link.bandwidth_gbps == pytest.approx(data["inter"]["bandwidth_gbps"])
+    assert spec.nic_link.latency_us * 2 == pytest.approx(data["inter"]["latency_us"])
+    assert spec.tile_tflops == pytest.approx(data["compute"]["tflops"])
+    # The host path is never the bottleneck, whatever the measured memory rate.
+    assert spec.host_link.bandwidth_gbps >= 10 * spec.nic_link.bandwidth_gbps
+    simulated = _run_cli(["simulate", "--topology", str(output), "--model", "flux1-dev",
+                          "--resolution", "256", "--steps", "2"], tmp_path)
+    assert simulated.returncode == 0, simulated.stderr
+    assert "flat" in simulated.stdout
+
+
+@pytest.mark.multiprocess
+def test_calibrate_takes_the_inter_node_link_when_given(tmp_path):
+    output = tmp_path / "cluster.toml"
+    done = _run_cli(["calibrate", "--quick", "--nodes", "2", "--ranks-per-node", "1",
+                     "--inter-gbps", "0.1196", "--inter-latency-us", "40",
+                     "--output", str(output)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    spec = load_topology(output)
+    assert spec.nic_link.bandwidth_gbps == 0.1196
+    assert spec.nic_link.latency_us == 20.0  # half of the route, on each NIC hop
+
+
+def test_calibrate_usage_errors_are_one_line(tmp_path, capsys):
+    missing = tmp_path / "no" / "cluster.toml"
+    assert main(["calibrate", "--output", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"cocodiff calibrate: error: output directory {missing.parent} "
+                           f"does not exist (for {missing})")
+    assert main(["calibrate", "--transport", "mpi", "--output", str(tmp_path / "x.toml")]) == 2
+    assert "needs its launcher" in capsys.readouterr().err
+    assert main(["calibrate", "--inter-gbps", "-1", "--output", str(tmp_path / "x.toml")]) == 2
+    assert "--inter-gbps must be positive" in capsys.readouterr().err
+
+
+def test_calibrate_refuses_a_node_count_that_does_not_split_the_ranks(monkeypatch):
+    import cocodiff.calibrate as module
+
+    class ThreeRanks:
+        world_size, rank, name = 3, 0, "fake"
+
+    monkeypatch.setattr(module, "_detect_nodes", lambda transport: [0, 0, 0])
+    with pytest.raises(CalibrationError, match="3 ranks do not split into 2 nodes"):
+        module.calibrate(ThreeRanks(), argparse.Namespace(nodes=2))
+
+
+def _cluster_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root"
+    sys.path.insert(0, str(REPO))
+    from bench.cluster.netns import ClusterError, check_prerequisites
+
+    try:
+        check_prerequisites()
+    except ClusterError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(_cluster_reason() is not None, reason=f"emulated cluster: {_cluster_reason()}")
+def test_calibrate_across_an_emulated_cluster_finds_its_nodes_and_shaped_link(tmp_path):
+    from bench.cluster import ClusterSpec, EmulatedCluster
+    from bench.cluster.jobs import run_job
+
+    output, record = tmp_path / "cluster.toml", tmp_path / "calibration.json"
+    spec = ClusterSpec(num_nodes=2, ranks_per_node=1, inter_gbit=0.5)
+    with EmulatedCluster(spec) as cluster:
+        run_job(cluster, [sys.executable, "-m", "cocodiff", "calibrate", "--quick",
+                          "--output", str(output), "--json", str(record)],
+                "torch", timeout_s=180, log_dir=tmp_path / "logs", cwd=REPO)
+    data = json.loads(record.read_text())
+    assert data["nodes_detected"] == 2 and data["inter"]["source"] == "measured"
+    # One transfer gets at most the shaped rate; gloo moves a pair's two directions at
+    # about half of it each (see bench/README), so anything from a third up is sane.
+    measured = data["inter"]["bandwidth_gbps"]
+    assert spec.inter_payload_gbps / 3 < measured < spec.inter_payload_gbps * 1.3
+    assert load_topology(output).num_nodes == 2
