@@ -46,6 +46,12 @@ def _one_line(exc: BaseException) -> str:
 _SPIN_S = 0.02
 _POLL_SLEEP_S = 0.001
 
+# Buffers of all-to-alls dropped before they completed: a wait that timed out or was
+# interrupted, an exception between start and wait. MPI may still write into them (a
+# collective cannot be cancelled), even during MPI_Finalize, so they must outlive every
+# Python object that held them: they are kept until the process ends.
+_ABANDONED: list[tuple[Any, ...]] = []
+
 
 def _wait_until(request: MPI.Request, deadline: float, timeout_s: float, what: str,
                 peers: tuple[int, ...]) -> None:
@@ -107,6 +113,10 @@ class _MpiHandle:
         self._timeout_s = timeout_s
         self._deadline = time.monotonic() + timeout_s
         self._peers = peers
+
+    def __del__(self) -> None:
+        if self._keep:  # never completed through wait(): MPI may still own the buffers
+            _ABANDONED.append((self._request, self._keep))
 
     def is_completed(self) -> bool:
         if self._waited:
