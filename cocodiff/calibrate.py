@@ -55,7 +55,7 @@ from typing import Any
 from cocodiff.errors import CocodiffError
 
 ROW_BYTES = 1024  # exchanges move rows of 1 KiB; sizes are whole rows
-DEFAULT_SIZES_KIB = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+DEFAULT_SIZES_KIB = (1, 4, 16, 64, 256, 1024, 4096)
 QUICK_SIZES_KIB = (1, 16, 256, 2048)
 ALL_TO_ALL_KIB = (16, 256, 2048)
 QUICK_ALL_TO_ALL_KIB = (64,)
@@ -104,8 +104,9 @@ def fit_latency_bandwidth(points: Sequence[tuple[int, float]], source: str = "me
                           ) -> LinkFit:
     """Fit ``t = a + n / B`` to ``(n bytes, t seconds)`` points.
 
-    The bandwidth is the least-squares slope over the larger half of the sizes (where bytes
-    dominate); the latency is the median, over the smallest quarter of the sizes (at least
+    The bandwidth is the Theil-Sen slope (the median of the slopes between every two
+    points, robust to one disturbed measurement) over the larger half of the sizes, where
+    bytes dominate; the latency is the median, over the smallest quarter of the sizes (at least
     one), of what is left of each time once its bytes are paid at that bandwidth, at least
     0. A single least-squares line through every point would let whatever happens between
     small and large messages (eager versus rendezvous protocols, cache-resident buffers, a
@@ -143,11 +144,11 @@ def fit_latency_bandwidth(points: Sequence[tuple[int, float]], source: str = "me
 
 
 def _slope(sizes, times) -> float:
-    import numpy as np
-
-    if len(sizes) < 2 or np.ptp(sizes) == 0:
-        return 0.0
-    return float(np.polyfit(sizes, times, 1)[0])
+    """Theil-Sen: the median slope over every pair of points of different size."""
+    slopes = [(times[j] - times[i]) / (sizes[j] - sizes[i])
+              for i in range(len(sizes)) for j in range(i + 1, len(sizes))
+              if sizes[j] != sizes[i]]
+    return float(statistics.median(slopes)) if slopes else 0.0
 
 
 def _points_text(points: Sequence[tuple[int, float]]) -> str:
@@ -654,8 +655,8 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser, positive_int) -> No
                         "measuring it, e.g. an emulated cluster's tc rate")
     parser.add_argument("--inter-latency-us", type=float, default=20.0,
                         help="inter-node latency (us) used with --inter-gbps (default 20)")
-    parser.add_argument("--max-kib", type=positive_int, default=16384,
-                        help="largest message in the sweeps, KiB (default 16384)")
+    parser.add_argument("--max-kib", type=positive_int, default=4096,
+                        help="largest message in the sweeps, KiB (default 4096)")
     parser.add_argument("--transport", default="auto", help="auto, torch or mpi")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds a rank waits for its peers (and a self-launched job may "

@@ -54,6 +54,7 @@ class SimBackend:
         self._record = record_spans
         self._groups: dict[tuple[int, ...], Group] = {}
         self._started: dict[str, float] = {}
+        self._splits: dict[tuple, tuple] = {}
         self.compute_s = 0.0
         self.exchange_intervals: list[tuple[float, float]] = []  # start -> arrival
 
@@ -81,6 +82,24 @@ class SimBackend:
         return self.transport.all_to_all(send, step.send_rows, step.recv_rows,
                                          self._group(step.group), tag=step.tensor)
 
+    def _chunk_splits(self, step: Exchange, phase, chunk: int) -> tuple[list[int], list[int]]:
+        """Bytes to and from each member for one chunk of one phase (layers repeat the
+        same phase objects, so this is computed once per phase and chunk)."""
+        key = (id(phase), chunk, step.chunks, step.row_bytes)
+        cached = self._splits.get(key)
+        if cached is None:
+            def split(rows_per_member):
+                return [_chunk_bytes(rows, chunk, step.chunks, step.row_bytes,
+                                     phase.sent_fraction) for rows in rows_per_member]
+
+            send, recv = split(phase.send_rows), split(phase.recv_rows)
+            if phase.index_bytes:
+                share = phase.index_bytes // (step.chunks * max(1, len(send)))
+                send = [b + share if b else b for b in send]
+                recv = [b + share if b else b for b in recv]
+            cached = self._splits[key] = (phase, send, recv)  # keeps the phase alive
+        return cached[1], cached[2]
+
     def _phased(self, step: Exchange):
         """The phases of a TAPA exchange, the rows cut into chunks that flow through
         the phases as a pipeline: chunk c enters phase p once it has left phase p-1
@@ -92,14 +111,7 @@ class SimBackend:
             for p, phase in enumerate(step.phases):
                 if c > 0:
                     yield left[(c - 1, p)]
-                send = [_chunk_bytes(rows, c, step.chunks, step.row_bytes, phase.sent_fraction)
-                        for rows in phase.send_rows]
-                recv = [_chunk_bytes(rows, c, step.chunks, step.row_bytes, phase.sent_fraction)
-                        for rows in phase.recv_rows]
-                if phase.index_bytes:
-                    share = phase.index_bytes // (step.chunks * max(1, len(send)))
-                    send = [b + share if b else b for b in send]
-                    recv = [b + share if b else b for b in recv]
+                send, recv = self._chunk_splits(step, phase, c)
                 handle = self.transport.all_to_all(
                     VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
                     tag=(step.tensor, c, p),

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from launching import job_env
 
 from cocodiff.calibrate import (
     CalibrationError,
@@ -22,7 +23,6 @@ from cocodiff.calibrate import (
     startup_estimate_us,
 )
 from cocodiff.cli import main
-from launching import job_env
 from topology import load_topology
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def test_calibrate_across_an_emulated_cluster_finds_its_nodes_and_shaped_link(tm
     data = json.loads(record.read_text())
     assert data["nodes_detected"] == 2 and data["inter"]["source"] == "measured"
     # One transfer gets at most the shaped rate; gloo moves a pair's two directions at
-    # about half of it each (see bench/README), so anything from a third up is sane.
+    # about half of it each (see bench/cluster/README.md), so from a third up is sane.
     measured = data["inter"]["bandwidth_gbps"]
     assert spec.inter_payload_gbps / 3 < measured < spec.inter_payload_gbps * 1.3
     assert load_topology(output).num_nodes == 2

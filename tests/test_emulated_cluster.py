@@ -18,6 +18,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from launching import needs_mpi  # noqa: E402
+
 from bench.cluster import ClusterError, ClusterSpec, EmulatedCluster, remove_stale  # noqa: E402
 from bench.cluster.jobs import JobFailed, run_job  # noqa: E402
 from bench.cluster.netns import (  # noqa: E402
@@ -27,7 +29,6 @@ from bench.cluster.netns import (  # noqa: E402
     list_namespaces,
 )
 from bench.cluster.transfer import measure_transfer  # noqa: E402
-from launching import needs_mpi  # noqa: E402
 
 
 def _why_not_runnable() -> str | None:
@@ -299,7 +300,6 @@ def test_interrupting_the_cli_removes_everything(tmp_path, signum, clean_state):
 @pytest.mark.parametrize("transport", ["torch", pytest.param("mpi", marks=needs_mpi)])
 def test_cocodiff_run_across_namespaces_matches_one_process(tmp_path, transport, clean_state):
     import torch
-
     from launching import job_env
 
     reference = tmp_path / "reference.pt"

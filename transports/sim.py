@@ -146,6 +146,7 @@ class SimWorld:
         self._pending: dict[tuple, _PendingCollective] = {}
         self._sequence: dict[tuple, int] = defaultdict(int)
         self._sender_cache: dict[tuple, _SenderFlows] = {}
+        self._launch_cache: dict[tuple, tuple[FlowBatch, dict[str, float]]] = {}
         self.bytes_by_tier: dict[str, float] = dict.fromkeys(TIERS, 0.0)
         self.num_collectives = 0
 
@@ -178,23 +179,35 @@ class SimWorld:
 
     def _launch(self, group_ranks: tuple[int, ...], pending: _PendingCollective) -> None:
         self.num_collectives += 1
-        senders = [self._sender_flows(rank, group_ranks, sent)
-                   for rank, sent in pending.posted.items()]
+        ranks = sorted(pending.posted)
+        key = (group_ranks, tuple((rank, pending.posted[rank]) for rank in ranks))
+        launch = self._launch_cache.get(key)
+        if launch is None:
+            launch = self._launch_cache[key] = self._combine(group_ranks, ranks, pending)
+        batch, tier_bytes = launch
+        for tier, num_bytes in tier_bytes.items():
+            self.bytes_by_tier[tier] += num_bytes
+        done = self.simulation.network.start(batch)
+        for slot, rank in enumerate(ranks):
+            event = pending.events[rank]
+            done[slot].callbacks.append(lambda _done, event=event: event.succeed())
+
+    def _combine(self, group_ranks: tuple[int, ...], ranks: list[int],
+                 pending: _PendingCollective) -> tuple[FlowBatch, dict[str, float]]:
+        """Every poster's flows as one batch whose owner slots are positions in ``ranks``,
+        and the bytes it moves per tier (real ranks, not just simulated ones)."""
+        senders = [self._sender_flows(rank, group_ranks, pending.posted[rank]) for rank in ranks]
+        tier_bytes: dict[str, float] = defaultdict(float)
         for flows in senders:
             for tier, num_bytes in flows.bytes_by_tier:
-                self.bytes_by_tier[tier] += num_bytes * self.multiplicity
-        ranks = list(pending.posted)
+                tier_bytes[tier] += num_bytes * self.multiplicity
         slot_of = np.full(self._num_simulated, -1, dtype=np.int64)
         slot_of[ranks] = np.arange(len(ranks))
         batch = FlowBatch.concatenate([f.batch for f in senders], [0] * len(senders),
                                       self._num_simulated)
         # Owners are rank ids in the cached batches: map them to this launch's slots.
         owners = np.where(batch.owners >= 0, slot_of[np.maximum(batch.owners, 0)], -1)
-        batch = dataclasses.replace(batch, owners=owners, num_owners=len(ranks))
-        done = self.simulation.network.start(batch)
-        for slot, rank in enumerate(ranks):
-            event = pending.events[rank]
-            done[slot].callbacks.append(lambda _done, event=event: event.succeed())
+        return dataclasses.replace(batch, owners=owners, num_owners=len(ranks)), tier_bytes
 
     def _sender_flows(
         self, src_rank: int, group_ranks: tuple[int, ...], send_bytes: tuple[int, ...]

@@ -301,8 +301,9 @@ def _write_rank_wrapper(directory: Path) -> Path:
 "$@"
 code=$?
 if [ "$code" -ne 0 ]; then
-    echo "$code" > {shlex.quote(str(directory))}/exit.tmp.$$
-    mv {shlex.quote(str(directory))}/exit.tmp.$$ {shlex.quote(str(directory))}/exit.${{PMI_RANK:-unknown}}
+    dir={shlex.quote(str(directory))}
+    echo "$code" > "$dir/exit.tmp.$$"
+    mv "$dir/exit.tmp.$$" "$dir/exit.${{PMI_RANK:-unknown}}"
 fi
 exit "$code"
 """

@@ -561,7 +561,8 @@ def topology_notes(spec: ClusterSpec, measured: Mapping[str, float]) -> list[str
         f"Emulated cluster: {spec.num_nodes} network namespaces x {spec.ranks_per_node} ranks, "
         "one bridge.",
         f"links.nic: tbf {spec.inter_gbit:g} Gbit/s per direction on both ends of each node's "
-        f"veth = {spec.inter_payload_gbps:.6g} GB/s of TCP payload (x {TCP_PAYLOAD_PER_FRAME:.4f});",
+        f"veth = {spec.inter_payload_gbps:.6g} GB/s of TCP payload "
+        f"(x {TCP_PAYLOAD_PER_FRAME:.4f});",
         f"  latency: netem {spec.inter_delay_ms:g} ms one way + {ASSUMED_STACK_LATENCY_US:g} us "
         "of TCP stack (assumed), half on each NIC hop.",
         "links.gpu (loopback inside a node): "

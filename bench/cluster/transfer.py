@@ -20,7 +20,8 @@ _PORT = 5201
 
 _RECEIVER = r"""
 import socket, sys
-host, port, num_bytes, timeout_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+host, port = sys.argv[1], int(sys.argv[2])
+num_bytes, timeout_s = int(sys.argv[3]), float(sys.argv[4])
 server = socket.socket()
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 server.bind((host, port))
@@ -39,7 +40,8 @@ conn.sendall(b"k")
 
 _SENDER = r"""
 import socket, sys, time
-host, port, num_bytes, timeout_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+host, port = sys.argv[1], int(sys.argv[2])
+num_bytes, timeout_s = int(sys.argv[3]), float(sys.argv[4])
 deadline = time.monotonic() + timeout_s
 while True:  # the receiver may not be listening yet
     try:
