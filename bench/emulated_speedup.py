@@ -213,8 +213,9 @@ def _run(args: argparse.Namespace) -> int:
     model_dir = export_enlarged(model, work / "model")
     spec = model_spec(model_dir, model)
     tokens = spec.sequence_tokens(args.resolution, args.resolution)
-    print(f"model: {spec.name}, {tokens} tokens ({spec.image_tokens(args.resolution, args.resolution)}"
-          f" image + {spec.text_tokens} text at {args.resolution}px), hidden {spec.hidden_size} "
+    image_tokens = spec.image_tokens(args.resolution, args.resolution)
+    print(f"model: {spec.name}, {tokens} tokens ({image_tokens} image + {spec.text_tokens} "
+          f"text at {args.resolution}px), hidden {spec.hidden_size} "
           f"({spec.num_heads} heads x {spec.head_dim}), {spec.num_layers} layers "
           f"({model.layers} double + {model.single_layers} single), {args.dtype}", flush=True)
     common = ["--model", str(model_dir), "--resolution", str(args.resolution)]
@@ -267,7 +268,7 @@ def _run(args: argparse.Namespace) -> int:
                          "max_step_s": max(medians), **predicted[name],
                          "error": predicted[name]["predicted_step_s"] / measured - 1}
     if "flat" in summary:
-        for name, row in summary.items():
+        for row in summary.values():
             row["measured_speedup_over_flat"] = summary["flat"]["measured_step_s"] / row[
                 "measured_step_s"]
             row["predicted_speedup_over_flat"] = summary["flat"]["predicted_step_s"] / row[

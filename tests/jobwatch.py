@@ -36,6 +36,7 @@ class JobResult:
         stdout, stderr: everything the job printed.
         wall_s: launcher start to exit.
         rank_end: global rank -> wall-clock time (``time.time()``) its process was seen gone.
+        rank_pid: global rank -> process id.
         leftovers: processes of the job alive after the launcher exited (then killed), as
             ``"pid cmdline"``.
         timed_out: the job ran past its limit and was killed.
@@ -46,6 +47,7 @@ class JobResult:
     stderr: str
     wall_s: float
     rank_end: dict[int, float] = field(default_factory=dict)
+    rank_pid: dict[int, int] = field(default_factory=dict)
     leftovers: list[str] = field(default_factory=list)
     timed_out: bool = False
 
@@ -183,7 +185,7 @@ def watch_job(
     for reader in readers:
         reader.join(timeout=5)
     return JobResult(proc.returncode, "".join(out_chunks), "".join(err_lines), ended - began,
-                     rank_end, leftovers, timed_out)
+                     rank_end, {rank: p.pid for rank, p in ranks.items()}, leftovers, timed_out)
 
 
 def _kill_all(processes: list[psutil.Process]) -> None:

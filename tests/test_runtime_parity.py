@@ -1,6 +1,14 @@
 """Exactness: the Ulysses-parallel transformer equals the single-process diffusers
-transformer (float32, atol = rtol = 1e-5) on 2 and 4 real CPU ranks, over
-torch.distributed (gloo, launched by torchrun) and mpi4py (launched by mpiexec)."""
+transformer (float32, atol = rtol = 1e-5) on real CPU ranks, over torch.distributed
+(gloo, launched by torchrun) and mpi4py (launched by mpiexec):
+
+* flat on 2 ranks, every tiny model;
+* flat, TAPA and V-First on 4 ranks as 2 nodes x 2 GPUs, every tiny model;
+* TAPA and V-First on 8 ranks as 2 x 2 x 2 (every level a phase), on tiny FLUX with 8
+  heads (the tiny models have 4; 8-rank jobs are heavy on a small machine).
+
+One launch per configuration, all models and schedules inside: each launch costs ~13 s
+of imports."""
 
 import pytest
 from launching import WORKERS, launcher_prefix, needs_mpi, needs_torchrun, run_job
@@ -8,13 +16,19 @@ from launching import WORKERS, launcher_prefix, needs_mpi, needs_torchrun, run_j
 from cocodiff.runtime.families import FAMILIES
 from cocodiff.runtime.tiny import TINY_MODELS, build_tiny
 
-# Every built-in tiny model (test_every_tiny_model_has_a_family keeps it so), all in one
-# launch per configuration: each launch costs ~13 s of imports.
+# Every built-in tiny model (test_every_tiny_model_has_a_family keeps it so).
 SUPPORTED = list(TINY_MODELS)
+
+# (ranks, layout, schedules, models)
+CONFIGURATIONS = {
+    "2-line": (2, "line", "flat", SUPPORTED),
+    "4-2x2x1": (4, "2x2x1", "flat,tapa,vfirst", SUPPORTED),
+    "8-2x2x2": (8, "2x2x2", "tapa,vfirst", ["tiny-flux:8"]),
+}
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("num_ranks", [2, 4])
+@pytest.mark.parametrize("configuration", list(CONFIGURATIONS))
 @pytest.mark.parametrize(
     ("launcher", "transport"),
     [
@@ -22,12 +36,15 @@ SUPPORTED = list(TINY_MODELS)
         pytest.param("mpiexec", "mpi", marks=needs_mpi),
     ],
 )
-def test_flat_plan_matches_single_process(launcher, transport, num_ranks, tmp_path):
+def test_plans_match_single_process(launcher, transport, configuration, tmp_path):
+    num_ranks, layout, schedules, models = CONFIGURATIONS[configuration]
     cmd = launcher_prefix(launcher, num_ranks) + [
-        str(WORKERS / "parity.py"), transport, "flat", *SUPPORTED
+        str(WORKERS / "parity.py"), transport, layout, schedules, *models
     ]
     result = run_job(cmd, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    reports = [line for line in result.stdout.splitlines() if line.startswith("parity ")]
+    assert len(reports) == len(schedules.split(",")) * len(models), result.stdout[-3000:]
 
 
 @pytest.mark.parametrize("model", list(TINY_MODELS))

@@ -397,7 +397,7 @@ class EmulatedCluster:
         except ClusterError as error:
             raise ClusterError(
                 f"cannot add a delay with netem on this kernel ({error}); "
-                "use inter_delay_ms = 0 (bandwidth shaping alone needs only tbf)"
+                "use no delay (--delay-ms 0); bandwidth shaping needs only tbf"
             ) from None
         self._run(*tc, "parent", "1:1", "handle", "10:", *tbf)
 

@@ -9,7 +9,9 @@ Three things are installed on the transformer, all from the model's :class:`Fami
 3. nothing else: the rest of every block runs as diffusers wrote it, on local tokens.
 
 The plan is made on the first forward call, when the token counts are known, by the
-named scheduler, and remade if they change.
+named scheduler for the rank grid (where the ranks sit: nodes x GPUs x tiles), and
+remade if they change. A topology-aligned plan's phased exchanges run as all-to-alls on
+the phase sub-groups (:mod:`cocodiff.runtime.tapa`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-from cocodiff.errors import CocodiffError
+from cocodiff.errors import CocodiffError, ScheduleError
 from cocodiff.executor import PlanError, drive_blocking, run_steps
 from cocodiff.models import ModelSpec, spec_from_config
 from cocodiff.plan import Compute, Exchange, LayerPlan, Plan
@@ -42,12 +44,13 @@ from cocodiff.runtime.families.base import (
     module_matches,
 )
 from cocodiff.runtime.sharding import TokenLayout, TokenShard
+from cocodiff.runtime.tapa import PhasedHandle, Route, plan_route
 from cocodiff.schedules import RankGrid, get_schedule
 from transports.base import CompletedHandle, Group, Handle, Transport
 
-# Schedules whose exchanges the runtime can carry (TAPA phases and V-Major selection
-# on real transports are not built yet).
-RUNTIME_SCHEDULES = frozenset({"flat"})
+# Schedules whose exchanges the runtime can carry (V-Major's selective exchange on real
+# transports is not built yet).
+RUNTIME_SCHEDULES = frozenset({"flat", "tapa", "vfirst"})
 
 
 class UnsupportedModelError(CocodiffError):
@@ -68,7 +71,8 @@ class UlyssesRuntime:
     """Shared state of one parallelised transformer on one rank."""
 
     def __init__(
-        self, transformer: torch.nn.Module, transport: Transport, family: Family, schedule: str
+        self, transformer: torch.nn.Module, transport: Transport, family: Family, schedule: str,
+        grid: RankGrid | None = None,
     ) -> None:
         self.transformer = transformer
         self.transport = transport
@@ -87,11 +91,26 @@ class UlyssesRuntime:
                 f"schedule {schedule!r} runs in the simulator only so far; the runtime runs: "
                 f"{', '.join(sorted(RUNTIME_SCHEDULES))}"
             )
+        self.grid = RankGrid.line(transport.world_size) if grid is None else grid
+        if self.grid.num_ranks != transport.world_size:
+            raise ScheduleError(
+                f"the rank grid {'x'.join(map(str, self.grid.shape))} holds "
+                f"{self.grid.num_ranks} ranks, the job has {transport.world_size}"
+            )
+        # The token split gives rank r the r-th chunk, and the exchanges' group order is
+        # the grid order: the two agree only when the grid holds the ranks in order.
+        if self.grid.ranks != tuple(range(transport.world_size)):
+            raise ScheduleError(
+                f"rank grid {'x'.join(map(str, self.grid.shape))} holds ranks "
+                f"{self.grid.ranks}; the runtime needs ranks 0..{transport.world_size - 1} "
+                "in (node, gpu, tile) order"
+            )
         self.scheduler = get_schedule(schedule)
         self.schedule = schedule
         self.shards: dict[str, TokenShard] = {}
         self._plans: dict[tuple, Plan] = {}
         self._groups: dict[tuple[int, ...], Group] = {transport.world.ranks: transport.world}
+        self._routes: dict[Exchange, Route] = {}
         self._layouts: dict[tuple, tuple[TokenLayout, torch.Tensor]] = {}
         self.records: list[StepRecord] | None = None  # set to [] to record
         self.plan: Plan | None = None
@@ -126,8 +145,7 @@ class UlyssesRuntime:
         key = (stream_tokens, batch, dtype_bytes)
         plan = self._plans.get(key)
         if plan is None:
-            grid = RankGrid.line(self.transport.world_size)
-            plan = self.scheduler(self.spec, grid, stream_tokens,
+            plan = self.scheduler(self.spec, self.grid, stream_tokens,
                                   dtype_bytes=dtype_bytes, batch=batch)
             self._create_groups(plan)
             self._plans[key] = plan
@@ -137,16 +155,26 @@ class UlyssesRuntime:
     def _create_groups(self, plan: Plan) -> None:
         # torch.distributed.new_group is collective over the world: every rank creates
         # every group, in the same (sorted) order, even groups it is not in.
-        needed = sorted(
-            {step.group for program in plan.programs for layer in program.layers
-             for step in layer.exchanges}
-        )
+        exchanges = {step for program in plan.programs for layer in program.layers
+                     for step in layer.exchanges}
+        needed = sorted({step.group for step in exchanges}
+                        | {phase.group for step in exchanges for phase in step.phases})
         for ranks in needed:
             if ranks not in self._groups:
                 self._groups[ranks] = self.transport.new_group(ranks)
 
     def group(self, ranks: tuple[int, ...]) -> Group:
         return self._groups[ranks]
+
+    def route(self, step: Exchange) -> Route:
+        """This rank's blocks in each phase of a phased exchange of the current plan
+        (checked against the plan once, then cached)."""
+        route = self._routes.get(step)
+        if route is None:
+            assert self.plan is not None
+            route = self._routes[step] = plan_route(step, self.grid, self.plan.layout.heads,
+                                                    self.transport.rank)
+        return route
 
 
 class TimedHandle:
@@ -218,7 +246,15 @@ class TensorBackend:
                 f"{step.row_bytes} B, the model has {send.shape[0]} rows of {row_bytes} B"
             )
         self._record("exchange", step.tensor, send.numel() * send.element_size())
-        handle = self.runtime.transport.all_to_all(send, step.send_rows, step.recv_rows, group)
+        if step.phases:
+            # The rows go through the phases' sub-groups; the handle delivers them in the
+            # flat all-to-all's layout, so finish_exchange is the same for both.
+            groups = [self.runtime.group(phase.group) for phase in step.phases]
+            handle: Handle = PhasedHandle(self.runtime.transport, groups,
+                                          self.runtime.route(step), send, step.chunks)
+        else:
+            handle = self.runtime.transport.all_to_all(send, step.send_rows, step.recv_rows,
+                                                       group)
         return TimedHandle(handle, self.runtime)
 
     def finish_exchange(self, step: Exchange, received: torch.Tensor) -> None:
@@ -272,10 +308,20 @@ def family_of(transformer: torch.nn.Module) -> Family:
     return FAMILIES[name]
 
 
-def parallelize(model: Any, transport: Transport, schedule: str = "flat") -> UlyssesRuntime:
+def parallelize(model: Any, transport: Transport, schedule: str = "flat",
+                grid: RankGrid | None = None) -> UlyssesRuntime:
     """Make a diffusers pipeline (or its transformer) run Ulysses-parallel over
     ``transport``. Every rank calls this and then runs the pipeline as usual, with the
     same inputs; every rank gets the full output.
+
+    Args:
+        model: a diffusers pipeline or transformer.
+        transport: the transport over every rank of the job.
+        schedule: a name in :data:`RUNTIME_SCHEDULES`.
+        grid: where the ranks sit (nodes x GPUs x tiles, ranks 0..P-1 in order); the
+            topology-aligned schedules (tapa, vfirst) cut each exchange into one phase
+            per level with more than one member. None: one node of P GPUs, where they
+            carry each exchange as one flat all-to-all.
 
     Returns:
         The runtime state (its ``plan`` and, when ``records`` is set to a list, what
@@ -283,7 +329,7 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat") -> Uly
     """
     transformer = getattr(model, "transformer", model)
     family = family_of(transformer)
-    runtime = UlyssesRuntime(transformer, transport, family, schedule)
+    runtime = UlyssesRuntime(transformer, transport, family, schedule, grid)
     _install_splits(runtime)
     _install_processors(runtime)
     return runtime

@@ -74,7 +74,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--frames", type=positive_int, default=None,
                         help="video frames (video models; default: the model's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
-    parser.add_argument("--schedule", default="flat", help="plan schedule (default: flat)")
+    parser.add_argument("--schedule", default="flat",
+                        help="plan schedule: flat, tapa or vfirst (default: flat)")
+    parser.add_argument("--layout", default=None, metavar="NODESxGPUSxTILES",
+                        help="where the launched ranks sit, e.g. 2x4x1: rank r on node "
+                        "r // (GPUS*TILES); the product must be the number of ranks. tapa and "
+                        "vfirst carry each all-to-all as one phase per level with more than one "
+                        "member (default: one node of N GPUs, where they carry it as one flat "
+                        "all-to-all, like flat)")
     parser.add_argument("--transport", default="auto",
                         help="auto, torch or mpi (auto: mpi under mpiexec when mpi4py is "
                         "installed, else torch)")
@@ -191,11 +198,45 @@ def _check_arguments(args: argparse.Namespace) -> None:
         parse_resolution(args.resolution)
 
 
+def parse_layout(text: str) -> tuple[int, int, int]:
+    """``NODESxGPUSxTILES`` (e.g. ``2x4x1``) -> (nodes, GPUs per node, tiles per GPU).
+
+    Raises:
+        CocodiffError: not three positive integers joined by ``x``.
+    """
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(part.isdecimal() and int(part) > 0 for part in parts):
+        raise CocodiffError(f"--layout must be NODESxGPUSxTILES with positive integers, "
+                            f"e.g. 2x4x1; got {text!r}")
+    nodes, gpus, tiles = map(int, parts)
+    return nodes, gpus, tiles
+
+
+def rank_grid(layout: str | None, num_ranks: int):
+    """The :class:`~cocodiff.schedules.RankGrid` of ``--layout`` over ``num_ranks``
+    ranks (node-major), or None (no layout: the runtime's default line of ranks).
+
+    Raises:
+        CocodiffError: a malformed layout, or one that does not hold ``num_ranks`` ranks.
+    """
+    from cocodiff.schedules import RankGrid
+
+    if layout is None:
+        return None
+    shape = parse_layout(layout)
+    if shape[0] * shape[1] * shape[2] != num_ranks:
+        raise CocodiffError(f"--layout {layout} holds {shape[0] * shape[1] * shape[2]} ranks, "
+                            f"but {num_ranks} were launched")
+    return RankGrid(shape, tuple(range(num_ranks)))
+
+
 def _run(args: argparse.Namespace, launch) -> int:
     from cocodiff.runtime.faults import fault_from_env, install_faults
 
     fault = fault_from_env()  # read once; None (and nothing installed) when unset
     _check_arguments(args)
+    # Every rank checks the layout before any collective: all of them stop, none hangs.
+    grid = rank_grid(args.layout, launch.world_size)
 
     import torch
     import transformers
@@ -225,7 +266,7 @@ def _run(args: argparse.Namespace, launch) -> int:
         width, height, frames = _size(args, tiny)
         # Tiny models use short prompts; real ones keep their pipeline's default length.
         text_tokens = TINY_DEFAULTS[tiny].max_sequence_length if tiny else None
-        runtime = parallelize(pipe, transport, args.schedule) if transport else None
+        runtime = parallelize(pipe, transport, args.schedule, grid) if transport else None
         guard = None if args.no_guards else NumericsGuard(launch.rank).install(pipe.transformer)
         step_times: list[float] = []
         with _progress(is_root=launch.rank == 0 and not args.quiet, steps=args.steps) as advance:
@@ -253,6 +294,7 @@ def _run(args: argparse.Namespace, launch) -> int:
                 "model": args.model,
                 "num_ranks": launch.world_size,
                 "schedule": args.schedule,
+                "layout": list(grid.shape) if grid else None,
                 "transport": transport.name if transport else "none",
                 "steps": args.steps,
                 "resolution": [width, height],

@@ -1,23 +1,32 @@
-"""One rank of the parity checks, for each model in turn:
+"""One rank of the parity checks, for each model and each schedule in turn:
 
 1. the Ulysses-parallel transformer's output equals the single-process output;
 2. what the runtime did in one attention call (compute ops in order, bytes of each
    exchange) is exactly the plan's attention steps for this rank;
 3. the whole pipeline's final latents equal the single-process pipeline's.
 
-All in float32 with atol = rtol = 1e-5. Usage: parity.py TRANSPORT SCHEDULE MODEL...
-Exits 0 when everything matches; prints each mismatch and exits 1 otherwise.
+All in float32 with atol = rtol = 1e-5.
+
+Usage: parity.py TRANSPORT LAYOUT SCHEDULE[,SCHEDULE...] MODEL[:HEADS]...
+
+LAYOUT is NODESxGPUSxTILES (as ``cocodiff run --layout``) or "line" (the runtime's
+default). MODEL:HEADS builds the tiny model's transformer with HEADS attention heads
+(same config otherwise, seeded weights), so that more ranks than the tiny models' 4
+heads can split them. Prints one line per model and schedule with the largest
+differences; exits 0 when everything matches, prints each mismatch and exits 1 otherwise.
 """
 
 import sys
 
 import torch
+from diffusers import DiffusionPipeline
 
 from cocodiff.plan import Compute, Exchange
 from cocodiff.runtime.parallel import StepRecord, parallelize
 from cocodiff.runtime.pipelines import run_pipeline
 from cocodiff.runtime.probe import transformer_inputs
-from cocodiff.runtime.tiny import TINY_DEFAULTS, build_tiny
+from cocodiff.runtime.run import rank_grid
+from cocodiff.runtime.tiny import SEED, TINY_DEFAULTS, build_tiny
 from transports.registry import create_transport
 
 STEPS = 2
@@ -39,38 +48,63 @@ def expected_records(layer):
     ]
 
 
-def check(transport, schedule, model):
-    failures = []
-    pipe = build_tiny(model)
-    inputs = transformer_inputs(model, pipe.transformer)
+def build(model: str) -> DiffusionPipeline:
+    """The tiny pipeline ``name`` or, for ``name:HEADS``, with a HEADS-head transformer."""
+    name, _, heads = model.partition(":")
+    pipe = build_tiny(name)
+    if heads:
+        config = {**pipe.transformer.config, "num_attention_heads": int(heads)}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(SEED)  # every rank builds the same weights
+            pipe.transformer = type(pipe.transformer).from_config(config).eval()
+    return pipe
+
+
+def check(transport, grid, schedules, model):
+    name = model.partition(":")[0]
+    pipe = build(model)
+    inputs = transformer_inputs(name, pipe.transformer)
     with torch.no_grad():
         expected_out = pipe.transformer(**inputs, return_dict=False)[0]
-        expected_latents = pipeline_latents(pipe, model)
-        runtime = parallelize(pipe, transport, schedule)
-        runtime.records = []
-        actual_out = pipe.transformer(**inputs, return_dict=False)[0]
-        layer = runtime.plan.program(transport.rank).layers[0]
-        first_call = runtime.records[: len(expected_records(layer))]
-        if first_call != expected_records(layer):
-            failures.append(f"runtime steps {first_call} != plan {expected_records(layer)}")
-        runtime.records = None
-        actual_latents = pipeline_latents(pipe, model)
-    for what, actual, expected in (("transformer output", actual_out, expected_out),
-                                   ("pipeline latents", actual_latents, expected_latents)):
-        try:
-            torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
-        except AssertionError as error:
-            failures.append(f"{what}: {error}")
-    for failure in failures:
-        print(f"rank {transport.rank}: {model} {schedule}: {failure}", flush=True)
-    return not failures
+        expected_latents = pipeline_latents(pipe, name)
+    ok = True
+    for schedule in schedules:
+        failures = []
+        pipe = build(model)  # parallelize hooks a pipeline for good: a fresh one each
+        with torch.no_grad():
+            runtime = parallelize(pipe, transport, schedule, grid)
+            runtime.records = []
+            actual_out = pipe.transformer(**inputs, return_dict=False)[0]
+            layer = runtime.plan.program(transport.rank).layers[0]
+            first_call = runtime.records[: len(expected_records(layer))]
+            if first_call != expected_records(layer):
+                failures.append(f"runtime steps {first_call} != plan {expected_records(layer)}")
+            runtime.records = None
+            actual_latents = pipeline_latents(pipe, name)
+        diffs = []
+        for what, actual, expected in (("transformer output", actual_out, expected_out),
+                                       ("pipeline latents", actual_latents, expected_latents)):
+            diffs.append(f"{what} {(actual - expected).abs().max().item():.1e}")
+            try:
+                torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+            except AssertionError as error:
+                failures.append(f"{what}: {error}")
+        if transport.rank == 0:
+            print(f"parity {transport.name} {transport.world_size} ranks "
+                  f"{'x'.join(map(str, runtime.grid.shape))} {schedule} {model}: max abs diff "
+                  f"{', '.join(diffs)}", flush=True)
+        for failure in failures:
+            print(f"rank {transport.rank}: {model} {schedule}: {failure}", flush=True)
+        ok = ok and not failures
+    return ok
 
 
 def main():
-    transport_name, schedule, *models = sys.argv[1:]
+    transport_name, layout, schedules, *models = sys.argv[1:]
     transport = create_transport(transport_name)
     try:
-        results = [check(transport, schedule, model) for model in models]
+        grid = rank_grid(None if layout == "line" else layout, transport.world_size)
+        results = [check(transport, grid, schedules.split(","), model) for model in models]
     finally:
         transport.close()
     return 0 if all(results) else 1

@@ -115,3 +115,61 @@ def module_matches(name: str, pattern: str) -> bool:
     """Whether module ``name`` matches ``pattern`` part by dotted part."""
     parts, wanted = name.split("."), pattern.split(".")
     return len(parts) == len(wanted) and all(map(fnmatchcase, parts, wanted))
+
+
+class JointAttentionOps:
+    """Shared by MMDiT-style families (FLUX, SD3, Qwen-Image): image and text tokens
+    have their own Q/K/V projections and Q/K norms, and attend jointly, concatenated in
+    ``streams`` order. A block without text (FLUX's single-stream blocks) projects the
+    one sequence it gets with the image weights.
+
+    Subclasses set ``streams`` and ``processor_classes`` and supply ``rope``,
+    ``attention_mask`` and ``proj_out``.
+    """
+
+    streams: tuple[str, ...]
+    processor_classes: tuple[str, ...]
+
+    def text_tokens(self, state: AttentionState) -> int:
+        """Local text tokens in this call; 0 when the block has no separate text stream."""
+        joint = (state.encoder_hidden_states is not None
+                 and getattr(state.attn, "added_kv_proj_dim", None))
+        return state.encoder_hidden_states.shape[1] if joint else 0
+
+    def _project(self, state: AttentionState, image_proj: str, text_proj: str) -> torch.Tensor:
+        attn = state.attn
+        # (B, s, H*D) -> (B, s, H, D)
+        image = getattr(attn, image_proj)(state.hidden_states).unflatten(-1, (attn.heads, -1))
+        if not self.text_tokens(state):
+            return image
+        text = getattr(attn, text_proj)(state.encoder_hidden_states)
+        parts = {"image": image, "text": text.unflatten(-1, (attn.heads, -1))}
+        return torch.cat([parts[stream] for stream in self.streams], dim=1)
+
+    def proj_q(self, state: AttentionState) -> None:
+        state.tensors["q"] = self._project(state, "to_q", "add_q_proj")
+
+    def proj_k(self, state: AttentionState) -> None:
+        state.tensors["k"] = self._project(state, "to_k", "add_k_proj")
+
+    def proj_v(self, state: AttentionState) -> None:
+        state.tensors["v"] = self._project(state, "to_v", "add_v_proj")
+
+    def qk_norm(self, state: AttentionState) -> None:
+        # Per-head norms over head_dim act per token, so norming each stream's slice of
+        # the concatenation gives the processor's values. A norm the module lacks (None)
+        # is skipped, as the processor skips it.
+        attn = state.attn
+        text = self.text_tokens(state)
+        for name, image_norm, text_norm in (("q", attn.norm_q, "norm_added_q"),
+                                            ("k", attn.norm_k, "norm_added_k")):
+            x = state.tensors[name]
+            if not text:
+                state.tensors[name] = image_norm(x) if image_norm is not None else x
+                continue
+            norms = {"image": image_norm, "text": getattr(attn, text_norm, None)}
+            sizes = {"image": x.shape[1] - text, "text": text}
+            parts = x.split_with_sizes([sizes[stream] for stream in self.streams], dim=1)
+            state.tensors[name] = torch.cat(
+                [norms[stream](part) if norms[stream] is not None else part
+                 for stream, part in zip(self.streams, parts, strict=True)], dim=1)

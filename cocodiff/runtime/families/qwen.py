@@ -19,43 +19,18 @@ from __future__ import annotations
 import torch
 from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
 
-from cocodiff.runtime.families.base import AttentionState, Family, Gather, Split
+from cocodiff.runtime.families.base import (
+    AttentionState,
+    Family,
+    Gather,
+    JointAttentionOps,
+    Split,
+)
 
 
-class QwenOps:
+class QwenOps(JointAttentionOps):
     streams = ("text", "image")
     processor_classes = ("QwenDoubleStreamAttnProcessor2_0",)
-
-    def _project(self, state: AttentionState, image_proj: str, text_proj: str) -> torch.Tensor:
-        attn = state.attn
-        head_dim = attn.inner_dim // attn.heads
-        # (B, s, H*D) -> (B, s, H, D)
-        image = getattr(attn, image_proj)(state.hidden_states).unflatten(-1, (-1, head_dim))
-        text = getattr(attn, text_proj)(state.encoder_hidden_states).unflatten(-1, (-1, head_dim))
-        return torch.cat([text, image], dim=1)
-
-    def proj_q(self, state: AttentionState) -> None:
-        state.tensors["q"] = self._project(state, "to_q", "add_q_proj")
-
-    def proj_k(self, state: AttentionState) -> None:
-        state.tensors["k"] = self._project(state, "to_k", "add_k_proj")
-
-    def proj_v(self, state: AttentionState) -> None:
-        state.tensors["v"] = self._project(state, "to_v", "add_v_proj")
-
-    def qk_norm(self, state: AttentionState) -> None:
-        # Per-head norms over head_dim: per token, so norming each stream's local slice
-        # gives the processor's values. Each norm is applied only where the module has it.
-        attn = state.attn
-        text = state.encoder_hidden_states.shape[1]
-        for name, text_norm, image_norm in (("q", attn.norm_added_q, attn.norm_q),
-                                            ("k", attn.norm_added_k, attn.norm_k)):
-            x = state.tensors[name]
-            parts = [x[:, :text], x[:, text:]]
-            for i, norm in enumerate((text_norm, image_norm)):
-                if norm is not None:
-                    parts[i] = norm(parts[i])
-            state.tensors[name] = torch.cat(parts, dim=1)
 
     def rope(self, state: AttentionState) -> None:
         rotary = state.extra["rotary_emb"]

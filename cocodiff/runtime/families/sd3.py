@@ -14,44 +14,18 @@ from __future__ import annotations
 
 import torch
 
-from cocodiff.runtime.families.base import AttentionState, Family, Gather, Split
+from cocodiff.runtime.families.base import (
+    AttentionState,
+    Family,
+    Gather,
+    JointAttentionOps,
+    Split,
+)
 
 
-class SD3Ops:
+class SD3Ops(JointAttentionOps):
     streams = ("image", "text")
     processor_classes = ("JointAttnProcessor2_0",)
-
-    def _project(self, state: AttentionState, image_proj: str, text_proj: str) -> torch.Tensor:
-        attn = state.attn
-        # (B, s, H*D) -> (B, s, H, D)
-        x = getattr(attn, image_proj)(state.hidden_states).unflatten(-1, (attn.heads, -1))
-        if state.encoder_hidden_states is None:
-            return x
-        context = getattr(attn, text_proj)(state.encoder_hidden_states)
-        return torch.cat([x, context.unflatten(-1, (attn.heads, -1))], dim=1)
-
-    def proj_q(self, state: AttentionState) -> None:
-        state.tensors["q"] = self._project(state, "to_q", "add_q_proj")
-
-    def proj_k(self, state: AttentionState) -> None:
-        state.tensors["k"] = self._project(state, "to_k", "add_k_proj")
-
-    def proj_v(self, state: AttentionState) -> None:
-        state.tensors["v"] = self._project(state, "to_v", "add_v_proj")
-
-    def qk_norm(self, state: AttentionState) -> None:
-        # Per-head norms over head_dim: per token, so norming each stream's local slice
-        # gives the processor's values. Each norm is applied only where the module has it.
-        attn = state.attn
-        image = state.hidden_states.shape[1]
-        for name, image_norm, text_norm in (("q", attn.norm_q, attn.norm_added_q),
-                                            ("k", attn.norm_k, attn.norm_added_k)):
-            x = state.tensors[name]
-            parts = [x[:, :image], x[:, image:]]
-            for i, norm in enumerate((image_norm, text_norm)):
-                if norm is not None:
-                    parts[i] = norm(parts[i])
-            state.tensors[name] = torch.cat(parts, dim=1)
 
     def rope(self, state: AttentionState) -> None:
         """SD3 has no rotary embedding (``ModelSpec.has_rope`` is False)."""

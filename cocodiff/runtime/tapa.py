@@ -1,0 +1,269 @@
+"""TAPA exchanges on a real transport: a plan's phased :class:`~cocodiff.plan.Exchange`
+carried as all-to-alls on the phases' sub-groups.
+
+The logical (flat) all-to-all moves *blocks*: block ``(s, d)`` holds the rows group
+member ``s`` sends member ``d`` (positions in the rank grid, which is also the logical
+group's order). Rows factor as ``rows(s, d) = a[s] * b[d]`` (``cocodiff.schedules.tapa``):
+for Q/K/V a source sends ``d`` its heads' rows, for the output a source sends its own
+heads' rows.
+
+In the phase of level L, a holder sends every block it holds to the member of its L
+group whose L coordinate is the block destination's. Before a phase, the holder ``h``
+holds exactly the blocks whose source agrees with ``h`` on the levels not done yet and
+whose destination agrees with ``h`` on the levels done, so both sides of every message
+know from the grid alone which blocks it carries. Blocks travel in canonical order
+(sorted by (source, destination) position) and no index is sent.
+
+The rows may be cut into ``chunks`` (each block's rows split as evenly as possible)
+pipelined through the phases: chunk c enters phase p once it has left phase p-1 and
+chunk c-1 has left phase p, so the slow tier carries chunk c while a fast tier carries
+chunk c-1. After the last phase every block destined to this rank is here; they are
+assembled in source order, which is exactly the layout the flat all-to-all returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import product
+
+import torch
+
+from cocodiff.executor import PlanError
+from cocodiff.plan import Exchange
+from cocodiff.schedules.grid import LEVELS, RankGrid
+from transports.base import Group, Handle, Transport, TransportError
+
+Block = tuple[int, int]
+"""(source position, destination position) in the rank grid."""
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseRoute:
+    """One phase as this rank runs it.
+
+    Args:
+        group: the phase's members (global ranks, group order).
+        send: per member, the blocks sent to it, in canonical order.
+        recv: per member, the blocks received from it, in canonical order.
+    """
+
+    group: tuple[int, ...]
+    send: tuple[tuple[Block, ...], ...]
+    recv: tuple[tuple[Block, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How one rank carries one phased exchange.
+
+    Args:
+        source_rows: ``a``, by position: rows(s, d) = a[s] * b[d].
+        destination_rows: ``b``, by position.
+        sent: the blocks of the flat send buffer, in its order (destinations in
+            position order).
+        phases: the phases in order.
+        delivered: the blocks destined to this rank, in source order: the flat
+            all-to-all's receive layout.
+    """
+
+    source_rows: tuple[int, ...]
+    destination_rows: tuple[int, ...]
+    sent: tuple[Block, ...]
+    phases: tuple[PhaseRoute, ...]
+    delivered: tuple[Block, ...]
+
+    def rows(self, block: Block) -> int:
+        return self.source_rows[block[0]] * self.destination_rows[block[1]]
+
+
+def plan_route(step: Exchange, grid: RankGrid, heads: Sequence[int], rank: int) -> Route:
+    """Work out which blocks ``rank`` sends and receives in each phase of ``step``, and
+    check them against the plan.
+
+    Args:
+        step: a phased exchange of ``rank``'s program.
+        grid: where the ranks sit; ``step.group`` must be its ranks in grid order.
+        heads: heads of each group member (the plan layout's ``heads``).
+        rank: this global rank.
+
+    Raises:
+        PlanError: the plan's phases do not move the blocks the grid says they must
+            (row counts, groups), do not deliver every block, or are partial (V-Major:
+            not carried by the runtime).
+    """
+    num_ranks = grid.num_ranks
+    if step.group != grid.ranks:
+        raise PlanError(f"exchange of {step.tensor} over ranks {step.group}: a phased "
+                        f"exchange must span the grid's ranks {grid.ranks} in grid order")
+    ones = (1,) * num_ranks
+    heads = tuple(heads)
+    source_rows, destination_rows = (
+        (ones, heads) if step.direction == "scatter_heads" else (heads, ones)
+    )
+    me = grid.position(rank)
+
+    def rows(block: Block) -> int:
+        return source_rows[block[0]] * destination_rows[block[1]]
+
+    sent = tuple((me, d) for d in range(num_ranks))
+    delivered = tuple((s, me) for s in range(num_ranks))
+    if (tuple(map(rows, sent)) != step.send_rows
+            or tuple(map(rows, delivered)) != step.recv_rows):
+        raise PlanError(f"exchange of {step.tensor}: the plan sends {step.send_rows} and "
+                        f"receives {step.recv_rows} rows, the heads {heads} make "
+                        f"{tuple(map(rows, sent))} and {tuple(map(rows, delivered))}")
+    coords = [grid.coords(r) for r in grid.ranks]  # by position
+    done: list[int] = []
+    held = sent
+    phases = []
+    for index, phase in enumerate(step.phases):
+        where = f"exchange of {step.tensor}, phase {index} ({phase.level})"
+        if phase.sent_fraction != 1.0:
+            raise PlanError(f"{where}: sends {phase.sent_fraction:.0%} of its rows; partial "
+                            "(V-Major) phases are not carried by the runtime")
+        axis = LEVELS.index(phase.level)
+        if axis in done or phase.group != grid.peers(rank, phase.level):
+            raise PlanError(f"{where}: group {phase.group} is not this rank's "
+                            f"{phase.level} group {grid.peers(rank, phase.level)}, or the "
+                            "level comes twice")
+        # Group member j is the one whose `axis` coordinate is j (peers() order).
+        send = tuple(tuple(b for b in held if coords[b[1]][axis] == j)
+                     for j in range(len(phase.group)))
+        recv = tuple(
+            tuple(b for b in _held(grid, coords, grid.position(member), done)
+                  if coords[b[1]][axis] == coords[me][axis])
+            for member in phase.group
+        )
+        for label, blocks, planned in (("sends", send, phase.send_rows),
+                                       ("receives", recv, phase.recv_rows)):
+            moved = tuple(sum(map(rows, per_member)) for per_member in blocks)
+            if moved != planned:
+                raise PlanError(f"{where}: the plan {label} {planned} rows per member, the "
+                                f"blocks this rank holds make {moved}")
+        phases.append(PhaseRoute(phase.group, send, recv))
+        held = tuple(sorted(b for per_member in recv for b in per_member))
+        done.append(axis)
+    if held != delivered:
+        elsewhere = sum(1 for block in held if block[1] != me)
+        raise PlanError(f"exchange of {step.tensor}: after the phases "
+                        f"{[p.level for p in step.phases]} this rank holds {len(held)} blocks, "
+                        f"{elsewhere} of them bound for other ranks, not the {num_ranks} "
+                        "destined to it")
+    return Route(source_rows, destination_rows, sent, tuple(phases), delivered)
+
+
+def _held(grid: RankGrid, coords: list[tuple[int, int, int]], holder: int,
+          done: list[int]) -> Iterator[Block]:
+    """The blocks ``holder`` (a position) holds once the levels on ``done`` axes are
+    done, in canonical order: sources agree with it on the other axes, destinations on
+    the done ones."""
+    mine = coords[holder]
+
+    def positions(free: set[int]) -> list[int]:
+        ranges = [range(size) if axis in free else (mine[axis],)
+                  for axis, size in enumerate(grid.shape)]
+        return [grid.position(grid.rank_at(c)) for c in product(*ranges)]
+
+    sources = sorted(positions(set(done)))
+    destinations = sorted(positions({0, 1, 2} - set(done)))
+    return ((s, d) for s in sources for d in destinations)
+
+
+def chunk_rows(rows: int, chunk: int, chunks: int) -> int:
+    """Rows of chunk ``chunk`` of a block of ``rows`` rows (split as evenly as possible,
+    the first chunks one larger)."""
+    base, extra = divmod(rows, chunks)
+    return base + (1 if chunk < extra else 0)
+
+
+class PhasedHandle:
+    """A phased exchange in flight. Created with the first chunk's first phase posted;
+    ``wait()`` runs the rest (posting each chunk's next phase as soon as the pipeline
+    allows) and returns the rows destined to this rank, grouped by source in group
+    order, as the flat all-to-all does.
+
+    Args:
+        transport: the transport.
+        groups: the phases' groups (from ``transport.new_group``), in phase order.
+        route: this rank's route (:func:`plan_route`).
+        send: the flat send buffer: rows grouped by destination in group order.
+        chunks: pieces each block's rows are cut into, pipelined through the phases.
+    """
+
+    __slots__ = ("_transport", "_groups", "_route", "_chunks", "_pieces", "_posted", "_done",
+                 "_empty", "_waited")
+
+    def __init__(self, transport: Transport, groups: Sequence[Group], route: Route,
+                 send: torch.Tensor, chunks: int) -> None:
+        if chunks < 1:
+            raise PlanError(f"an exchange needs at least one chunk, got {chunks}")
+        self._transport = transport
+        self._groups = tuple(groups)
+        self._route = route
+        self._chunks = chunks
+        self._empty = send[:0]
+        # What this rank holds: (block, chunk) -> rows (B, s, D) each.
+        self._pieces: dict[tuple[Block, int], torch.Tensor] = {}
+        blocks = torch.split(send, [route.rows(b) for b in route.sent])
+        for block, rows in zip(route.sent, blocks, strict=True):
+            self._split_block(block, rows)
+        self._posted: dict[tuple[int, int], Handle] = {}
+        self._done: set[tuple[int, int]] = set()
+        self._waited = False
+        self._post(0, 0)
+
+    def _split_block(self, block: Block, rows: torch.Tensor) -> None:
+        sizes = [chunk_rows(rows.shape[0], c, self._chunks) for c in range(self._chunks)]
+        for chunk, piece in enumerate(torch.split(rows, sizes)):
+            self._pieces[(block, chunk)] = piece
+
+    def _rows(self, blocks: tuple[Block, ...], chunk: int) -> list[int]:
+        return [chunk_rows(self._route.rows(b), chunk, self._chunks) for b in blocks]
+
+    def _post(self, chunk: int, phase: int) -> None:
+        route = self._route.phases[phase]
+        pieces = [self._pieces.pop((b, chunk)) for blocks in route.send for b in blocks]
+        # (rows of every block sent, B, s, D), grouped by member in group order
+        send = torch.cat(pieces) if pieces else self._empty
+        send_rows = [sum(self._rows(blocks, chunk)) for blocks in route.send]
+        recv_rows = [sum(self._rows(blocks, chunk)) for blocks in route.recv]
+        self._posted[(chunk, phase)] = self._transport.all_to_all(
+            send, send_rows, recv_rows, self._groups[phase]
+        )
+
+    def _land(self, chunk: int, phase: int, received: torch.Tensor) -> None:
+        blocks = [b for per_member in self._route.phases[phase].recv for b in per_member]
+        # rows grouped by source member -> one piece per block
+        for block, piece in zip(blocks, torch.split(received, self._rows(tuple(blocks), chunk)),
+                                strict=True):
+            self._pieces[(block, chunk)] = piece
+
+    def is_completed(self) -> bool:
+        return self._waited
+
+    def wait(self) -> torch.Tensor:
+        if self._waited:
+            raise TransportError("wait() called twice on the same handle")
+        self._waited = True
+        num_phases = len(self._route.phases)
+        # Wait in diagonal order (chunk + phase): whatever is waited on was posted by
+        # every rank, since its predecessors lie on earlier diagonals. Each phase's group
+        # sees its chunks posted in chunk order on every rank, as collectives require.
+        for diagonal in range(self._chunks + num_phases - 1):
+            for chunk in range(max(0, diagonal - num_phases + 1),
+                               min(self._chunks - 1, diagonal) + 1):
+                phase = diagonal - chunk
+                self._land(chunk, phase, self._posted.pop((chunk, phase)).wait())
+                self._done.add((chunk, phase))
+                if phase + 1 < num_phases and (chunk == 0 or
+                                               (chunk - 1, phase + 1) in self._done):
+                    self._post(chunk, phase + 1)
+                if chunk + 1 < self._chunks and (phase == 0 or
+                                                 (chunk + 1, phase - 1) in self._done):
+                    self._post(chunk + 1, phase)
+        pieces = [self._pieces.pop((b, c)) for b in self._route.delivered
+                  for c in range(self._chunks)]
+        # (rows from every source, B, s, D), grouped by source in group order
+        return torch.cat(pieces) if pieces else self._empty
+
