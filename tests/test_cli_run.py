@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from launching import MPIEXEC, needs_mpi, run_job
+from launching import MPIEXEC, launcher_prefix, needs_mpi, needs_torchrun, run_job
 
 from cocodiff.cli import main
 from cocodiff.runtime.parallel import UnsupportedModelError, parallelize
@@ -99,6 +99,9 @@ def test_an_exported_tiny_model_loads_back_identically(tmp_path):
         (None, ["--schedule", "nope"], "unknown schedule 'nope'"),
         (None, ["--output", "/no/such/dir/x.png"], "does not exist"),
         (None, ["--dtype", "float8"], "invalid choice"),
+        (None, ["--layout", "2x2"], "--layout must be NODESxGPUSxTILES"),
+        (None, ["--layout", "2x0x1"], "--layout must be NODESxGPUSxTILES"),
+        (None, ["--layout", "2x2x1"], "--layout 2x2x1 holds 4 ranks, the launch has 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, setup, args, message):
@@ -140,6 +143,21 @@ class _WideTransport:
 def test_more_ranks_than_heads_is_refused():
     with pytest.raises(UnsupportedModelError, match="8 ranks cannot split the 4 attention heads"):
         parallelize(build_tiny("tiny-flux"), _WideTransport())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    "launcher",
+    [pytest.param("torchrun", marks=needs_torchrun), pytest.param("mpiexec", marks=needs_mpi)],
+)
+def test_a_layout_that_does_not_match_the_launch_stops_every_rank(launcher, tmp_path):
+    cmd = launcher_prefix(launcher, 2) + [
+        "-m", "cocodiff", "run", "--quiet", "--schedule", "tapa", "--layout", "2x2x1",
+    ]
+    result = run_job(cmd, tmp_path, timeout_s=60)  # every rank stops at once: no hang
+    assert result.returncode != 0, result.stderr[-2000:]  # torchrun reports 1, mpiexec 2
+    lines = [line for line in result.stderr.splitlines() if "cocodiff run" in line]
+    assert lines == ["cocodiff run: error: --layout 2x2x1 holds 4 ranks, the launch has 2"]
 
 
 @needs_mpi

@@ -35,10 +35,10 @@ FAULTS = [
     ("torchrun", "torch", "rank:1,point:exchange,count:3,action:kill", 20),
     ("torchrun", "torch", "rank:1,point:step,count:1,action:exit", 20),
     ("torchrun", "torch", "rank:0,point:step,count:1,action:raise", 20),
-    ("torchrun", "torch", "rank:1,point:exchange,count:14,action:hang", 5),
+    ("torchrun", "torch", "rank:1,point:exchange,count:14,action:hang", 8),
     ("mpiexec", "mpi", "rank:1,point:exchange,count:3,action:kill", 20),
     ("mpiexec", "mpi", "rank:1,point:step,count:1,action:raise", 20),
-    ("mpiexec", "mpi", "rank:0,point:exchange,count:14,action:hang", 5),
+    ("mpiexec", "mpi", "rank:0,point:exchange,count:14,action:hang", 8),
     ("mpiexec", "torch", "rank:1,point:exchange,count:14,action:kill", 20),
 ]
 
@@ -47,17 +47,18 @@ _stop_times: list[tuple[str, float]] = []
 
 @pytest.fixture(scope="module", autouse=True)
 def report_stop_times(request):
+    """Print the measured stop times in the normal pytest output (no -s needed)."""
     yield
-    if _stop_times:
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        worst_case, worst = max(_stop_times, key=lambda item: item[1])
-        lines = [f"  {case}: survivors stopped {seconds:.2f} s after the fault"
-                 for case, seconds in _stop_times]
-        lines.append(f"worst time a surviving rank took to stop: {worst:.2f} s ({worst_case})")
-        if reporter is not None:
-            reporter.write_line("")
-            for line in ["reliability: kill points tested", *lines]:
-                reporter.write_line(line)
+    if not _stop_times:
+        return
+    worst_case, worst = max(_stop_times, key=lambda item: item[1])
+    lines = ["", "reliability: kill points tested"]
+    lines += [f"  {case}: survivors stopped {seconds:.2f} s after the fault"
+              for case, seconds in _stop_times]
+    lines.append(f"worst time a surviving rank took to stop: {worst:.2f} s ({worst_case})")
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print("\n".join(lines))
 
 
 def _cocodiff_run(launcher: str, transport: str, out: Path, timeout_s: float,
@@ -94,7 +95,7 @@ def _names_failed_rank(result: JobResult, rank: int) -> bool:
     patterns = [
         rf"\brank:? {rank}\b",  # ours ("waiting for rank 1", "on rank 1"), torchrun's
         rf"\branks [\d, ]*\b{rank}\b",
-        "timed out",
+        "(?i)timed out",
     ]
     pid = result.rank_pid.get(rank)
     if pid is not None:  # mpiexec's "BAD TERMINATION ... PID 1234 ... KILLED BY SIGNAL"
@@ -124,7 +125,7 @@ def test_a_failed_rank_stops_the_job(launcher, transport, fault, timeout_s, tmp_
     assert stop_s < timeout_s + MARGIN_S, f"survivors stopped {stop_s:.1f} s after the fault"
     assert _names_failed_rank(result, failed_rank), result.output[-4000:]
     if action == "hang":
-        assert "timed out" in result.output, result.output[-4000:]
+        assert "timed out" in result.output.lower(), result.output[-4000:]
     case = f"{launcher}/{transport} {fault} --timeout {timeout_s}"
     _stop_times.append((case, stop_s))
 
@@ -165,9 +166,9 @@ def test_interrupting_the_launcher_ends_every_rank_and_writes_nothing(launcher, 
 
 
 def test_same_seed_same_latents_across_runs_and_transports(tmp_path):
-    """flat, 2 ranks: torchrun/torch, mpiexec/mpi twice, and mpiexec/torch give bit-identical
-    latents; so do two single-process runs."""
-    jobs = [("torchrun", "torch"), ("mpiexec", "mpi"), ("mpiexec", "mpi"), ("mpiexec", "torch")]
+    """flat, 2 ranks, seed 7: the torch transport twice (under torchrun, then mpiexec) and the
+    mpi transport give bit-identical latents."""
+    jobs = [("torchrun", "torch"), ("mpiexec", "mpi"), ("mpiexec", "torch")]
     latents = {}
     for index, (launcher, transport) in enumerate(jobs):
         if not HAVE[launcher]:

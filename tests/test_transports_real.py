@@ -16,6 +16,15 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from launching import (
+    LAUNCH_VARS,
+    MPIEXEC,
+    REPO,
+    TORCHRUN,
+    job_env,
+    needs_mpi,
+    needs_torchrun,
+)
 
 from transports import (
     TRANSPORTS,
@@ -28,48 +37,8 @@ from transports import (
 from transports.launch import job_id
 from transports.registry import auto_transport_name
 
-REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "transport_worker.py"
-BIN = Path(sys.executable).parent
-TORCHRUN = BIN / "torchrun"
-MPIEXEC = BIN / "mpiexec"
 JOB_TIMEOUT_S = 60
-
-# Variables a surrounding launcher may have set; the jobs started here must not inherit them.
-_LAUNCH_VARS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "PMI_FD",
-    "PMI_LOCAL_RANK",
-    "MPI_LOCALRANKID",
-    "MPI_LOCALNRANKS",
-    "HYDRA_CONTROL_FD",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "PALS_RANKID",
-    "PALS_LOCAL_RANKID",
-    "PALS_SIZE",
-    "PMIX_RANK",
-)
-
-needs_torchrun = pytest.mark.skipif(not TORCHRUN.exists(), reason=f"no {TORCHRUN}")
-needs_mpi = pytest.mark.skipif(
-    not MPIEXEC.exists() or find_spec("mpi4py") is None, reason="no mpiexec or mpi4py"
-)
-
-
-def _job_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    env["COCODIFF_RENDEZVOUS_DIR"] = str(tmp_path)  # FileStore rendezvous, if used
-    return env
 
 
 def _run_job(cmd: list[str], tmp_path: Path) -> str:
@@ -77,7 +46,7 @@ def _run_job(cmd: list[str], tmp_path: Path) -> str:
     result = subprocess.run(
         cmd,
         cwd=REPO,
-        env=_job_env(tmp_path),
+        env=job_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=JOB_TIMEOUT_S,
@@ -187,7 +156,7 @@ def test_detect_launch(env: dict[str, str], expected: LaunchInfo) -> None:
 
 
 def test_detect_launch_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in _LAUNCH_VARS:
+    for name in LAUNCH_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PMI_RANK", "1")
     monkeypatch.setenv("PMI_SIZE", "4")
@@ -242,7 +211,7 @@ def test_registry_has_real_backends() -> None:
 def test_auto_transport_name(
     env: dict[str, str], expected: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in _LAUNCH_VARS:
+    for name in LAUNCH_VARS:
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -261,7 +230,7 @@ def test_import_transports_does_not_import_torch_or_mpi4py() -> None:
 def test_single_process_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a launcher, "auto" is torch over gloo in a world of one."""
     torch = pytest.importorskip("torch")
-    for name in _LAUNCH_VARS:
+    for name in LAUNCH_VARS:
         monkeypatch.delenv(name, raising=False)
     t = create_transport("auto", timeout_s=10)
     try:

@@ -103,7 +103,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     launch = detect_launch()
     is_root = launch.rank == 0
-    with _signals_raise():
+    with raise_on_signals():
         try:
             return _run(args, launch)
         except CocodiffError as error:
@@ -134,7 +134,7 @@ def _report(is_root: bool, message: str) -> None:
 
 
 @contextmanager
-def _signals_raise() -> Iterator[None]:
+def raise_on_signals() -> Iterator[None]:
     """Turn SIGINT and SIGTERM into :class:`Interrupted` for the duration."""
     watched = (signal.SIGINT, signal.SIGTERM)
 
@@ -226,7 +226,7 @@ def rank_grid(layout: str | None, num_ranks: int):
     shape = parse_layout(layout)
     if shape[0] * shape[1] * shape[2] != num_ranks:
         raise CocodiffError(f"--layout {layout} holds {shape[0] * shape[1] * shape[2]} ranks, "
-                            f"but {num_ranks} were launched")
+                            f"the launch has {num_ranks}")
     return RankGrid(shape, tuple(range(num_ranks)))
 
 
@@ -246,6 +246,9 @@ def _run(args: argparse.Namespace, launch) -> int:
     # a user needs; errors still surface as exceptions.
     transformers.logging.set_verbosity_error()
     diffusers_logging.set_verbosity_error()
+    # Loading bars ("Loading pipeline components...") too: errors must stay one line.
+    transformers.logging.disable_progress_bar()
+    diffusers_logging.disable_progress_bar()
 
     from cocodiff.runtime.guards import NumericsGuard
     from cocodiff.runtime.parallel import parallelize
