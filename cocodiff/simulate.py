@@ -342,8 +342,8 @@ def simulate_schedule(
     return result
 
 
-# V-Major's cache ratios are simulated at this resolution (9 distinct plans at most).
-RATIO_RESOLUTION = 1 / 8
+# V-Major's cache ratios are simulated at this resolution (5 distinct plans at most).
+RATIO_RESOLUTION = 1 / 4
 
 
 def _mean(values) -> float:

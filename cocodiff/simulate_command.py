@@ -36,9 +36,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
                         help="video frames (video models only; default: 1)")
     parser.add_argument("--steps", type=positive_int, default=28,
                         help="denoising steps (default: 28)")
-    parser.add_argument("--schedule", default="flat",
+    parser.add_argument("--schedule", default="flat,tapa,vfirst,cocodiff",
                         help="schedule(s), comma-separated: flat, tapa, vfirst (TAPA + V-First), "
-                        "cocodiff (TAPA + V-First + V-Major); default: flat")
+                        "cocodiff (TAPA + V-First + V-Major); default: all four")
     parser.add_argument("--chunks", type=positive_int, default=None,
                         help="pipeline chunks of TAPA exchanges (default: 1)")
     parser.add_argument("--collective", default="auto",

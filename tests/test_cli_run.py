@@ -7,11 +7,13 @@ import sys
 
 import pytest
 import torch
-from launching import MPIEXEC, launcher_prefix, needs_mpi, needs_torchrun, run_job
+from launching import MPIEXEC, launcher_prefix, needs_mpi, run_job
 
 from cocodiff.cli import main
+from cocodiff.errors import ScheduleError
 from cocodiff.runtime.parallel import UnsupportedModelError, parallelize
 from cocodiff.runtime.tiny import build_tiny
+from cocodiff.schedules import RankGrid
 from transports.base import Group
 
 RUN_KEYS = {
@@ -102,6 +104,7 @@ def test_an_exported_tiny_model_loads_back_identically(tmp_path):
         (None, ["--layout", "2x2"], "--layout must be NODESxGPUSxTILES"),
         (None, ["--layout", "2x0x1"], "--layout must be NODESxGPUSxTILES"),
         (None, ["--layout", "2x2x1"], "--layout 2x2x1 holds 4 ranks, the launch has 1"),
+        (None, ["--chunks", "2"], "--chunks pipelines the phases .* flat has none"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, setup, args, message):
@@ -145,17 +148,33 @@ def test_more_ranks_than_heads_is_refused():
         parallelize(build_tiny("tiny-flux"), _WideTransport())
 
 
-@pytest.mark.multiprocess
+class _FourRanks:
+    name, rank, world_size = "fake", 0, 4
+    world = Group(tuple(range(4)))
+
+
 @pytest.mark.parametrize(
-    "launcher",
-    [pytest.param("torchrun", marks=needs_torchrun), pytest.param("mpiexec", marks=needs_mpi)],
+    ("grid", "message"),
+    [
+        (RankGrid((2, 2, 2), tuple(range(8))), "grid 2x2x2 holds 8 ranks, the job has 4"),
+        (RankGrid((2, 2, 1), (1, 0, 2, 3)), r"needs ranks 0\.\.3 in \(node, gpu, tile\) order"),
+    ],
 )
-def test_a_layout_that_does_not_match_the_launch_stops_every_rank(launcher, tmp_path):
-    cmd = launcher_prefix(launcher, 2) + [
+def test_a_grid_that_does_not_hold_the_ranks_in_order_is_refused(grid, message):
+    with pytest.raises(ScheduleError, match=message):
+        parallelize(build_tiny("tiny-flux"), _FourRanks(), "tapa", grid)
+
+
+@needs_mpi
+@pytest.mark.multiprocess
+def test_a_layout_that_does_not_match_the_launch_stops_every_rank(tmp_path):
+    # mpiexec only: torchrun ends the other ranks as soon as one exits, so rank 0 may be
+    # stopped by SIGTERM before it prints the error that every rank found.
+    cmd = launcher_prefix("mpiexec", 2) + [
         "-m", "cocodiff", "run", "--quiet", "--schedule", "tapa", "--layout", "2x2x1",
     ]
-    result = run_job(cmd, tmp_path, timeout_s=60)  # every rank stops at once: no hang
-    assert result.returncode != 0, result.stderr[-2000:]  # torchrun reports 1, mpiexec 2
+    result = run_job(cmd, tmp_path, timeout_s=60)  # every rank stops before any collective
+    assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if "cocodiff run" in line]
     assert lines == ["cocodiff run: error: --layout 2x2x1 holds 4 ranks, the launch has 2"]
 

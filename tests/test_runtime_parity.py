@@ -3,9 +3,12 @@ transformer (float32, atol = rtol = 1e-5) on real CPU ranks, over torch.distribu
 (gloo, launched by torchrun) and mpi4py (launched by mpiexec):
 
 * flat on 2 ranks, every tiny model;
-* flat, TAPA and V-First on 4 ranks as 2 nodes x 2 GPUs, every tiny model;
-* TAPA and V-First on 8 ranks as 2 x 2 x 2 (every level a phase), on tiny FLUX with 8
-  heads (the tiny models have 4; 8-rank jobs are heavy on a small machine).
+* flat, TAPA and V-First (also in 2 pipelined chunks) on 4 ranks as 2 nodes x 2 GPUs,
+  every tiny model;
+* TAPA and V-First on 8 ranks as 2 x 2 x 2 (every level a phase), on tiny FLUX and
+  tiny Wan built with 8 heads (the tiny models have 4; 8-rank jobs are heavy on a small
+  machine, so two families only: joint attention with 2D RoPE, video with 3D RoPE and
+  cross-attention).
 
 One launch per configuration, all models and schedules inside: each launch costs ~13 s
 of imports."""
@@ -22,8 +25,9 @@ SUPPORTED = list(TINY_MODELS)
 # (ranks, layout, schedules, models)
 CONFIGURATIONS = {
     "2-line": (2, "line", "flat", SUPPORTED),
-    "4-2x2x1": (4, "2x2x1", "flat,tapa,vfirst", SUPPORTED),
-    "8-2x2x2": (8, "2x2x2", "tapa,vfirst", ["tiny-flux:8"]),
+    # 8 heads over 4 ranks: blocks of 2 rows, which 2 pipeline chunks split
+    "4-2x2x1": (4, "2x2x1", "flat,tapa,vfirst,vfirst/2", [*SUPPORTED, "tiny-flux:8"]),
+    "8-2x2x2": (8, "2x2x2", "tapa,vfirst", ["tiny-flux:8", "tiny-wan:8"]),
 }
 
 

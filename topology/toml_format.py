@@ -114,6 +114,8 @@ def load_topology(path: str | Path, num_nodes: int | None = None) -> TopologySpe
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise TopologyError(f"invalid TOML in {path}: {err}") from None
+    except RecursionError:  # tomllib recurses once per nesting level of arrays and tables
+        raise TopologyError(f"invalid TOML in {path}: nested too deeply") from None
     if not doc:
         raise TopologyError(f"empty topology file {path}: expected at least [nodes] and [tile]")
     return _Loader(doc, str(path), path.stem).spec(num_nodes)

@@ -72,7 +72,7 @@ class UlyssesRuntime:
 
     def __init__(
         self, transformer: torch.nn.Module, transport: Transport, family: Family, schedule: str,
-        grid: RankGrid | None = None,
+        grid: RankGrid | None = None, chunks: int | None = None,
     ) -> None:
         self.transformer = transformer
         self.transport = transport
@@ -105,8 +105,12 @@ class UlyssesRuntime:
                 f"{self.grid.ranks}; the runtime needs ranks 0..{transport.world_size - 1} "
                 "in (node, gpu, tile) order"
             )
+        if chunks is not None and (schedule == "flat" or chunks < 1):
+            raise ScheduleError(f"chunks={chunks}: a positive number of pipeline chunks, for "
+                                "the phased schedules (tapa, vfirst) only")
         self.scheduler = get_schedule(schedule)
         self.schedule = schedule
+        self._options = {} if chunks is None else {"chunks": chunks}
         self.shards: dict[str, TokenShard] = {}
         self._plans: dict[tuple, Plan] = {}
         self._groups: dict[tuple[int, ...], Group] = {transport.world.ranks: transport.world}
@@ -146,7 +150,7 @@ class UlyssesRuntime:
         plan = self._plans.get(key)
         if plan is None:
             plan = self.scheduler(self.spec, self.grid, stream_tokens,
-                                  dtype_bytes=dtype_bytes, batch=batch)
+                                  dtype_bytes=dtype_bytes, batch=batch, **self._options)
             self._create_groups(plan)
             self._plans[key] = plan
         self.plan = plan
@@ -309,7 +313,7 @@ def family_of(transformer: torch.nn.Module) -> Family:
 
 
 def parallelize(model: Any, transport: Transport, schedule: str = "flat",
-                grid: RankGrid | None = None) -> UlyssesRuntime:
+                grid: RankGrid | None = None, chunks: int | None = None) -> UlyssesRuntime:
     """Make a diffusers pipeline (or its transformer) run Ulysses-parallel over
     ``transport``. Every rank calls this and then runs the pipeline as usual, with the
     same inputs; every rank gets the full output.
@@ -322,6 +326,8 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat",
             topology-aligned schedules (tapa, vfirst) cut each exchange into one phase
             per level with more than one member. None: one node of P GPUs, where they
             carry each exchange as one flat all-to-all.
+        chunks: pieces the rows of a phased exchange are cut into and pipelined through
+            the phases (tapa, vfirst); None: the scheduler's default (1).
 
     Returns:
         The runtime state (its ``plan`` and, when ``records`` is set to a list, what
@@ -329,7 +335,7 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat",
     """
     transformer = getattr(model, "transformer", model)
     family = family_of(transformer)
-    runtime = UlyssesRuntime(transformer, transport, family, schedule, grid)
+    runtime = UlyssesRuntime(transformer, transport, family, schedule, grid, chunks)
     _install_splits(runtime)
     _install_processors(runtime)
     return runtime

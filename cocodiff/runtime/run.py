@@ -82,6 +82,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         "vfirst carry each all-to-all as one phase per level with more than one "
                         "member (default: one node of N GPUs, where they carry it as one flat "
                         "all-to-all, like flat)")
+    parser.add_argument("--chunks", type=positive_int, default=None,
+                        help="pipeline chunks of TAPA exchanges (tapa, vfirst; default: 1)")
     parser.add_argument("--transport", default="auto",
                         help="auto, torch or mpi (auto: mpi under mpiexec when mpi4py is "
                         "installed, else torch)")
@@ -196,6 +198,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise CocodiffError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
     if args.resolution is not None:
         parse_resolution(args.resolution)
+    if args.chunks is not None and args.schedule == "flat":
+        raise CocodiffError("--chunks pipelines the phases of tapa and vfirst exchanges; "
+                            "flat has none")
 
 
 def parse_layout(text: str) -> tuple[int, int, int]:
@@ -269,7 +274,8 @@ def _run(args: argparse.Namespace, launch) -> int:
         width, height, frames = _size(args, tiny)
         # Tiny models use short prompts; real ones keep their pipeline's default length.
         text_tokens = TINY_DEFAULTS[tiny].max_sequence_length if tiny else None
-        runtime = parallelize(pipe, transport, args.schedule, grid) if transport else None
+        runtime = (parallelize(pipe, transport, args.schedule, grid, args.chunks)
+                   if transport else None)
         guard = None if args.no_guards else NumericsGuard(launch.rank).install(pipe.transformer)
         step_times: list[float] = []
         with _progress(is_root=launch.rank == 0 and not args.quiet, steps=args.steps) as advance:

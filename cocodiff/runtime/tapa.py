@@ -159,14 +159,16 @@ def _held(grid: RankGrid, coords: list[tuple[int, int, int]], holder: int,
     done, in canonical order: sources agree with it on the other axes, destinations on
     the done ones."""
     mine = coords[holder]
+    _, gpus, tiles = grid.shape
 
     def positions(free: set[int]) -> list[int]:
-        ranges = [range(size) if axis in free else (mine[axis],)
-                  for axis, size in enumerate(grid.shape)]
-        return [grid.position(grid.rank_at(c)) for c in product(*ranges)]
+        # Positions are (node, gpu, tile) row-major, so product() yields them sorted.
+        n, g, t = (range(size) if axis in free else (mine[axis],)
+                   for axis, size in enumerate(grid.shape))
+        return [(node * gpus + gpu) * tiles + tile for node, gpu, tile in product(n, g, t)]
 
-    sources = sorted(positions(set(done)))
-    destinations = sorted(positions({0, 1, 2} - set(done)))
+    sources = positions(set(done))
+    destinations = positions({0, 1, 2} - set(done))
     return ((s, d) for s in sources for d in destinations)
 
 
@@ -202,7 +204,7 @@ class PhasedHandle:
         self._groups = tuple(groups)
         self._route = route
         self._chunks = chunks
-        self._empty = send[:0]
+        self._empty = send.new_empty((0, *send.shape[1:]))
         # What this rank holds: (block, chunk) -> rows (B, s, D) each.
         self._pieces: dict[tuple[Block, int], torch.Tensor] = {}
         blocks = torch.split(send, [route.rows(b) for b in route.sent])

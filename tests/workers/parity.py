@@ -7,13 +7,14 @@
 
 All in float32 with atol = rtol = 1e-5.
 
-Usage: parity.py TRANSPORT LAYOUT SCHEDULE[,SCHEDULE...] MODEL[:HEADS]...
+Usage: parity.py TRANSPORT LAYOUT SCHEDULE[/CHUNKS][,...] MODEL[:HEADS]...
 
 LAYOUT is NODESxGPUSxTILES (as ``cocodiff run --layout``) or "line" (the runtime's
-default). MODEL:HEADS builds the tiny model's transformer with HEADS attention heads
-(same config otherwise, seeded weights), so that more ranks than the tiny models' 4
-heads can split them. Prints one line per model and schedule with the largest
-differences; exits 0 when everything matches, prints each mismatch and exits 1 otherwise.
+default); SCHEDULE/CHUNKS pipelines the phases in CHUNKS chunks. MODEL:HEADS builds the
+tiny model's transformer with HEADS attention heads (same config otherwise, seeded
+weights), so that more ranks than the tiny models' 4 heads can split them. Rank 0 prints
+one line per model and schedule with the largest differences; exits 0 when everything
+matches, prints each mismatch and exits 1 otherwise.
 """
 
 import sys
@@ -72,7 +73,9 @@ def check(transport, grid, schedules, model):
         failures = []
         pipe = build(model)  # parallelize hooks a pipeline for good: a fresh one each
         with torch.no_grad():
-            runtime = parallelize(pipe, transport, schedule, grid)
+            scheduler, _, chunks = schedule.partition("/")
+            runtime = parallelize(pipe, transport, scheduler, grid,
+                                  int(chunks) if chunks else None)
             runtime.records = []
             actual_out = pipe.transformer(**inputs, return_dict=False)[0]
             layer = runtime.plan.program(transport.rank).layers[0]
