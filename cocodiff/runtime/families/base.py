@@ -118,10 +118,12 @@ def module_matches(name: str, pattern: str) -> bool:
 
 
 class JointAttentionOps:
-    """Shared by MMDiT-style families (FLUX, SD3, Qwen-Image): image and text tokens
-    have their own Q/K/V projections and Q/K norms, and attend jointly, concatenated in
-    ``streams`` order. A block without text (FLUX's single-stream blocks) projects the
-    one sequence it gets with the image weights.
+    """Q/K/V projections and per-stream Q/K norms, shared by every family.
+
+    MMDiT-style families (FLUX, SD3, Qwen-Image): image and text tokens have their own
+    projections and norms, and attend jointly, concatenated in ``streams`` order. A call
+    without a text stream (FLUX's single-stream blocks, PixArt's and Wan's
+    self-attention) projects its one sequence with the image weights.
 
     Subclasses set ``streams`` and ``processor_classes`` and supply ``rope``,
     ``attention_mask`` and ``proj_out``.

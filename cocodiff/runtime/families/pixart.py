@@ -8,29 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from cocodiff.runtime.families.base import AttentionState, Family, Gather, Split
+from cocodiff.runtime.families.base import AttentionState, Family, Gather, JointAttentionOps, Split
 
 
-class PixArtOps:
+class PixArtOps(JointAttentionOps):
     streams = ("image",)
     processor_classes = ("AttnProcessor2_0",)
-
-    def _project(self, state: AttentionState, proj: str) -> torch.Tensor:
-        attn = state.attn
-        # (B, s, H*D) -> (B, s, H, D)
-        return getattr(attn, proj)(state.hidden_states).unflatten(-1, (attn.heads, -1))
-
-    def proj_q(self, state: AttentionState) -> None:
-        state.tensors["q"] = self._project(state, "to_q")
-
-    def proj_k(self, state: AttentionState) -> None:
-        state.tensors["k"] = self._project(state, "to_k")
-
-    def proj_v(self, state: AttentionState) -> None:
-        state.tensors["v"] = self._project(state, "to_v")
-
-    def qk_norm(self, state: AttentionState) -> None:
-        """PixArt has no Q/K norm (``ModelSpec.has_qk_norm`` is False)."""
 
     def rope(self, state: AttentionState) -> None:
         """PixArt has no rotary embedding (``ModelSpec.has_rope`` is False)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from cocodiff.runtime.families.base import AttentionState, Family, Gather, Split
+from cocodiff.runtime.families.base import AttentionState, Family, Gather, JointAttentionOps, Split
 
 
 def _apply_rotary_emb(x: torch.Tensor, freqs_cos: torch.Tensor,
@@ -27,23 +27,9 @@ def _apply_rotary_emb(x: torch.Tensor, freqs_cos: torch.Tensor,
     return out.type_as(x)
 
 
-class WanOps:
+class WanOps(JointAttentionOps):
     streams = ("image",)
     processor_classes = ("WanAttnProcessor",)
-
-    def _project(self, state: AttentionState, proj: str) -> torch.Tensor:
-        attn = state.attn
-        # (B, s, H*D) -> (B, s, H, D)
-        return getattr(attn, proj)(state.hidden_states).unflatten(2, (attn.heads, -1))
-
-    def proj_q(self, state: AttentionState) -> None:
-        state.tensors["q"] = self._project(state, "to_q")
-
-    def proj_k(self, state: AttentionState) -> None:
-        state.tensors["k"] = self._project(state, "to_k")
-
-    def proj_v(self, state: AttentionState) -> None:
-        state.tensors["v"] = self._project(state, "to_v")
 
     def qk_norm(self, state: AttentionState) -> None:
         # The norm spans all heads of one token, so it runs before the head exchange,
