@@ -200,8 +200,9 @@ class Network:
         record_intervals: bool = True,
     ) -> None:
         for link, capacity in capacities.items():
-            if not capacity > 0:
-                raise ValueError(f"link {link} has non-positive capacity {capacity} B/s")
+            if not 0 < capacity < float("inf"):
+                raise ValueError(f"link {link} needs a positive, finite capacity, got "
+                                 f"{capacity} B/s")
         self.env = env
         self.links: list[LinkId] = list(capacities)
         self._index = {link: i for i, link in enumerate(self.links)}
@@ -425,6 +426,8 @@ class Network:
                 bottleneck = share <= fair * (1 + _SHARE_EPS)
                 hit = np.zeros(num_flows, dtype=bool)
                 hit[self._nnz_flow[bottleneck[nnz_local] & nnz_unfrozen]] = True
+            if not hit.any():  # NaN shares would loop forever: say so instead
+                raise RuntimeError(f"max-min allocation stalled at fair share {fair} B/s")
             rate[hit] = np.minimum(fair, self._cap[hit])
             unfrozen &= ~hit
             charged = hit[self._nnz_flow]

@@ -97,8 +97,10 @@ def test_bad_flows_are_refused():
         network.transfer(("nope",), 1)
     with pytest.raises(ValueError, match="bytes -1"):
         network.transfer(("l",), -1)
-    with pytest.raises(ValueError, match="non-positive capacity"):
+    with pytest.raises(ValueError, match="positive, finite capacity"):
         Network(env, {"x": 0.0})
+    with pytest.raises(ValueError, match="positive, finite capacity"):
+        Network(env, {"x": float("inf")})
 
 
 @settings(max_examples=60, deadline=None)
