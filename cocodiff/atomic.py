@@ -20,6 +20,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     path = Path(path)
     if not path.parent.is_dir():
         raise FileNotFoundError(f"output directory {path.parent} does not exist")
+    if path.is_dir():  # os.replace would fail after the work is done
+        raise ValueError(f"output {str(path)!r} is a directory, not a file")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cocodiff.calibrate import add_calibrate_arguments, calibrate_command
-from cocodiff.errors import CocodiffError
+from cocodiff.errors import CocodiffError, one_line
 from cocodiff.runtime.run import add_run_arguments, run_command
 from cocodiff.simulate_command import add_simulate_arguments, simulate_command
 
@@ -24,7 +24,7 @@ class _OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line, not the usage text plus the error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)}\n")
 
 
 def positive_int(text: str) -> int:
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(command: str, message: str) -> int:
-    print(f"cocodiff {command}: error: {message}", file=sys.stderr)
+    print(f"cocodiff {command}: error: {one_line(message)}", file=sys.stderr)
     return EXIT_USAGE
 
 

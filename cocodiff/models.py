@@ -42,6 +42,22 @@ _PACKED_PATCH = 2
 # Image tokens of Wan2.1 I2V's CLIP image context (ViT-H/14 at 224 px: 16 * 16 + 1),
 # attended next to the text when the config has ``added_kv_proj_dim``.
 _WAN_I2V_IMAGE_TOKENS = 257
+# Upper bounds of what a spec may say: an order of magnitude past any real DiT (the largest
+# here: 60 layers, 48 heads, head dim 128, MLP ratio 4.5, 81 frames). Beyond them the input
+# is a typo or garbage, and the simulator would take hours (or overflow) on it.
+MAX_SPEC = {
+    "num_layers": 1024,
+    "num_heads": 1024,
+    "head_dim": 1024,
+    "patch_size": 64,
+    "vae_scale": 64,
+    "temporal_vae_scale": 64,
+    "text_tokens": 1 << 20,
+    "cross_attention_tokens": 1 << 20,
+}
+MAX_MLP_RATIO = 64.0
+MAX_PIXELS = 1 << 16  # per side of an image or video frame
+MAX_FRAMES = 1 << 16
 
 
 class ModelSpecError(ValueError):
@@ -115,9 +131,19 @@ class ModelSpec:
                 raise ModelSpecError(
                     f"{field_name} of {self.name!r} must be a non-negative integer, got {value!r}"
                 )
+        for field_name, limit in MAX_SPEC.items():
+            if getattr(self, field_name) > limit:
+                raise ModelSpecError(
+                    f"{field_name} of {self.name!r} is {getattr(self, field_name)}, more than "
+                    f"{limit}: no DiT is that large"
+                )
         if not _is_number(self.mlp_ratio) or self.mlp_ratio <= 0:
             raise ModelSpecError(
                 f"mlp_ratio of {self.name!r} must be a positive number, got {self.mlp_ratio!r}"
+            )
+        if not self.mlp_ratio <= MAX_MLP_RATIO:  # inf included
+            raise ModelSpecError(
+                f"mlp_ratio of {self.name!r} is {self.mlp_ratio!r}, more than {MAX_MLP_RATIO:g}"
             )
 
     @property
@@ -155,6 +181,8 @@ class ModelSpec:
         """
         if not _is_int(frames) or frames < 1:
             raise ModelSpecError(f"frames must be a positive integer, got {frames!r}")
+        if frames > MAX_FRAMES:
+            raise ModelSpecError(f"frames {frames} is more than {MAX_FRAMES}")
         if not self.is_video:
             if frames != 1:
                 raise ModelSpecError(
@@ -185,11 +213,12 @@ class ModelSpec:
 def parse_resolution(text: str) -> tuple[int, int]:
     """Parse ``"1024"`` (square) or ``"832x480"`` (width x height) into ``(width, height)``.
 
-    Only the syntax and positivity are checked here; whether the size tiles into a model's
+    Only the syntax and range are checked here; whether the size tiles into a model's
     tokens is :meth:`ModelSpec.check_resolution`'s job.
 
     Raises:
-        ModelSpecError: ``text`` is not one or two positive integers joined by ``x``.
+        ModelSpecError: ``text`` is not one or two integers in ``[1, MAX_PIXELS]`` joined by
+            ``x``.
     """
     parts = text.strip().lower().split("x")
     try:
@@ -201,6 +230,8 @@ def parse_resolution(text: str) -> tuple[int, int]:
             f"bad resolution {text!r}: expected WIDTH or WIDTHxHEIGHT in pixels, e.g. 1024 or "
             f"832x480"
         )
+    if any(value > MAX_PIXELS for value in values):
+        raise ModelSpecError(f"resolution {text!r} is over {MAX_PIXELS} pixels per side")
     width, height = values if len(values) == 2 else (values[0], values[0])
     return width, height
 
@@ -283,6 +314,13 @@ def _wan(config: Mapping[str, Any], name: str) -> ModelSpec:
         )
     num_heads = _positive_int(config, "num_attention_heads")
     head_dim = _positive_int(config, "attention_head_dim")
+    # Bounded before dividing: a huge ffn_dim would overflow the float division.
+    ffn_dim = _positive_int(config, "ffn_dim")
+    if ffn_dim > MAX_MLP_RATIO * num_heads * head_dim:
+        raise ModelSpecError(
+            f"config field 'ffn_dim' {ffn_dim} is more than {MAX_MLP_RATIO:g} x the model width "
+            f"{num_heads * head_dim}"
+        )
     image_context = 0 if config.get("added_kv_proj_dim") is None else _WAN_I2V_IMAGE_TOKENS
     return ModelSpec(
         name=name,
@@ -294,7 +332,7 @@ def _wan(config: Mapping[str, Any], name: str) -> ModelSpec:
         cross_attention_tokens=512 + image_context,
         patch_size=patch[1],
         temporal_vae_scale=4,
-        mlp_ratio=_positive_int(config, "ffn_dim") / (num_heads * head_dim),
+        mlp_ratio=ffn_dim / (num_heads * head_dim),
         # WanAttention always norms Q and K: diffusers (0.42) never passes the config's
         # qk_norm on to it, so the field does not decide.
         has_qk_norm=True,
@@ -404,6 +442,8 @@ def _positive_number(config: Mapping[str, Any], key: str, default: float) -> flo
     value = config.get(key, default)
     if not _is_number(value) or value <= 0:
         raise ModelSpecError(f"config field {key!r} must be a positive number, got {value!r}")
+    if value > 1e300:  # an int this large would overflow float()
+        raise ModelSpecError(f"config field {key!r} {value!r} is out of range")
     return float(value)
 
 
@@ -532,6 +572,8 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
         )
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:  # json recurses once per nesting level
+        raise ModelSpecError(f"{str(path)!r} is nested too deeply to be a config") from None
     except OSError as err:
         raise ModelSpecError(f"cannot read {str(path)!r}: {err.strerror or err}") from None
     except UnicodeDecodeError:

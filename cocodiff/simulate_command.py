@@ -12,6 +12,9 @@ from pathlib import Path
 
 from cocodiff.errors import CocodiffError
 
+# Denoising steps beyond any real sampler (V-Major plans are made per step).
+MAX_STEPS = 10_000
+
 # The paper's grid (arXiv 2604.14561): models x resolutions x Aurora nodes.
 SWEEP = {
     "models": ("flux1-dev", "qwen-image", "sd35-large", "flux2-dev"),
@@ -75,6 +78,10 @@ def simulate_command(args: argparse.Namespace) -> int:
     for path in (args.json, args.trace, args.plot):
         if path is not None and not path.parent.is_dir():
             raise CocodiffError(f"output directory {path.parent} does not exist (for {path})")
+        if path is not None and path.is_dir():  # also "" (the working directory)
+            raise CocodiffError(f"output {str(path)!r} is a directory, not a file")
+    if args.steps > MAX_STEPS:
+        raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
     names = [name.strip() for name in args.schedule.split(",") if name.strip()]
     if not names:
         raise CocodiffError("--schedule names no schedule")

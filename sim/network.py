@@ -472,4 +472,6 @@ class Network:
             if generation == self._generation:
                 self._update()
 
-        self.env.timeout(max(delay, 0.0)).callbacks.append(on_timer)
+        # A completion due sooner than the clock can step (1e-16 s at t = 1 s) would
+        # never advance time: wait at least one representable step.
+        self.env.timeout(max(delay, float(np.spacing(self.env.now)))).callbacks.append(on_timer)

@@ -35,10 +35,10 @@ FAULTS = [
     ("torchrun", "torch", "rank:1,point:exchange,count:3,action:kill", 20),
     ("torchrun", "torch", "rank:1,point:step,count:1,action:exit", 20),
     ("torchrun", "torch", "rank:0,point:step,count:1,action:raise", 20),
-    ("torchrun", "torch", "rank:1,point:exchange,count:14,action:hang", 8),
+    ("torchrun", "torch", "rank:1,point:exchange,count:14,action:hang", 6),
     ("mpiexec", "mpi", "rank:1,point:exchange,count:3,action:kill", 20),
     ("mpiexec", "mpi", "rank:1,point:step,count:1,action:raise", 20),
-    ("mpiexec", "mpi", "rank:0,point:exchange,count:14,action:hang", 8),
+    ("mpiexec", "mpi", "rank:0,point:exchange,count:14,action:hang", 6),
     ("mpiexec", "torch", "rank:1,point:exchange,count:14,action:kill", 20),
 ]
 

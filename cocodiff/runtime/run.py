@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from cocodiff.errors import CocodiffError
+from cocodiff.errors import CocodiffError, one_line
 
 DTYPES = ("float32", "bfloat16")
 # --timeout above this is a typo, not a wish: gloo's timeout is in int milliseconds.
@@ -43,6 +43,7 @@ MAX_TIMEOUT_S = 1e6
 # torch.Generator.manual_seed accepts [-2**63, 2**64).
 SEED_RANGE = range(-(2**63), 2**64)
 EXIT_FAILURE = 1
+ABORT_GRACE_S = 0.5
 EXIT_USAGE = 2
 
 
@@ -105,9 +106,14 @@ def run_command(args: argparse.Namespace) -> int:
 
     launch = detect_launch()
     is_root = launch.rank == 0
-    with raise_on_signals():
+    with raise_on_signals() as signals:
         try:
-            return _run(args, launch)
+            try:
+                return _run(args, launch)
+            finally:
+                # Once the run is over (done or failing), a signal (the launcher ending
+                # the job) must not interrupt the reporting below with a traceback.
+                signals.disarm()
         except CocodiffError as error:
             _report(is_root, str(error))
             return EXIT_USAGE
@@ -120,7 +126,7 @@ def run_command(args: argparse.Namespace) -> int:
             return 128 + interrupt.signum
         except Exception as error:  # a peer died, a timeout, NaN: say so on every rank that saw it
             print(f"cocodiff run: rank {launch.rank}: {type(error).__name__}: "
-                  f"{_first_line(error)}", file=sys.stderr, flush=True)
+                  f"{one_line(_first_line(error))}", file=sys.stderr, flush=True)
             _end_job_after_failure(launch)
             return EXIT_FAILURE
 
@@ -130,30 +136,51 @@ def _first_line(error: BaseException) -> str:
     return lines[0] if lines else ""
 
 
+# torchrun kills every rank as soon as one exits non-zero; a user error that every rank
+# hits must leave rank 0 the time to print its line first.
+_NON_ROOT_EXIT_DELAY_S = 2.0
+
+
 def _report(is_root: bool, message: str) -> None:
     if is_root:
-        print(f"cocodiff run: error: {message}", file=sys.stderr)
+        print(f"cocodiff run: error: {one_line(message)}", file=sys.stderr, flush=True)
+    else:
+        time.sleep(_NON_ROOT_EXIT_DELAY_S)
+
+
+class _SignalsRaise:
+    """SIGINT and SIGTERM raise :class:`Interrupted` until :meth:`disarm`; after that the
+    first one is ignored. Either way a second signal ends the process at once (the default
+    action), without waiting for the cleanups the first one started."""
+
+    WATCHED = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.armed = True
+
+    def handler(self, signum: int, frame: Any) -> None:
+        for sig in self.WATCHED:
+            signal.signal(sig, signal.SIG_DFL)
+        if self.armed:
+            raise Interrupted(signum)
+
+    def disarm(self) -> None:
+        self.armed = False
 
 
 @contextmanager
-def raise_on_signals() -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into :class:`Interrupted` for the duration."""
-    watched = (signal.SIGINT, signal.SIGTERM)
-
-    def handler(signum: int, frame: Any) -> None:
-        # A second signal (a launcher that escalates, an impatient user) ends the process
-        # at once, without waiting for the cleanups the first one started.
-        for sig in watched:
-            signal.signal(sig, signal.SIG_DFL)
-        raise Interrupted(signum)
-
+def raise_on_signals() -> Iterator[_SignalsRaise]:
+    """Turn SIGINT and SIGTERM into :class:`Interrupted` for the duration (or until the
+    yielded object's ``disarm()``), so that ``finally`` blocks and temporary-file cleanups
+    run; the previous handlers are restored after."""
+    signals = _SignalsRaise()
     try:
-        previous = {sig: signal.signal(sig, handler) for sig in watched}
+        previous = {sig: signal.signal(sig, signals.handler) for sig in signals.WATCHED}
     except ValueError:  # not the main thread: signals go to the main thread anyway
-        yield
+        yield signals
         return
     try:
-        yield
+        yield signals
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
@@ -170,6 +197,9 @@ def _end_job_after_failure(launch) -> None:
     if mpi.Is_initialized() and not mpi.Is_finalized():
         sys.stdout.flush()
         sys.stderr.flush()
+        # mpiexec forwards output asynchronously and drops what it has not forwarded when
+        # the abort reaches it: give the line just printed time to get out.
+        time.sleep(ABORT_GRACE_S)
         mpi.COMM_WORLD.Abort(EXIT_FAILURE)
 
 
@@ -185,9 +215,10 @@ def _check_arguments(args: argparse.Namespace) -> None:
     outputs = [path for path in (args.output, args.json, args.save_latents) if path is not None]
     for path in outputs:
         if not path.parent.is_dir():
-            raise CocodiffError(f"output directory {path.parent} does not exist (for {path})")
+            raise CocodiffError(f"output directory {str(path.parent)!r} does not exist "
+                                f"(for {str(path)!r})")
         if path.is_dir():
-            raise CocodiffError(f"output {path} is a directory")
+            raise CocodiffError(f"output {str(path)!r} is a directory, not a file")
     if len({path.resolve() for path in outputs}) != len(outputs):
         raise CocodiffError(f"--output, --json and --save-latents name the same file: "
                             f"{', '.join(map(str, outputs))}")
