@@ -183,9 +183,6 @@ class Plan:
     def program(self, rank: int) -> RankProgram:
         return self.programs[rank]
 
-    def foldable(self, ranks_per_node: int) -> bool:
-        return self.shift_period is not None and ranks_per_node % self.shift_period == 0
-
     def to_json(self, ranks: tuple[int, ...] | None = None) -> str:
         """JSON of the plan (all ranks, or the given ones). Shared layers are repeated."""
         chosen = range(self.num_ranks) if ranks is None else ranks

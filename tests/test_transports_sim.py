@@ -116,7 +116,8 @@ def test_handle_lifecycle_raises_on_misuse():
 def test_folding_by_node_equals_simulating_every_rank(spec, model_name):
     topology = build_topology(spec)
     model = REGISTRY[model_name]
-    plan = plan_flat(model, RankGrid.line(len(topology.tiles)), (model.image_tokens(512, 512), model.text_tokens))
+    streams = (model.image_tokens(512, 512), model.text_tokens)
+    plan = plan_flat(model, RankGrid.line(len(topology.tiles)), streams)
     full = simulate_plan(plan, topology, fold=False)
     folded = simulate_plan(plan, topology, fold=True)
     assert folded.simulated_ranks == spec.gpus_per_node * spec.tiles_per_gpu

@@ -7,8 +7,6 @@ matching the plan's ``row_bytes``. Heads are contiguous per rank (rank r owns he
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 
@@ -52,6 +50,3 @@ def all_gather_rows(transport, x: torch.Tensor, group=None) -> torch.Tensor:
     send = x.unsqueeze(0).expand(size, *x.shape).contiguous()
     return transport.all_to_all(send, [1] * size, [1] * size, group).wait()
 
-
-def split_sizes_bytes(splits: Sequence[int], row: torch.Tensor) -> int:
-    return sum(splits) * row.numel() * row.element_size()

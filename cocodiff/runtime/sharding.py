@@ -14,7 +14,6 @@ and no mask.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,10 +29,6 @@ class TokenShard:
     @property
     def chunk(self) -> int:
         return -(-self.total // self.num_ranks)
-
-    @property
-    def padding(self) -> int:
-        return self.chunk * self.num_ranks - self.total
 
     def split(self, x: torch.Tensor, dim: int, rank: int) -> torch.Tensor:
         """This rank's chunk of ``x`` along ``dim``, zero-padded to ``chunk``."""
@@ -75,6 +70,3 @@ class TokenLayout:
             offset_in_rank += shard.chunk
         return torch.cat(positions)
 
-
-def stream_order(layout_streams: Sequence[TokenShard]) -> TokenLayout:
-    return TokenLayout(tuple(layout_streams))

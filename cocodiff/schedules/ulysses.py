@@ -29,15 +29,6 @@ def split_heads(num_heads: int, num_ranks: int) -> tuple[int, ...]:
     return tuple(bounds[rank + 1] - bounds[rank] for rank in range(num_ranks))
 
 
-def head_offsets(heads: tuple[int, ...]) -> tuple[int, ...]:
-    """The first head of each rank."""
-    offsets, first = [], 0
-    for count in heads:
-        offsets.append(first)
-        first += count
-    return tuple(offsets)
-
-
 def ulysses_layout(
     spec: ModelSpec, num_ranks: int, stream_tokens: Sequence[int], batch: int = 1
 ) -> UlyssesLayout:
