@@ -134,3 +134,38 @@ class CompletedHandle:
             raise TransportError("wait() called twice on the same handle")
         self._waited = True
         return self._result
+
+
+def check_group_ranks(ranks: tuple[int, ...], world_size: int) -> None:
+    """Raise ValueError unless ``ranks`` is a non-empty set of distinct world ranks."""
+    if not ranks:
+        raise ValueError("a group needs at least one rank")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"duplicate ranks in group {ranks}")
+    bad = [r for r in ranks if not 0 <= r < world_size]
+    if bad:
+        raise ValueError(f"ranks {bad} outside world of {world_size}")
+
+
+def check_all_to_all(
+    rank: int,
+    group: Group,
+    send_shape: Sequence[int],
+    send_rows: Sequence[int],
+    recv_rows: Sequence[int],
+) -> None:
+    """Raise ValueError unless the arguments describe a valid all-to-all for ``rank``
+    (the same message from every backend)."""
+    if rank not in group.ranks:
+        raise ValueError(f"rank {rank} is not in group {group.ranks}")
+    if len(send_shape) == 0:
+        raise ValueError("send buffer must have at least one dimension (rows)")
+    for label, rows in (("send_splits", send_rows), ("recv_splits", recv_rows)):
+        if len(rows) != group.size:
+            raise ValueError(f"{label} has {len(rows)} entries for a group of {group.size}")
+        if any(n < 0 for n in rows):
+            raise ValueError(f"negative entry in {label} {list(rows)}")
+    if sum(send_rows) != send_shape[0]:
+        raise ValueError(
+            f"send_splits {list(send_rows)} sum to {sum(send_rows)}, not {send_shape[0]}"
+        )

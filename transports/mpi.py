@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from transports.base import Group, TransportError
+from transports.base import Group, TransportError, check_all_to_all, check_group_ranks
 
 
 def _one_line(exc: BaseException) -> str:
@@ -211,7 +211,7 @@ class MpiTransport:
         key = tuple(int(r) for r in ranks)
         if key in self._groups:
             return self._groups[key]
-        _check_group_ranks(key, self._world_size)
+        check_group_ranks(key, self._world_size)
         # MPI_Comm_create blocks and has no nonblocking form: meet in a bounded barrier
         # first, so that a dead peer is caught here rather than inside Create.
         self._barrier(f"MPI new_group({list(key)}) on rank {self._rank}")
@@ -243,7 +243,7 @@ class MpiTransport:
         group = self._world if group is None else group
         send_rows = [int(n) for n in send_splits]
         recv_rows = [int(n) for n in recv_splits]
-        _check_all_to_all(self._rank, group, tuple(send.shape), send_rows, recv_rows)
+        check_all_to_all(self._rank, group, tuple(send.shape), send_rows, recv_rows)
         comm = self._comm if group.handle is None else group.handle
 
         if isinstance(send, np.ndarray):
@@ -331,32 +331,3 @@ def _torch_buffers(
 
     return send_buf, recv_buf, row_bytes, finish
 
-
-def _check_group_ranks(ranks: tuple[int, ...], world_size: int) -> None:
-    if not ranks:
-        raise ValueError("a group needs at least one rank")
-    if len(set(ranks)) != len(ranks):
-        raise ValueError(f"duplicate ranks in group {ranks}")
-    bad = [r for r in ranks if not 0 <= r < world_size]
-    if bad:
-        raise ValueError(f"ranks {bad} outside world of {world_size}")
-
-
-def _check_all_to_all(
-    rank: int,
-    group: Group,
-    send_shape: tuple[int, ...],
-    send_rows: list[int],
-    recv_rows: list[int],
-) -> None:
-    if rank not in group.ranks:
-        raise ValueError(f"rank {rank} is not in group {group.ranks}")
-    if len(send_shape) == 0:
-        raise ValueError("send buffer must have at least one dimension (rows)")
-    for label, rows in (("send_splits", send_rows), ("recv_splits", recv_rows)):
-        if len(rows) != group.size:
-            raise ValueError(f"{label} has {len(rows)} entries for a group of {group.size}")
-        if any(n < 0 for n in rows):
-            raise ValueError(f"negative entry in {label} {rows}")
-    if sum(send_rows) != send_shape[0]:
-        raise ValueError(f"send_splits {send_rows} sum to {sum(send_rows)}, not {send_shape[0]}")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from transports.base import Group, TransportError
+from transports.base import Group, TransportError, check_all_to_all, check_group_ranks
 from transports.launch import LaunchInfo, detect_launch, torch_store
 
 # Device type -> collective backend. XPU falls back to oneCCL's "ccl" when torch lacks xccl.
@@ -217,7 +217,7 @@ class TorchTransport:
         key = tuple(int(r) for r in ranks)
         if key in self._groups:
             return self._groups[key]
-        _check_group_ranks(key, self._world_size)
+        check_group_ranks(key, self._world_size)
         members = tuple(sorted(key))
         if members not in self._process_groups:
             try:
@@ -244,7 +244,7 @@ class TorchTransport:
         group = self._world if group is None else group
         send_rows = [int(n) for n in send_splits]
         recv_rows = [int(n) for n in recv_splits]
-        _check_all_to_all(self._rank, group, send.shape, send_rows, recv_rows)
+        check_all_to_all(self._rank, group, send.shape, send_rows, recv_rows)
         trailing = tuple(send.shape[1:])
         # (n, *trailing) -> (n, row_bytes) uint8, a view of the contiguous send buffer.
         send_bytes = send.contiguous().reshape(send.shape[0], math.prod(trailing))
@@ -310,34 +310,6 @@ class TorchTransport:
         self._process_groups.clear()
 
 
-def _check_group_ranks(ranks: tuple[int, ...], world_size: int) -> None:
-    if not ranks:
-        raise ValueError("a group needs at least one rank")
-    if len(set(ranks)) != len(ranks):
-        raise ValueError(f"duplicate ranks in group {ranks}")
-    bad = [r for r in ranks if not 0 <= r < world_size]
-    if bad:
-        raise ValueError(f"ranks {bad} outside world of {world_size}")
-
-
-def _check_all_to_all(
-    rank: int,
-    group: Group,
-    send_shape: Sequence[int],
-    send_rows: list[int],
-    recv_rows: list[int],
-) -> None:
-    if rank not in group.ranks:
-        raise ValueError(f"rank {rank} is not in group {group.ranks}")
-    if len(send_shape) == 0:
-        raise ValueError("send buffer must have at least one dimension (rows)")
-    for label, rows in (("send_splits", send_rows), ("recv_splits", recv_rows)):
-        if len(rows) != group.size:
-            raise ValueError(f"{label} has {len(rows)} entries for a group of {group.size}")
-        if any(n < 0 for n in rows):
-            raise ValueError(f"negative entry in {label} {rows}")
-    if sum(send_rows) != send_shape[0]:
-        raise ValueError(f"send_splits {send_rows} sum to {sum(send_rows)}, not {send_shape[0]}")
 
 
 def _ascending_order(ranks: tuple[int, ...]) -> list[int] | None:
