@@ -339,34 +339,31 @@ def _wan(config: Mapping[str, Any], name: str) -> ModelSpec:
     )
 
 
-def _pixart(config: Mapping[str, Any], name: str) -> ModelSpec:
+def _plain_dit(config: Mapping[str, Any], name: str, family: str,
+               cross_attention_tokens: int) -> ModelSpec:
+    """The original DiT layout: self-attention without Q/K norm or RoPE (positions are
+    added once to the patch embedding), optionally cross-attention to text."""
     return ModelSpec(
         name=name,
-        family="pixart",
+        family=family,
         num_layers=_positive_int(config, "num_layers"),
         num_heads=_positive_int(config, "num_attention_heads"),
         head_dim=_positive_int(config, "attention_head_dim"),
         text_tokens=0,
-        cross_attention_tokens=300,  # PixArt-Sigma's max_sequence_length (Alpha used 120)
+        cross_attention_tokens=cross_attention_tokens,
         patch_size=_positive_int(config, "patch_size"),
         has_qk_norm=False,
         has_rope=False,
     )
+
+
+def _pixart(config: Mapping[str, Any], name: str) -> ModelSpec:
+    # 300: PixArt-Sigma's max_sequence_length (Alpha used 120).
+    return _plain_dit(config, name, "pixart", cross_attention_tokens=300)
 
 
 def _dit(config: Mapping[str, Any], name: str) -> ModelSpec:
-    return ModelSpec(
-        name=name,
-        family="dit",
-        num_layers=_positive_int(config, "num_layers"),
-        num_heads=_positive_int(config, "num_attention_heads"),
-        head_dim=_positive_int(config, "attention_head_dim"),
-        text_tokens=0,
-        cross_attention_tokens=0,
-        patch_size=_positive_int(config, "patch_size"),
-        has_qk_norm=False,
-        has_rope=False,
-    )
+    return _plain_dit(config, name, "dit", cross_attention_tokens=0)
 
 
 # Hub checkpoints older than diffusers 0.28 (DiT-XL-2, PixArt) name the generic class;
