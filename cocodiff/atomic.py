@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from cocodiff.errors import CocodiffError
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
@@ -34,3 +36,18 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def check_output_paths(paths: Iterable[Path | None]) -> None:
+    """Refuse, before any work, output paths that could not be written at the end.
+
+    Raises:
+        CocodiffError: a directory that does not exist, or a path that is a directory.
+    """
+    for path in paths:
+        if path is None:
+            continue
+        if not path.parent.is_dir():
+            raise CocodiffError(f"output directory {path.parent} does not exist (for {path})")
+        if path.is_dir():  # also "" (the working directory)
+            raise CocodiffError(f"output {str(path)!r} is a directory, not a file")

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cocodiff.atomic import check_output_paths
 from cocodiff.errors import CocodiffError
 
 ROW_BYTES = 1024  # exchanges move rows of 1 KiB; sizes are whole rows
@@ -695,9 +696,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
-    for path in (args.output, args.json):
-        if path is not None and not path.parent.is_dir():
-            raise CalibrationError(f"output directory {path.parent} does not exist (for {path})")
+    check_output_paths((args.output, args.json))
     if args.inter_gbps is not None and args.inter_gbps <= 0:
         raise CalibrationError(f"--inter-gbps must be positive, got {args.inter_gbps}")
     if args.inter_latency_us < 0:

@@ -72,14 +72,11 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
 
 
 def simulate_command(args: argparse.Namespace) -> int:
+    from cocodiff.atomic import check_output_paths
     from cocodiff.schedules import VMajorOptions, get_schedule
     from transports.sim import COLLECTIVE_MODELS
 
-    for path in (args.json, args.trace, args.plot):
-        if path is not None and not path.parent.is_dir():
-            raise CocodiffError(f"output directory {path.parent} does not exist (for {path})")
-        if path is not None and path.is_dir():  # also "" (the working directory)
-            raise CocodiffError(f"output {str(path)!r} is a directory, not a file")
+    check_output_paths((args.json, args.trace, args.plot))
     if args.steps > MAX_STEPS:
         raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
     names = [name.strip() for name in args.schedule.split(",") if name.strip()]

@@ -205,6 +205,7 @@ def _end_job_after_failure(launch) -> None:
 
 def _check_arguments(args: argparse.Namespace) -> None:
     """Everything about the arguments that can be checked before the expensive imports."""
+    from cocodiff.atomic import check_output_paths
     from cocodiff.models import parse_resolution
     from cocodiff.schedules import get_schedule
     from transports.registry import AUTO, TRANSPORTS, create_transport
@@ -213,12 +214,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if args.transport != AUTO and args.transport not in TRANSPORTS:
         create_transport(args.transport)  # raises the registry's one-line error
     outputs = [path for path in (args.output, args.json, args.save_latents) if path is not None]
-    for path in outputs:
-        if not path.parent.is_dir():
-            raise CocodiffError(f"output directory {str(path.parent)!r} does not exist "
-                                f"(for {str(path)!r})")
-        if path.is_dir():
-            raise CocodiffError(f"output {str(path)!r} is a directory, not a file")
+    check_output_paths(outputs)
     if len({path.resolve() for path in outputs}) != len(outputs):
         raise CocodiffError(f"--output, --json and --save-latents name the same file: "
                             f"{', '.join(map(str, outputs))}")
