@@ -1,24 +1,34 @@
-"""Measured step times of Ulysses schedules on an emulated cluster, next to the simulator's
-prediction for them from a calibrated topology.
+"""Measured step times of Ulysses schedules and of diffusers' own context parallelism on an
+emulated cluster, next to the simulator's prediction for each from a calibrated topology.
 
-1. Enlarge a built-in tiny model so that communication matters (more heads' width, more
-   layers, more tokens; same family, same text encoders and VAE), and save it as a
-   diffusers directory that ``cocodiff run --model DIR`` loads.
-2. Build the emulated cluster (``bench.cluster``: nodes = network namespaces, inter-node
-   links shaped with ``tc``), and run ``cocodiff calibrate`` across it at the enlarged
-   model's layer shapes: the calibrated topology TOML.
-3. Run ``cocodiff run`` of each schedule, schedules interleaved, ``--repeats`` rounds, and
-   record every step time (the first step of each run is left out: it builds plans and
-   warms caches).
-4. Simulate the same plans on the calibrated topology (the collective model's per-transfer
-   start-up measured by calibrate, one engine) and report each schedule's predicted step
-   time and its error against the measured median.
+1. Enlarge a built-in tiny model so that communication matters (more heads, more layers,
+   more tokens; same family, same text encoders and VAE), and save it as a diffusers
+   directory that ``cocodiff run --model DIR`` loads. Run it once in one process in
+   float32: the reference latents.
+2. For each configuration (``--configs``: nodes x ranks per node @ inter-node Gbit/s),
+   build the emulated cluster (``bench.cluster``: nodes = network namespaces, inter-node
+   links shaped with ``tc``) and run ``cocodiff calibrate`` across it at the enlarged
+   model's shapes: the calibrated topology TOML and collective model.
+3. Run every schedule (``flat``, ``tapa``, ``vfirst``, ``cocodiff`` and ``diffusers``, i.e.
+   ``ContextParallelConfig(ulysses_degree=P)`` on the same model, weights and inputs)
+   ``--repeats`` rounds, interleaved, the order rotated every round, in one launch across
+   the cluster (``bench/emulated_session.py``); every step time is recorded, the first
+   step of each run left out (it builds plans and warms caches).
+4. Check that the exact schedules' final latents (round 1, float32) equal the
+   single-process reference within 1e-5; with ``--dtype bfloat16`` a second, float32
+   session of the exact schedules does the check.
+5. Simulate each schedule's plans (diffusers: the flat plan, which is what it does) on the
+   calibrated topology with the calibrated collective model, and report each predicted
+   step time and its error against the measured median.
 
-Writes JSON (default ``results/emulated_speedup.json``) and prints a table.
+Writes JSON (default ``results/emulated_speedup.json``), prints a table per configuration,
+and with ``--plot`` draws measured against predicted step times
+(``bench/emulated_report.py`` prints the README's table from the JSON).
 
-    python bench/emulated_speedup.py --schedules flat --repeats 3
-    python bench/emulated_speedup.py --schedules flat,tapa,vfirst,cocodiff --gbit 1 \\
-        --nodes 2 --ranks-per-node 2
+    python bench/emulated_speedup.py --plot docs/emulated_speedup.png     # ~15-20 min
+    python bench/emulated_speedup.py --configs 2x2@1 --repeats 1 --steps 2 \\
+        --quick-calibration --heads 4 --head-dim 16 --layers 1 --single-layers 1 \\
+        --resolution 128                                                 # ~2 min smoke
 
 Needs root (network namespaces, tc).
 """
@@ -29,6 +39,7 @@ import argparse
 import dataclasses
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +51,8 @@ if str(REPO) not in sys.path:  # run as a script: make `bench` importable
     sys.path.insert(0, str(REPO))
 
 from bench.cluster import ClusterError, ClusterSpec, EmulatedCluster  # noqa: E402
-from bench.cluster.jobs import JOB_RUNNERS, JobFailed, run_job  # noqa: E402
+from bench.cluster.jobs import JobFailed, run_job  # noqa: E402
+from bench.emulated_report import plot, text_table  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,8 +69,8 @@ class EnlargedModel:
     """
 
     base: str = "tiny-flux"
-    heads: int = 4
-    head_dim: int = 32
+    heads: int = 8  # 8 ranks (4 x 2) split them evenly, as diffusers' Ulysses requires
+    head_dim: int = 16
     layers: int = 2
     single_layers: int = 4
     resolution: int = 512
@@ -129,29 +141,77 @@ def model_spec(directory: Path, model: EnlargedModel):
     return dataclasses.replace(spec, name=f"{model.base}-enlarged", text_tokens=text)
 
 
+# Schedules the simulator predicts with another schedule's plan: diffusers' context
+# parallelism is flat Ulysses (Q's, K's and V's all-to-alls over all ranks, each waited
+# before the next starts, then the output's), exactly our flat plan.
+PLAN_OF = {"diffusers": "flat"}
+# Schedules whose output must equal single-process diffusers (float32, atol 1e-5).
+EXACT = ("flat", "tapa", "vfirst", "diffusers")
+EXACT_ATOL = 1e-5
+DEFAULT_CONFIGS = "2x2@1,2x2@5,4x2@1,4x2@5"
+DEFAULT_SCHEDULES = "flat,tapa,vfirst,cocodiff,diffusers"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    """One emulated cluster: ``nodes`` x ``ranks_per_node`` ranks, inter-node ``gbit``."""
+
+    nodes: int
+    ranks_per_node: int
+    gbit: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.nodes}x{self.ranks_per_node}@{self.gbit:g}"
+
+    @property
+    def layout(self) -> str:
+        return f"{self.nodes}x{self.ranks_per_node}x1"
+
+
+def parse_configs(text: str) -> list[Config]:
+    """``NODESxRANKS@GBIT[,...]`` -> configurations (e.g. ``2x2@1,4x2@5``)."""
+    configs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        shape, at, gbit = item.partition("@")
+        parts = shape.lower().split("x")
+        try:
+            nodes, ranks = (int(part) for part in parts)
+            rate = float(gbit)
+        except ValueError:
+            nodes = ranks = 0
+            rate = 0.0
+        if not at or len(parts) != 2 or nodes < 1 or ranks < 1 or not rate > 0:
+            raise ValueError(f"--configs item {item!r} is not NODESxRANKS@GBIT (e.g. 2x2@1)")
+        configs.append(Config(nodes, ranks, rate))
+    if not configs:
+        raise ValueError("--configs names no configuration")
+    return configs
+
+
 def predict(schedules: list[str], spec, resolution: int, topology_path: Path, steps: int,
-            dtype_bytes: int, startup_us: float) -> dict[str, dict[str, Any]]:
+            dtype_bytes: int, collective) -> dict[str, dict[str, Any]]:
     """Simulated step time of each schedule on the calibrated topology, averaged over the
     steps that are measured (all but the first)."""
     from cocodiff.schedules import RankGrid, plan_for_step
     from cocodiff.simulate import simulate_plan
     from topology import Placement, build_topology, load_topology
-    from transports.sim import CollectiveModel
 
     topology = build_topology(load_topology(topology_path))
     placement = Placement.node_major(topology)
     grid = RankGrid.from_placement(topology, placement)
     streams = (spec.image_tokens(resolution, resolution), spec.text_tokens)
-    collective = CollectiveModel("calibrated", startup_us=startup_us, engines=1)
     out = {}
     for name in schedules:
+        plan_name = PLAN_OF.get(name, name)
         results = [
-            simulate_plan(plan_for_step(name, spec, grid, streams, step, steps,
+            simulate_plan(plan_for_step(plan_name, spec, grid, streams, step, steps,
                                         dtype_bytes=dtype_bytes),
                           topology, placement, collective=collective)
             for step in range(1, steps)
         ]
         out[name] = {
+            "predicted_with_plan": plan_name,
             "predicted_step_s": statistics.fmean(r.step_time_s for r in results),
             "predicted_compute_s": statistics.fmean(r.compute_s for r in results),
             "predicted_comm_exposed_s": statistics.fmean(r.comm_exposed_s for r in results),
@@ -159,21 +219,35 @@ def predict(schedules: list[str], spec, resolution: int, topology_path: Path, st
     return out
 
 
+def collective_model(calibration_json: Path):
+    """The simulator's collective model as calibrate measured it (links only if it did
+    not)."""
+    from transports.sim import CollectiveModel
+
+    measured = {}
+    if calibration_json.is_file():
+        measured = json.loads(calibration_json.read_text()).get("collective", {})
+    known = {field.name for field in dataclasses.fields(CollectiveModel)} - {"name"}
+    options = {key: (tuple(tuple(pair) for pair in value) if isinstance(value, list) else value)
+               for key, value in measured.items() if key in known}
+    return CollectiveModel("calibrated", **options)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--ranks-per-node", type=int, default=2)
-    parser.add_argument("--gbit", type=float, default=1.0,
-                        help="inter-node rate, Gbit/s per direction (default 1)")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS,
+                        help="clusters to measure, NODESxRANKS@GBIT comma-separated "
+                        f"(default {DEFAULT_CONFIGS})")
     parser.add_argument("--delay-ms", type=float, default=0.0,
                         help="inter-node one-way delay (needs netem; default 0)")
-    parser.add_argument("--schedules", default="flat",
-                        help="comma-separated schedules, run interleaved (default: flat)")
-    parser.add_argument("--transport", default="torch", choices=sorted(JOB_RUNNERS))
+    parser.add_argument("--schedules", default=DEFAULT_SCHEDULES,
+                        help="comma-separated schedules, run interleaved; 'diffusers' is "
+                        f"diffusers' own context parallelism (default: {DEFAULT_SCHEDULES})")
     parser.add_argument("--repeats", type=int, default=3, help="rounds over the schedules")
     parser.add_argument("--steps", type=int, default=6,
                         help="denoising steps per run; the first is not counted (default 6)")
-    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="(default float32; the equality check always runs in float32)")
     parser.add_argument("--base", default="tiny-flux", choices=sorted(ENLARGERS))
     defaults = EnlargedModel()
     parser.add_argument("--heads", type=int, default=defaults.heads)
@@ -181,11 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=defaults.layers)
     parser.add_argument("--single-layers", type=int, default=defaults.single_layers)
     parser.add_argument("--resolution", type=int, default=defaults.resolution)
-    parser.add_argument("--calibration", type=Path, default=None,
-                        help="use this calibrated topology TOML (with its --json beside it as "
-                        "NAME.json) instead of calibrating")
+    parser.add_argument("--quick-calibration", action="store_true",
+                        help="calibrate with fewer sizes and repeats")
     parser.add_argument("--timeout", type=float, default=600.0, help="per job, seconds")
     parser.add_argument("--json", type=Path, default=REPO / "results" / "emulated_speedup.json")
+    parser.add_argument("--plot", type=Path, default=None, help="write the plot (PNG) here")
     args = parser.parse_args(argv)
     try:
         return _run(args)
@@ -193,22 +267,40 @@ def main(argv: list[str] | None = None) -> int:
         kind = "job failed" if isinstance(error, JobFailed) else "error"
         print(f"emulated_speedup: {kind}: {error}", file=sys.stderr)
         return 1
+    except subprocess.SubprocessError as error:  # the single-process reference run
+        print(f"emulated_speedup: reference run failed: {error}", file=sys.stderr)
+        return 1
+
+
+def _check_schedules(text: str) -> list[str]:
+    from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.schedules import get_schedule
+
+    schedules = [name.strip() for name in text.split(",") if name.strip()]
+    if not schedules:
+        raise ValueError("--schedules names no schedule")
+    for name in schedules:
+        if name not in BASELINES:
+            try:
+                get_schedule(name)
+            except ValueError as error:
+                raise ValueError(f"{error}, or a baseline: {', '.join(BASELINES)}") from None
+    if len(set(schedules)) != len(schedules):
+        raise ValueError(f"--schedules repeats a schedule: {text}")
+    return schedules
 
 
 def _run(args: argparse.Namespace) -> int:
-    schedules = [name.strip() for name in args.schedules.split(",") if name.strip()]
-    if not schedules:
-        raise ValueError("--schedules names no schedule")
+    schedules = _check_schedules(args.schedules)
+    configs = parse_configs(args.configs)
     if args.steps < 2:
         raise ValueError(f"--steps must be at least 2 (the first is not counted), got {args.steps}")
-    from cocodiff.schedules import get_schedule
-
-    for name in schedules:
-        get_schedule(name)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    began = time.monotonic()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     model = EnlargedModel(args.base, args.heads, args.head_dim, args.layers, args.single_layers,
                           args.resolution)
-    cluster_spec = ClusterSpec(args.nodes, args.ranks_per_node, args.gbit, args.delay_ms)
     work = Path(tempfile.mkdtemp(prefix="cocodiff-emulated-speedup-"))
     model_dir = export_enlarged(model, work / "model")
     spec = model_spec(model_dir, model)
@@ -219,79 +311,167 @@ def _run(args: argparse.Namespace) -> int:
           f"({spec.num_heads} heads x {spec.head_dim}), {spec.num_layers} layers "
           f"({model.layers} double + {model.single_layers} single), {args.dtype}", flush=True)
     common = ["--model", str(model_dir), "--resolution", str(args.resolution)]
-    runs: list[dict[str, Any]] = []
+    # The equality check: every exact schedule's final latents against one single-process
+    # run, in float32. With --dtype float32 the timed runs of round 1 are those runs.
+    check_steps = args.steps if args.dtype == "float32" else 2
+    reference = work / "reference.pt"
+    subprocess.run([sys.executable, "-m", "cocodiff", "run", *common, "--steps",
+                    str(check_steps), "--dtype", "float32", "--quiet", "--save-latents",
+                    str(reference)], check=True, env=_single_process_env(), cwd=REPO,
+                   stdin=subprocess.DEVNULL, timeout=args.timeout)
+    report_configs = []
+    notes: list[str] = []
+    for config in configs:
+        report_configs.append(_measure_config(args, config, schedules, model_dir, spec, common,
+                                              work, reference, check_steps, notes))
+    report = {
+        "model": {**dataclasses.asdict(model), "name": spec.name,
+                  "hidden_size": spec.hidden_size, "num_heads": spec.num_heads,
+                  "num_layers": spec.num_layers, "tokens": tokens, "image_tokens": image_tokens,
+                  "text_tokens": spec.text_tokens, "dtype": args.dtype},
+        "transport": "torch (gloo)",
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "schedules": schedules,
+        "configs": report_configs,
+        "notes": notes,
+        "wall_s": time.monotonic() - began,
+    }
+    args.json.write_text(json.dumps(report, indent=2))
+    for config in report_configs:
+        print(text_table(config))
+        equality = config["equality"]
+        print(f"  equality ({equality['dtype']}, atol {EXACT_ATOL:g}): " + ", ".join(
+            f"{name} {diff:.1e}" for name, diff in equality["max_abs_diff"].items())
+              + f" -> {'passed' if equality['passed'] else 'FAILED'}")
+    for note in notes:
+        print(f"note: {note}")
+    if args.plot is not None:
+        plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    print(f"wrote {args.json} in {report['wall_s']:.0f} s (work files in {work})")
+    return 0
+
+
+def _single_process_env() -> dict[str, str]:
+    import os
+
+    from bench.cluster.jobs import LAUNCH_VARS
+
+    env = {key: value for key, value in os.environ.items() if key not in LAUNCH_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def _measure_config(args, config: Config, schedules: list[str], model_dir: Path, spec,
+                    common: list[str], work: Path, reference: Path, check_steps: int,
+                    notes: list[str]) -> dict[str, Any]:
+    """Calibrate one cluster, run every schedule ``--repeats`` times interleaved, check the
+    exact schedules' outputs and predict every step time."""
+    cluster_spec = ClusterSpec(config.nodes, config.ranks_per_node, config.gbit, args.delay_ms)
+    here = work / config.label
+    here.mkdir()
+    print(f"{config.label}: {config.nodes} nodes x {config.ranks_per_node} ranks, "
+          f"inter-node {config.gbit:g} Gbit/s", flush=True)
     with EmulatedCluster(cluster_spec) as cluster:
-        cluster.write_topology(work / "emulated.toml")
-        if args.calibration is None:
-            calibration = work / "calibrated.toml"
-            began = time.monotonic()
-            run_job(cluster, [sys.executable, "-m", "cocodiff", "calibrate", *common,
-                              "--dtype", args.dtype, "--transport", args.transport,
-                              "--output", str(calibration),
-                              "--json", str(calibration.with_suffix(".json"))],
-                    args.transport, timeout_s=args.timeout, log_dir=work / "calibrate-logs")
-            print(f"calibrated in {time.monotonic() - began:.0f} s -> {calibration}", flush=True)
-        else:
-            calibration = args.calibration
-        for repeat in range(args.repeats):
-            for name in schedules:
-                out = work / f"run-{name}-{repeat}.json"
-                result = run_job(
-                    cluster,
-                    [sys.executable, "-m", "cocodiff", "run", *common, "--steps", str(args.steps),
-                     "--schedule", name, "--transport", args.transport, "--dtype", args.dtype,
-                     "--quiet", "--json", str(out)],
-                    args.transport, timeout_s=args.timeout, log_dir=work / f"logs-{name}-{repeat}",
-                )
-                record = json.loads(out.read_text())
-                counted = record["step_times_s"][1:]
-                runs.append({"schedule": name, "repeat": repeat, "wall_s": result.wall_s,
-                             "step_times_s": record["step_times_s"],
-                             "median_step_s": statistics.median(counted),
-                             "comm_s": record.get("comm_s")})
-                print(f"  {name} round {repeat + 1}: median step "
-                      f"{runs[-1]['median_step_s'] * 1e3:.1f} ms over {len(counted)} steps",
-                      flush=True)
-    calibration_json = calibration.with_suffix(".json")
-    startup_us = 0.0
-    if calibration_json.is_file():
-        startup_us = json.loads(calibration_json.read_text()).get("collective", {}).get(
-            "startup_us", 0.0)
+        cluster.write_topology(here / "emulated.toml")
+        calibration = here / "calibrated.toml"
+        started = time.monotonic()
+        run_job(cluster, [sys.executable, "-m", "cocodiff", "calibrate", *common,
+                          "--dtype", args.dtype, "--transport", "torch",
+                          *(["--quick"] if args.quick_calibration else []),
+                          "--output", str(calibration),
+                          "--json", str(calibration.with_suffix(".json"))],
+                "torch", timeout_s=args.timeout, log_dir=here / "calibrate-logs")
+        print(f"  calibrated in {time.monotonic() - started:.0f} s", flush=True)
+
+        session = _run_session(args, cluster, config, schedules, model_dir, here / "session",
+                               args.dtype, args.steps, args.repeats)
+        if args.dtype != "float32":  # the equality check runs in float32
+            exact = [name for name in schedules if name in EXACT]
+            check = _run_session(args, cluster, config, exact, model_dir, here / "check",
+                                 "float32", check_steps, 1)
+            session["latents"] = check["latents"]
+    runs = []
+    for run in session["runs"]:
+        counted = run["step_times_s"][1:]
+        runs.append({**run, "median_step_s": statistics.median(counted)})
+    skipped = session["skipped"]
+    for name, message in skipped.items():
+        notes.append(f"{name} skipped on {config.label}: the runtime refused it ({message})")
+    latents = session["latents"]
+    measured_schedules = [name for name in schedules if name not in skipped]
+    equality = _equality(reference, latents)
     dtype_bytes = 2 if args.dtype == "bfloat16" else 4
-    predicted = predict(schedules, spec, args.resolution, calibration, args.steps, dtype_bytes,
-                        startup_us)
-    summary = {}
-    for name in schedules:
+    collective = collective_model(calibration.with_suffix(".json"))
+    predicted = predict(measured_schedules, spec, args.resolution, calibration, args.steps,
+                        dtype_bytes, collective)
+    summary: dict[str, dict[str, Any]] = {}
+    for name in measured_schedules:
         medians = [r["median_step_s"] for r in runs if r["schedule"] == name]
         measured = statistics.median(medians)
         summary[name] = {"measured_step_s": measured, "min_step_s": min(medians),
                          "max_step_s": max(medians), **predicted[name],
                          "error": predicted[name]["predicted_step_s"] / measured - 1}
-    if "flat" in summary:
-        for row in summary.values():
-            row["measured_speedup_over_flat"] = summary["flat"]["measured_step_s"] / row[
-                "measured_step_s"]
-            row["predicted_speedup_over_flat"] = summary["flat"]["predicted_step_s"] / row[
-                "predicted_step_s"]
-    report = {
-        "cluster": dataclasses.asdict(cluster_spec),
-        "transport": args.transport,
-        "model": {**dataclasses.asdict(model), "hidden_size": spec.hidden_size,
-                  "num_layers": spec.num_layers, "tokens": tokens, "dtype": args.dtype},
-        "steps": args.steps,
-        "repeats": args.repeats,
-        "calibration": {"topology": calibration.read_text(), "startup_us": startup_us},
+    for base in ("flat", "diffusers"):
+        if base in summary:
+            for row in summary.values():
+                row[f"measured_speedup_over_{base}"] = (summary[base]["measured_step_s"]
+                                                        / row["measured_step_s"])
+                row[f"predicted_speedup_over_{base}"] = (summary[base]["predicted_step_s"]
+                                                         / row["predicted_step_s"])
+    return {
+        "cluster": {**dataclasses.asdict(cluster_spec), "layout": config.layout},
+        "calibration": {"topology": calibration.read_text(),
+                        "collective": dataclasses.asdict(collective),
+                        "measured": _read_json(calibration.with_suffix(".json"))},
         "runs": runs,
+        "skipped": skipped,
+        "equality": equality,
         "summary": summary,
     }
-    args.json.write_text(json.dumps(report, indent=2))
-    print(f"{'schedule':>10} {'measured':>10} {'(min-max)':>17} {'predicted':>10} {'error':>7}")
-    for name, row in summary.items():
-        print(f"{name:>10} {row['measured_step_s'] * 1e3:8.1f}ms "
-              f"({row['min_step_s'] * 1e3:6.1f}-{row['max_step_s'] * 1e3:6.1f}ms) "
-              f"{row['predicted_step_s'] * 1e3:8.1f}ms {row['error']:+7.0%}")
-    print(f"wrote {args.json} (work files in {work})")
-    return 0
+
+
+def _run_session(args, cluster, config: Config, schedules: list[str], model_dir: Path,
+                 out: Path, dtype: str, steps: int, repeats: int) -> dict[str, Any]:
+    """Run every schedule ``repeats`` rounds in one launch (``bench/emulated_session.py``);
+    its runs, skipped schedules and saved latents."""
+    out.mkdir()
+    started = time.monotonic()
+    result = run_job(
+        cluster,
+        [sys.executable, str(REPO / "bench" / "emulated_session.py"), str(model_dir),
+         str(args.resolution), str(steps), config.layout, dtype, str(repeats),
+         ",".join(schedules), str(out)],
+        "torch", timeout_s=args.timeout, log_dir=out / "logs",
+    )
+    for line in result.output(0).splitlines():
+        print(f"  {line}", flush=True)
+    print(f"  session ({dtype}, {repeats} round(s)) in {time.monotonic() - started:.0f} s",
+          flush=True)
+    session = json.loads((out / "session.json").read_text())
+    session["latents"] = {name: out / f"latents-{name}.pt" for name in schedules
+                          if (out / f"latents-{name}.pt").is_file()}
+    return session
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _equality(reference: Path, latents: dict[str, Path]) -> dict[str, Any]:
+    """Max abs difference of each schedule's final latents from the single-process run;
+    passed when every exact schedule's is within :data:`EXACT_ATOL`."""
+    import torch
+
+    expected = torch.load(reference, weights_only=True)
+    diffs = {name: float((torch.load(path, weights_only=True) - expected).abs().max())
+             for name, path in latents.items()}
+    exact = {name: diff for name, diff in diffs.items() if name in EXACT}
+    return {"dtype": "float32", "reference": "single process", "max_abs_diff": diffs,
+            "atol": EXACT_ATOL, "checked": sorted(exact),
+            "passed": bool(exact) and all(diff <= EXACT_ATOL for diff in exact.values())}
 
 
 if __name__ == "__main__":

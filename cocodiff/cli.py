@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cocodiff.calibrate import add_calibrate_arguments, calibrate_command
 from cocodiff.errors import CocodiffError, one_line
+from cocodiff.plan_command import add_plan_arguments, plan_command
 from cocodiff.runtime.run import add_run_arguments, run_command
 from cocodiff.simulate_command import add_simulate_arguments, simulate_command
 
@@ -52,6 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_simulate_arguments(simulate, positive_int)
     simulate.set_defaults(handler=simulate_command)
+
+    plan = commands.add_parser(
+        "plan",
+        help="rank every Ulysses x Ring x batch layout and schedule by simulated step time",
+        description="Simulate every valid parallel layout (Ulysses degree x Ring degree x "
+        "batch/CFG degree = ranks, Ulysses degree at most the head count; Ulysses on the fast "
+        "tiers or the Ring there) under each schedule on a machine, and print the best few "
+        "with their predicted step times and the links' lower bound for their exchanges.",
+    )
+    add_plan_arguments(plan, positive_int)
+    plan.set_defaults(handler=plan_command)
 
     run = commands.add_parser(
         "run",

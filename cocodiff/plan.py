@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from cocodiff.cost import Cost
+from cocodiff.layout import ParallelLayout
 
-Tensor = Literal["q", "k", "v", "out"]
+# "kv": a Ring pass of one K/V block to the next Ring member (hybrid layouts).
+Tensor = Literal["q", "k", "v", "out", "kv"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +49,11 @@ class Phase:
         group: global ranks, group order.
         send_rows: rows sent to each member (forwarded blocks included).
         recv_rows: rows received from each member.
-        sent_fraction: the share of the rows actually sent; V-Major sends only the
-            active V blocks over slow tiers (the rest come from the receiver's cache).
-        index_bytes: bytes of block indices sent with a partial (V-Major) phase.
+        sent_fraction: the share of the V-Major blocks actually sent; V-Major sends only
+            the active V blocks over slow tiers (the rest come from the receiver's cache).
+        blocks_per_row: V-Major blocks a row is cut into when the phase is selective
+            (V-Major: messages carry the chosen blocks and their indices,
+            :func:`cocodiff.schedules.vmajor.message_bytes`); 0: whole rows.
     """
 
     level: Level
@@ -57,7 +61,11 @@ class Phase:
     send_rows: tuple[int, ...]
     recv_rows: tuple[int, ...]
     sent_fraction: float = 1.0
-    index_bytes: int = 0
+    blocks_per_row: int = 0
+
+    @property
+    def selective(self) -> bool:
+        return self.blocks_per_row > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +73,9 @@ class Exchange:
     """Start an all-to-all of ``tensor`` over ``group`` (global ranks, group order).
 
     ``scatter_heads``: tokens are split and heads whole before, the opposite after
-    (Q, K, V). ``gather_heads``: the reverse (the attention output).
+    (Q, K, V). ``gather_heads``: the reverse (the attention output). ``ring``: a Ring
+    pass (tensor "kv"): one row, the K/V block in hand, to the next member of the Ring,
+    one row from the previous; every other entry is 0 (``cocodiff.schedules.hybrid``).
 
     ``send_rows``/``recv_rows`` describe the logical exchange: what each member ends
     up with. With ``phases`` empty it runs as one flat all-to-all; otherwise as the
@@ -78,7 +88,7 @@ class Exchange:
     send_rows: tuple[int, ...]
     recv_rows: tuple[int, ...]
     row_bytes: int
-    direction: Literal["scatter_heads", "gather_heads"]
+    direction: Literal["scatter_heads", "gather_heads", "ring"]
     phases: tuple[Phase, ...] = ()
     chunks: int = 1
 
@@ -168,6 +178,8 @@ class Plan:
         shift_period: the plan is unchanged when every rank is shifted by this many
             ranks (mod the rank count), or None. The simulator folds node-symmetric
             traffic onto one node when the ranks per node is a multiple of it.
+        parallel: the Ulysses x Ring x batch layout (``cocodiff.layout``); None for pure
+            Ulysses over every rank, when ``layout`` is the whole story.
     """
 
     schedule: str
@@ -175,6 +187,7 @@ class Plan:
     layout: UlyssesLayout
     programs: tuple[RankProgram, ...] = field(repr=False)
     shift_period: int | None
+    parallel: ParallelLayout | None = None
 
     @property
     def num_ranks(self) -> int:
@@ -192,6 +205,7 @@ class Plan:
                 "model": self.model,
                 "layout": asdict(self.layout),
                 "shift_period": self.shift_period,
+                "parallel": None if self.parallel is None else asdict(self.parallel),
                 "programs": [_program_json(self.programs[r]) for r in chosen],
             }
         )

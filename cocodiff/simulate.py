@@ -11,22 +11,25 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import simpy
 
 from cocodiff.bounds import plan_bound_s
 from cocodiff.cost import roofline_seconds
 from cocodiff.executor import Execution, run_program
+from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Compute, Exchange, Plan
+from cocodiff.plan import Compute, Exchange, Phase, Plan
 from cocodiff.schedules import (
     STEP_DEPENDENT,
     RankGrid,
     VMajorOptions,
     get_schedule,
-    plan_for_step,
 )
 from cocodiff.schedules.activity import ActivityTrace, plan_from_activity
+from cocodiff.schedules.hybrid import plan_hybrid
+from cocodiff.schedules.vmajor import message_bytes
 from sim import Simulation
 from sim.timeline import merged_length
 from topology import TIERS, Placement, Topology
@@ -89,14 +92,10 @@ class SimBackend:
         cached = self._splits.get(key)
         if cached is None:
             def split(rows_per_member):
-                return [_chunk_bytes(rows, chunk, step.chunks, step.row_bytes,
-                                     phase.sent_fraction) for rows in rows_per_member]
+                return [_chunk_bytes(rows, chunk, step.chunks, step.row_bytes, phase)
+                        for rows in rows_per_member]
 
             send, recv = split(phase.send_rows), split(phase.recv_rows)
-            if phase.index_bytes:
-                share = phase.index_bytes // (step.chunks * max(1, len(send)))
-                send = [b + share if b else b for b in send]
-                recv = [b + share if b else b for b in recv]
             cached = self._splits[key] = (phase, send, recv)  # keeps the phase alive
         return cached[1], cached[2]
 
@@ -284,6 +283,8 @@ def simulate_schedule(
     record_spans: bool = False,
     with_bound: bool = True,
     activity: ActivityTrace | None = None,
+    parallel: ParallelLayout | None = None,
+    batch: int = 1,
 ) -> SimResult:
     """Simulate a schedule over a whole generation of ``num_steps`` denoising steps.
 
@@ -291,13 +292,24 @@ def simulate_schedule(
     plan changes with the step's cache ratio: ratios are rounded to multiples of
     :data:`RATIO_RESOLUTION`, each distinct one is simulated once, and the step times
     are averaged over the steps (``step_times_s`` lists them all). With an ``activity``
-    trace, V-Major's selection is the recorded one, step by step.
+    trace, V-Major's selection is the recorded one, step by step. With ``parallel`` (a
+    Ulysses x Ring x batch layout) the schedule runs inside each Ulysses group
+    (:func:`cocodiff.schedules.hybrid.plan_hybrid`); ``batch`` is the samples per step.
     """
     wall_start = time.perf_counter()
     grid = RankGrid.from_placement(topology, placement)
     kwargs = {} if name == "flat" or chunks is None else {"chunks": chunks}
     by_plan: dict[float, SimResult] = {}
     per_step: list[SimResult] = []
+    if parallel is not None:
+        if activity is not None:
+            raise ValueError("an activity trace replays a pure-Ulysses run; it cannot drive "
+                             "a parallel layout")
+        scheduler = partial(plan_hybrid, name, parallel=parallel, batch=batch)
+        flat_scheduler = partial(plan_hybrid, "flat", parallel=parallel, batch=batch)
+    else:
+        scheduler = partial(get_schedule(name), batch=batch)
+        flat_scheduler = partial(get_schedule("flat"), batch=batch)
     if activity is not None and name in STEP_DEPENDENT:
         for step in range(activity.num_steps):
             plan = plan_from_activity(spec, grid, stream_tokens, activity, step,
@@ -313,7 +325,7 @@ def simulate_schedule(
             if name in STEP_DEPENDENT:
                 kwargs |= {"cache_ratio": key,
                            "slow_levels": (vmajor or VMajorOptions()).slow_levels}
-            plan = get_schedule(name)(spec, grid, stream_tokens, **kwargs)
+            plan = scheduler(spec, grid, stream_tokens, **kwargs)
             by_plan[key] = simulate_plan(plan, topology, placement, collective=collective,
                                          record_spans=record_spans and not by_plan)
         per_step.append(by_plan[key])
@@ -336,7 +348,7 @@ def simulate_schedule(
         simulation=first.simulation,
     )
     if with_bound:
-        flat = plan_for_step("flat", spec, grid, stream_tokens, 0, num_steps)
+        flat = flat_scheduler(spec, grid, stream_tokens)
         result.bound_s = plan_bound_s(flat, topology, placement)
     result.wall_s = time.perf_counter() - wall_start
     return result
@@ -365,12 +377,15 @@ def _fold_period_nodes(plan: Plan, topology: Topology, placement: Placement) -> 
     return period_nodes
 
 
-def _chunk_bytes(rows: int, chunk: int, chunks: int, row_bytes: int, fraction: float) -> int:
-    """Bytes of chunk ``chunk`` of ``rows`` rows (rows split as evenly as possible),
-    of which only ``fraction`` is sent."""
+def _chunk_bytes(rows: int, chunk: int, chunks: int, row_bytes: int, phase: Phase) -> int:
+    """Bytes of chunk ``chunk`` of ``rows`` rows (rows split as evenly as possible) in
+    ``phase``: all of them, or a selective (V-Major) phase's message."""
     base, extra = divmod(rows, chunks)
     chunk_rows = base + (1 if chunk < extra else 0)
-    return int(round(chunk_rows * row_bytes * fraction))
+    if not phase.selective:
+        return chunk_rows * row_bytes
+    per_row = phase.blocks_per_row
+    return message_bytes(chunk_rows * per_row, row_bytes // per_row, phase.sent_fraction)
 
 
 def _rank_process(simulation: Simulation, execution: Execution, rank: int,

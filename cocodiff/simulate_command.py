@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 from cocodiff.errors import CocodiffError
+from cocodiff.plan_command import add_degree_arguments, explicit_layout
+from cocodiff.schedules.vmajor import add_vmajor_arguments, vmajor_from_arguments
 
 # Denoising steps beyond any real sampler (V-Major plans are made per step).
 MAX_STEPS = 10_000
@@ -47,19 +49,22 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
     parser.add_argument("--collective", default="auto",
                         help="collective model: auto (the preset's), ideal (links only), "
                         "aurora, dgx-h100, cluster")
-    parser.add_argument("--vmajor-ratio-schedule", default="linear",
-                        help="V-Major cached fraction: linear, linear:MAX, constant:R "
-                        "(default: linear, 0 -> 1)")
-    parser.add_argument("--vmajor-warmup", type=int, default=1,
-                        help="first steps that send all of V (default: 1)")
-    parser.add_argument("--vmajor-refresh", type=int, default=0,
-                        help="every N-th step sends all of V (default: 0, never)")
+    add_vmajor_arguments(parser)
     parser.add_argument("--activity-trace", type=Path, default=None,
                         help="replay a recorded V-Major activity trace (JSON, "
                         "cocodiff-activity/1) in the cocodiff schedule")
+    parser.add_argument("--layout", default=None, choices=("auto",),
+                        help="auto: each schedule on the planner's best Ulysses x Ring x batch "
+                        "layout (`cocodiff plan`); default: pure Ulysses over every rank, or "
+                        "the layout --ulysses/--ring/--batch give")
+    add_degree_arguments(parser, positive_int)
+    parser.add_argument("--batch-size", type=positive_int, default=1,
+                        help="samples per denoising step (2: a classifier-free-guidance "
+                        "batch; default 1)")
     parser.add_argument("--sweep", action="store_true",
                         help="run the paper's grid (models flux1-dev, qwen-image, sd35-large, "
-                        "flux2-dev; 768/1536/2304 px; 1/2/4/8 Aurora nodes)")
+                        "flux2-dev; 768/1536/2304 px; 1/2/4/8 Aurora nodes); where there are "
+                        "more ranks than heads, each schedule runs on the planner's layout")
     parser.add_argument("--sweep-models", default=None, help="restrict the sweep's models")
     parser.add_argument("--sweep-resolutions", default=None, help="restrict its resolutions")
     parser.add_argument("--sweep-nodes", default=None, help="restrict its node counts")
@@ -84,8 +89,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise CocodiffError("--schedule names no schedule")
     for name in names:
         get_schedule(name)
-    vmajor = VMajorOptions.parse(args.vmajor_ratio_schedule, args.vmajor_warmup,
-                                 args.vmajor_refresh)
+    vmajor = vmajor_from_arguments(args) or VMajorOptions()
     if args.collective != "auto" and args.collective not in COLLECTIVE_MODELS:
         raise CocodiffError(f"unknown collective model {args.collective!r}; valid: auto, "
                             f"{', '.join(COLLECTIVE_MODELS)}")
@@ -98,6 +102,11 @@ def simulate_command(args: argparse.Namespace) -> int:
             raise CocodiffError("--activity-trace replays one run; it cannot drive --sweep")
     else:
         args.activity = None
+    degrees = (args.ulysses, args.ring, args.batch)
+    if args.sweep and (args.layout or args.ring_inner or args.batch_size != 1
+                       or any(d is not None for d in degrees)):
+        raise CocodiffError("--sweep chooses its own layouts (the planner's where pure Ulysses "
+                            "cannot run); drop --layout, --ulysses/--ring/--batch, --batch-size")
     if args.sweep:
         return _sweep(args, names, vmajor, collective)
     return _single(args, names, vmajor, collective)
@@ -118,10 +127,12 @@ def _single(args, names, vmajor, collective) -> int:
     streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
     placement = Placement.node_major(topology)
     record = args.trace is not None or args.plot is not None
+    layouts = _layouts(args, names, model, topology, streams, collective, placement.num_ranks)
     results = [
         simulate_schedule(name, model, topology, placement, streams, args.steps,
                           chunks=args.chunks, vmajor=vmajor, collective=collective,
-                          record_spans=record, activity=args.activity)
+                          record_spans=record, activity=args.activity,
+                          parallel=layouts[name], batch=args.batch_size)
         for name in names
     ]
     spec = topology.spec
@@ -130,7 +141,7 @@ def _single(args, names, vmajor, collective) -> int:
         + f": {tokens} tokens on {spec.name}, {spec.num_nodes} node(s), "
         f"{placement.num_ranks} ranks; {args.steps} steps"
     )
-    notes = _notes(results, args.steps, collective, topology, model, placement)
+    notes = _notes(results, args.steps, collective, topology, model, placement, layouts)
     print_results(results, title, notes)
     if args.json:
         atomic_write_text(args.json, json.dumps({
@@ -142,7 +153,9 @@ def _single(args, names, vmajor, collective) -> int:
             "frames": args.frames,
             "steps": args.steps,
             "sequence_tokens": tokens,
-            "results": [r.to_json() for r in results],
+            "batch_size": args.batch_size,
+            "results": [{**r.to_json(), "layout": _layout_json(layouts[r.schedule])}
+                        for r in results],
         }, indent=2))
     if args.trace:
         atomic_write_text(args.trace,
@@ -152,7 +165,34 @@ def _single(args, names, vmajor, collective) -> int:
     return 0
 
 
-def _notes(results, steps, collective, topology, model, placement) -> list[str]:
+def _layouts(args, names, model, topology, streams, collective, num_ranks) -> dict:
+    """Each schedule's parallel layout: None (pure Ulysses), the flags', or the planner's."""
+    layout = explicit_layout(args, num_ranks)
+    if layout is not None and args.layout == "auto":
+        raise CocodiffError("--layout auto lets the planner choose: drop --ulysses/--ring/"
+                            "--batch, or drop --layout")
+    if layout is not None:
+        layout.check(num_ranks, model.num_heads, args.batch_size)
+        return dict.fromkeys(names, layout)
+    if args.layout == "auto":
+        if args.activity is not None:
+            raise CocodiffError("--activity-trace replays a pure-Ulysses run; it cannot use "
+                                "--layout auto")
+        from cocodiff.planner import best_layout
+
+        return {name: best_layout(model, topology, streams, name, args.batch_size, collective)
+                for name in names}
+    return dict.fromkeys(names)
+
+
+def _layout_json(layout) -> dict | None:
+    if layout is None:
+        return None
+    return {"name": layout.name, "ulysses": layout.ulysses, "ring": layout.ring,
+            "batch": layout.batch, "order": list(layout.order)}
+
+
+def _notes(results, steps, collective, topology, model, placement, layouts=None) -> list[str]:
     from transports.sim import collective_model_for
 
     model_used = collective or collective_model_for(topology.spec.name)
@@ -167,8 +207,12 @@ def _notes(results, steps, collective, topology, model, placement) -> list[str]:
             f"(simulated {r.simulated_ranks} of {r.num_ranks} ranks"
             + (", folded" if r.folded else "") + f", {r.wall_s:.2f} s wall)"
         )
+    for name, layout in (layouts or {}).items():
+        if layout is not None:
+            notes.append(f"{name}: layout {layout.name} (Ulysses {layout.ulysses} x Ring "
+                         f"{layout.ring} x batch {layout.batch})")
     heads = model.num_heads
-    if placement.num_ranks > heads:
+    if placement.num_ranks > heads and not any((layouts or {}).values()):
         notes.append(f"{placement.num_ranks} ranks > {heads} heads: "
                      f"{placement.num_ranks - heads} ranks hold no head during attention "
                      "(the pure-Ulysses limit)")
@@ -199,26 +243,33 @@ def _sweep(args, names, vmajor, collective) -> int:
             for nodes in nodes_list:
                 topology = build_topology(get_preset("aurora", nodes))
                 placement = Placement.node_major(topology)
+                # Past the head count pure Ulysses leaves ranks idle: every schedule then
+                # runs on the planner's best layout for it (flat included: USP's baseline).
+                layouts = (_planned_layouts(model, topology, streams, names, collective)
+                           if placement.num_ranks > model.num_heads else dict.fromkeys(names))
                 results = {name: simulate_schedule(name, model, topology, placement, streams,
                                                    args.steps, chunks=args.chunks,
-                                                   vmajor=vmajor, collective=collective)
+                                                   vmajor=vmajor, collective=collective,
+                                                   parallel=layouts[name])
                            for name in names}
                 flat = results["flat"].step_time_s
                 rows.append({
                     "model": model_name, "resolution": resolution, "nodes": nodes,
                     "num_ranks": placement.num_ranks,
-                    "idle_attention_ranks": max(0, placement.num_ranks - model.num_heads),
+                    "layouts": {name: layouts[name].name if layouts[name] else "pure"
+                                for name in names},
                     "results": [r.to_json() for r in results.values()],
                     "speedup": {name: flat / r.step_time_s for name, r in results.items()},
                 })
                 print(f"{model_name} {resolution}px {nodes} node(s): " + ", ".join(
                     f"{name} {rows[-1]['speedup'][name]:.2f}x" for name in names), flush=True)
     table = Table(title="simulated speedup over flat Ulysses (Aurora)", title_justify="left")
-    for column in ("model", "px", "nodes", *names):
+    for column in ("model", "px", "nodes", *names, "layout (flat / " + names[-1] + ")"):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(row["model"], str(row["resolution"]), str(row["nodes"]),
-                      *(f"{row['speedup'][name]:.2f}x" for name in names))
+                      *(f"{row['speedup'][name]:.2f}x" for name in names),
+                      f"{row['layouts']['flat']} / {row['layouts'][names[-1]]}")
     Console(width=200).print(table)
     best = names[-1]
     speedups = [row["speedup"][best] for row in rows]
@@ -234,6 +285,18 @@ def _sweep(args, names, vmajor, collective) -> int:
     if args.plot:
         atomic_write(args.plot, lambda tmp: _plot_sweep(rows, names, tmp))
     return 0
+
+
+def _planned_layouts(model, topology, streams, names, collective) -> dict:
+    """The planner's best layout for each schedule, from one ranking (V-Major's
+    ``cocodiff`` takes ``vfirst``'s: the same exchanges before V-Major trims them)."""
+    from cocodiff.planner import rank_layouts
+
+    ranked_as = {name: "vfirst" if name == "cocodiff" else name for name in names}
+    ranking = rank_layouts(model, topology, streams, tuple(dict.fromkeys(ranked_as.values())),
+                           collective=collective)
+    return {name: next(c.layout for c in ranking.candidates if c.schedule == ranked_as[name])
+            for name in names}
 
 
 def _sweep_values(text, default, kind, what):

@@ -167,16 +167,19 @@ def test_a_grid_that_does_not_hold_the_ranks_in_order_is_refused(grid, message):
 
 @needs_mpi
 @pytest.mark.multiprocess
-def test_a_layout_that_does_not_match_the_launch_stops_every_rank(tmp_path):
+@pytest.mark.parametrize(("args", "message"), [
+    (["--schedule", "tapa", "--layout", "2x2x1"], "--layout 2x2x1 holds 4 ranks, the launch has 2"),
+    (["--schedule", "cocodiff", "--layout", "2x1x1", "--vmajor-ratio-schedule", "linear:2"],
+     "V-Major ratio 2.0 is outside [0, 1]"),
+])
+def test_a_bad_layout_or_vmajor_option_stops_every_rank(tmp_path, args, message):
     # mpiexec only: torchrun ends the other ranks as soon as one exits, so rank 0 may be
     # stopped by SIGTERM before it prints the error that every rank found.
-    cmd = launcher_prefix("mpiexec", 2) + [
-        "-m", "cocodiff", "run", "--quiet", "--schedule", "tapa", "--layout", "2x2x1",
-    ]
+    cmd = launcher_prefix("mpiexec", 2) + ["-m", "cocodiff", "run", "--quiet", *args]
     result = run_job(cmd, tmp_path, timeout_s=60)  # every rank stops before any collective
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if "cocodiff run" in line]
-    assert lines == ["cocodiff run: error: --layout 2x2x1 holds 4 ranks, the launch has 2"]
+    assert lines == [f"cocodiff run: error: {message}"]
 
 
 @needs_mpi

@@ -175,16 +175,6 @@ def test_a_plan_missing_a_phase_is_refused():
         plan_route(replace(exchange, phases=exchange.phases[:1]), grid, plan.layout.heads, 0)
 
 
-def test_partial_phases_are_refused():
-    grid = RankGrid((2, 2, 1), (0, 1, 2, 3))
-    plan = plan_tapa(heads_spec(4), grid, (16,))
-    exchange = plan.program(0).layers[0].exchanges[2]
-    partial = replace(exchange.phases[0], sent_fraction=0.5)
-    with pytest.raises(PlanError, match="partial"):
-        plan_route(replace(exchange, phases=(partial, *exchange.phases[1:])), grid,
-                   plan.layout.heads, 0)
-
-
 def test_chunks_split_rows_as_evenly_as_possible():
     assert [chunk_rows(7, c, 3) for c in range(3)] == [3, 2, 2]
     assert [chunk_rows(1, c, 3) for c in range(3)] == [1, 0, 0]

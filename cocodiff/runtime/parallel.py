@@ -10,8 +10,10 @@ Three things are installed on the transformer, all from the model's :class:`Fami
 
 The plan is made on the first forward call, when the token counts are known, by the
 named scheduler for the rank grid (where the ranks sit: nodes x GPUs x tiles), and
-remade if they change. A topology-aligned plan's phased exchanges run as all-to-alls on
-the phase sub-groups (:mod:`cocodiff.runtime.tapa`).
+remade if they change (and, for cocodiff, every denoising step: V-Major's cached
+fraction follows a schedule over the steps). A topology-aligned plan's phased exchanges
+run as all-to-alls on the phase sub-groups (:mod:`cocodiff.runtime.tapa`); their
+selective (V-Major) phases send only the chosen V blocks (:mod:`cocodiff.runtime.vmajor`).
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ from cocodiff.runtime.families.base import (
 )
 from cocodiff.runtime.sharding import TokenLayout, TokenShard
 from cocodiff.runtime.tapa import PhasedHandle, Route, plan_route
-from cocodiff.schedules import RankGrid, get_schedule
+from cocodiff.runtime.vmajor import VMajorCache
+from cocodiff.schedules import STEP_DEPENDENT, RankGrid, VMajorOptions, get_schedule
+from cocodiff.schedules.grid import LEVELS
 from transports.base import CompletedHandle, Group, Handle, Transport
 
-# Schedules whose exchanges the runtime can carry (V-Major's selective exchange on real
-# transports is not built yet).
-RUNTIME_SCHEDULES = frozenset({"flat", "tapa", "vfirst"})
+# The tier (a topology.TIERS name) that messages between ranks differing first in this
+# level cross: the runtime counts its bytes per tier, as the simulator does.
+LEVEL_TIERS = {"node": "inter-node", "gpu": "intra-node", "tile": "intra-gpu"}
 
 
 class UnsupportedModelError(CocodiffError):
@@ -73,6 +77,7 @@ class UlyssesRuntime:
     def __init__(
         self, transformer: torch.nn.Module, transport: Transport, family: Family, schedule: str,
         grid: RankGrid | None = None, chunks: int | None = None,
+        vmajor: VMajorOptions | None = None,
     ) -> None:
         self.transformer = transformer
         self.transport = transport
@@ -80,16 +85,10 @@ class UlyssesRuntime:
         # An in-memory config lacks the "_class_name" a saved config.json has.
         config = {"_class_name": type(transformer).__name__, **dict(transformer.config)}
         self.spec: ModelSpec = spec_from_config(config, name=type(transformer).__name__)
-        if transport.world_size > self.spec.num_heads:
+        if self.ulysses_ranks(transport) > self.spec.num_heads:
             raise UnsupportedModelError(
                 f"{transport.world_size} ranks cannot split the {self.spec.num_heads} attention "
                 f"heads of {self.spec.name}: launch at most {self.spec.num_heads} ranks"
-            )
-        if schedule not in RUNTIME_SCHEDULES:
-            get_schedule(schedule)  # an unknown name gets the registry's message
-            raise UnsupportedModelError(
-                f"schedule {schedule!r} runs in the simulator only so far; the runtime runs: "
-                f"{', '.join(sorted(RUNTIME_SCHEDULES))}"
             )
         self.grid = RankGrid.line(transport.world_size) if grid is None else grid
         if self.grid.num_ranks != transport.world_size:
@@ -107,9 +106,22 @@ class UlyssesRuntime:
             )
         if chunks is not None and (schedule == "flat" or chunks < 1):
             raise ScheduleError(f"chunks={chunks}: a positive number of pipeline chunks, for "
-                                "the phased schedules (tapa, vfirst) only")
+                                "the phased schedules (tapa, vfirst, cocodiff) only")
+        if vmajor is not None and schedule not in STEP_DEPENDENT:
+            raise ScheduleError(f"V-Major options apply to the cocodiff schedule, not "
+                                f"{schedule!r}")
         self.scheduler = get_schedule(schedule)
         self.schedule = schedule
+        # V-Major (cocodiff): the options, None for the exact plan (TAPA + V-First).
+        self.vmajor = (vmajor or VMajorOptions()) if schedule in STEP_DEPENDENT else None
+        self.vcache = VMajorCache()
+        self.num_steps: int | None = None
+        self.step = -1  # denoising step of the current forward call (0-based)
+        self.call = 0  # forward call within the step
+        self.calls_per_step = 1
+        self._timestep: float | None = None
+        # Bytes this rank's attention exchanges sent to other ranks, by tier.
+        self.bytes_by_tier: dict[str, int] = dict.fromkeys(LEVEL_TIERS.values(), 0)
         self._options = {} if chunks is None else {"chunks": chunks}
         self.shards: dict[str, TokenShard] = {}
         self._plans: dict[tuple, Plan] = {}
@@ -120,15 +132,55 @@ class UlyssesRuntime:
         self.plan: Plan | None = None
         self.comm_s = 0.0  # time spent waiting for exchanges and gathers
 
+    # -- hooks a hybrid layout (cocodiff.runtime.hybrid) overrides ----------------------
+
+    def ulysses_ranks(self, transport: Transport) -> int:
+        """Ranks the heads are split over: every rank, under pure Ulysses."""
+        return transport.world_size
+
+    @property
+    def sequence_index(self) -> int:
+        """Which chunk of every token stream this rank holds."""
+        return self.transport.rank
+
+    @property
+    def sequence_group(self) -> Group:
+        """The ranks whose chunks make up the whole sequence, in chunk order."""
+        return self.transport.world
+
+    @property
+    def backend_type(self) -> type[TensorBackend]:
+        return TensorBackend
+
     # -- token streams ----------------------------------------------------------------
 
-    def begin_forward(self) -> None:
+    def start_generation(self, num_steps: int) -> None:
+        """Call before each generation of ``num_steps`` denoising steps: V-Major's ratio
+        schedule runs over them, and its caches start empty."""
+        self.num_steps = num_steps
+        self.step = -1
+        self.call = 0
+        self._timestep = None
+        self.vcache.clear()
+
+    def begin_forward(self, timestep: Any) -> None:
+        """A forward call starts. A new timestep starts a new denoising step; the same
+        timestep again is another call of the same step (Wan's unconditional pass)."""
         self.shards.clear()
+        value = (float(timestep.flatten()[0]) if isinstance(timestep, torch.Tensor)
+                 else timestep)
+        if value is None or value != self._timestep:
+            self.step += 1
+            self.call = 0
+        else:
+            self.call += 1
+            self.calls_per_step = max(self.calls_per_step, self.call + 1)
+        self._timestep = value
 
     def shard(self, stream: str, total: int) -> TokenShard:
         shard = self.shards.get(stream)
         if shard is None:
-            shard = self.shards[stream] = TokenShard(total, self.transport.world_size)
+            shard = self.shards[stream] = TokenShard(total, self.sequence_group.size)
         elif shard.total != total:
             raise PlanError(f"stream {stream} has {total} tokens here, {shard.total} before")
         return shard
@@ -146,15 +198,37 @@ class UlyssesRuntime:
                    dtype: torch.dtype) -> LayerPlan:
         dtype_bytes = torch.finfo(dtype).bits // 8
         stream_tokens = tuple(self.shards[name].total for name in streams)
-        key = (stream_tokens, batch, dtype_bytes)
+        options = dict(self._options)
+        if self.schedule in STEP_DEPENDENT:
+            options |= self._vmajor_options()
+        key = (stream_tokens, batch, dtype_bytes, tuple(sorted(options.items())))
         plan = self._plans.get(key)
         if plan is None:
             plan = self.scheduler(self.spec, self.grid, stream_tokens,
-                                  dtype_bytes=dtype_bytes, batch=batch, **self._options)
+                                  dtype_bytes=dtype_bytes, batch=batch, **options)
             self._create_groups(plan)
             self._plans[key] = plan
         self.plan = plan
         return plan.program(self.transport.rank).layers[layer_index]
+
+    def _vmajor_options(self) -> dict[str, Any]:
+        """This step's V-Major arguments of the cocodiff scheduler."""
+        if self.vmajor is None:
+            return {"cache_ratio": 0.0, "slow_levels": ()}  # exact
+        if self.num_steps is None:
+            raise PlanError("the cocodiff schedule follows a ratio schedule over the "
+                            "denoising steps: call runtime.start_generation(num_steps) first")
+        ratio = self.vmajor.cache_ratio(self.step, self.num_steps)
+        return {"cache_ratio": ratio, "slow_levels": self.vmajor.slow_levels}
+
+    def count_sent(self, tier: str, num_bytes: int) -> None:
+        self.bytes_by_tier[tier] += num_bytes
+
+    def tier_to(self, rank: int) -> str:
+        """The tier between this rank and ``rank`` (the slowest coordinate they differ in)."""
+        mine, theirs = self.grid.coords(self.transport.rank), self.grid.coords(rank)
+        level = next(level for level, a, b in zip(LEVELS, mine, theirs, strict=True) if a != b)
+        return LEVEL_TIERS[level]
 
     def _create_groups(self, plan: Plan) -> None:
         # torch.distributed.new_group is collective over the world: every rank creates
@@ -205,10 +279,12 @@ class TimedHandle:
 class TensorBackend:
     """Binds plan steps to one attention call's tensors and the transport."""
 
-    def __init__(self, runtime: UlyssesRuntime, ops: AttentionOps, state: AttentionState) -> None:
+    def __init__(self, runtime: UlyssesRuntime, ops: AttentionOps, state: AttentionState,
+                 layer_index: int) -> None:
         self.runtime = runtime
         self.ops = ops
         self.state = state
+        self.layer_index = layer_index
 
     def _record(self, kind: str, name: str, num_bytes: int = 0) -> None:
         if self.runtime.records is not None:
@@ -250,16 +326,28 @@ class TensorBackend:
                 f"{step.row_bytes} B, the model has {send.shape[0]} rows of {row_bytes} B"
             )
         self._record("exchange", step.tensor, send.numel() * send.element_size())
+        runtime = self.runtime
         if step.phases:
             # The rows go through the phases' sub-groups; the handle delivers them in the
             # flat all-to-all's layout, so finish_exchange is the same for both.
-            groups = [self.runtime.group(phase.group) for phase in step.phases]
-            handle: Handle = PhasedHandle(self.runtime.transport, groups,
-                                          self.runtime.route(step), send, step.chunks)
+            groups = [runtime.group(phase.group) for phase in step.phases]
+            codecs = {
+                index: runtime.vcache.codec(step.tensor, runtime.step, runtime.call,
+                                            self.layer_index, phase.sent_fraction,
+                                            phase.blocks_per_row)
+                for index, phase in enumerate(step.phases) if phase.selective
+            }
+            tiers = [LEVEL_TIERS[phase.level] for phase in step.phases]
+            handle: Handle = PhasedHandle(
+                runtime.transport, groups, runtime.route(step), send, step.chunks, codecs,
+                on_sent=lambda phase, num_bytes: runtime.count_sent(tiers[phase], num_bytes),
+            )
         else:
-            handle = self.runtime.transport.all_to_all(send, step.send_rows, step.recv_rows,
-                                                       group)
-        return TimedHandle(handle, self.runtime)
+            for member, rows in zip(step.group, step.send_rows, strict=True):
+                if member != runtime.transport.rank:
+                    runtime.count_sent(runtime.tier_to(member), rows * row_bytes)
+            handle = runtime.transport.all_to_all(send, step.send_rows, step.recv_rows, group)
+        return TimedHandle(handle, runtime)
 
     def finish_exchange(self, step: Exchange, received: torch.Tensor) -> None:
         if step.direction == "scatter_heads":
@@ -299,7 +387,8 @@ class UlyssesAttnProcessor:
         layer = self.runtime.layer_plan(
             self.layer_index, self.ops.streams, hidden_states.shape[0], hidden_states.dtype
         )
-        drive_blocking(run_steps(layer.attention, TensorBackend(self.runtime, self.ops, state)))
+        backend = self.runtime.backend_type(self.runtime, self.ops, state, self.layer_index)
+        drive_blocking(run_steps(layer.attention, backend))
         return state.result
 
 
@@ -313,7 +402,8 @@ def family_of(transformer: torch.nn.Module) -> Family:
 
 
 def parallelize(model: Any, transport: Transport, schedule: str = "flat",
-                grid: RankGrid | None = None, chunks: int | None = None) -> UlyssesRuntime:
+                grid: RankGrid | None = None, chunks: int | None = None,
+                vmajor: VMajorOptions | None = None) -> UlyssesRuntime:
     """Make a diffusers pipeline (or its transformer) run Ulysses-parallel over
     ``transport``. Every rank calls this and then runs the pipeline as usual, with the
     same inputs; every rank gets the full output.
@@ -321,13 +411,16 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat",
     Args:
         model: a diffusers pipeline or transformer.
         transport: the transport over every rank of the job.
-        schedule: a name in :data:`RUNTIME_SCHEDULES`.
+        schedule: a name in :data:`cocodiff.schedules.SCHEDULES`. With "cocodiff", call
+            ``runtime.start_generation(num_steps)`` before each generation.
         grid: where the ranks sit (nodes x GPUs x tiles, ranks 0..P-1 in order); the
-            topology-aligned schedules (tapa, vfirst) cut each exchange into one phase
+            topology-aligned schedules (tapa, vfirst, cocodiff) cut each exchange into one phase
             per level with more than one member. None: one node of P GPUs, where they
             carry each exchange as one flat all-to-all.
         chunks: pieces the rows of a phased exchange are cut into and pipelined through
-            the phases (tapa, vfirst); None: the scheduler's default (1).
+            the phases (tapa, vfirst, cocodiff); None: the scheduler's default (1).
+        vmajor: V-Major's ratio schedule (cocodiff only; None: its defaults). Set
+            ``runtime.vmajor = None`` to run cocodiff exactly (TAPA + V-First).
 
     Returns:
         The runtime state (its ``plan`` and, when ``records`` is set to a list, what
@@ -335,7 +428,7 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat",
     """
     transformer = getattr(model, "transformer", model)
     family = family_of(transformer)
-    runtime = UlyssesRuntime(transformer, transport, family, schedule, grid, chunks)
+    runtime = UlyssesRuntime(transformer, transport, family, schedule, grid, chunks, vmajor)
     _install_splits(runtime)
     _install_processors(runtime)
     return runtime
@@ -363,7 +456,7 @@ def _install_processors(runtime: UlyssesRuntime) -> None:
 def _install_splits(runtime: UlyssesRuntime) -> None:
     transformer = runtime.transformer
     transport = runtime.transport
-    rank = transport.rank
+    rank = runtime.sequence_index
     module_names = [name for name, _ in transformer.named_modules()]
     by_module: dict[str, list[Split]] = {}
     for split in runtime.family.splits:
@@ -399,7 +492,8 @@ def _install_splits(runtime: UlyssesRuntime) -> None:
         return values[0] if single else tuple(values)
 
     def root_hook(module, args, kwargs):
-        runtime.begin_forward()
+        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+        runtime.begin_forward(bound.arguments.get("timestep"))
         return input_hook(module, args, kwargs, [s for s in by_module.get("", []) if not s.output])
 
     transformer.register_forward_pre_hook(root_hook, with_kwargs=True)
@@ -418,7 +512,7 @@ def _install_splits(runtime: UlyssesRuntime) -> None:
         def gather_hook(module, args, output, gather=gather):
             shard = runtime.shards[gather.stream]
             start = time.perf_counter()
-            chunks = all_gather_rows(transport, output.contiguous())
+            chunks = all_gather_rows(transport, output.contiguous(), runtime.sequence_group)
             runtime.comm_s += time.perf_counter() - start
             # (P, ..., chunk, ...) -> (..., P*chunk, ...) -> drop the padding
             return shard.unsplit(torch.cat(list(chunks), dim=gather.dim), gather.dim)

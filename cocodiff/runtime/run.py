@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from cocodiff.errors import CocodiffError, one_line
+from cocodiff.plan_command import AUTO, add_degree_arguments, explicit_layout
+from cocodiff.schedules.vmajor import add_vmajor_arguments, vmajor_from_arguments
 
 DTYPES = ("float32", "bfloat16")
 # --timeout above this is a typo, not a wish: gloo's timeout is in int milliseconds.
@@ -76,15 +78,28 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         help="video frames (video models; default: the model's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
     parser.add_argument("--schedule", default="flat",
-                        help="plan schedule: flat, tapa or vfirst (default: flat)")
-    parser.add_argument("--layout", default=None, metavar="NODESxGPUSxTILES",
+                        help="plan schedule: flat, tapa, vfirst or cocodiff; or diffusers: "
+                        "diffusers' own Ulysses context parallelism, torch transport only "
+                        "(default: flat)")
+    parser.add_argument("--layout", default=None, metavar="NODESxGPUSxTILES|auto",
                         help="where the launched ranks sit, e.g. 2x4x1: rank r on node "
                         "r // (GPUS*TILES); the product must be the number of ranks. tapa and "
                         "vfirst carry each all-to-all as one phase per level with more than one "
                         "member (default: one node of N GPUs, where they carry it as one flat "
-                        "all-to-all, like flat)")
+                        "all-to-all, like flat). auto: one node of N ranks, and the planner "
+                        "chooses the Ulysses x Ring x batch degrees (`cocodiff plan`)")
+    add_degree_arguments(parser, positive_int)
     parser.add_argument("--chunks", type=positive_int, default=None,
-                        help="pipeline chunks of TAPA exchanges (tapa, vfirst; default: 1)")
+                        help="pipeline chunks of TAPA exchanges (tapa, vfirst, cocodiff; "
+                        "default: 1)")
+    add_vmajor_arguments(parser)
+    parser.add_argument("--record-activity", type=Path, default=None, metavar="PATH",
+                        help="cocodiff: write the V blocks each rank sent over the inter-node "
+                        "tier, step by step (JSON, cocodiff-activity/1; `cocodiff simulate "
+                        "--activity-trace PATH` replays it)")
+    parser.add_argument("--reference", action="store_true",
+                        help="cocodiff: also run the exact plan (V-Major off) and report PSNR "
+                        "and SSIM of the image and the max abs error of the latents against it")
     parser.add_argument("--transport", default="auto",
                         help="auto, torch or mpi (auto: mpi under mpiexec when mpi4py is "
                         "installed, else torch)")
@@ -207,17 +222,27 @@ def _check_arguments(args: argparse.Namespace) -> None:
     """Everything about the arguments that can be checked before the expensive imports."""
     from cocodiff.atomic import check_output_paths
     from cocodiff.models import parse_resolution
-    from cocodiff.schedules import get_schedule
+    from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.schedules import STEP_DEPENDENT, get_schedule
     from transports.registry import AUTO, TRANSPORTS, create_transport
 
-    get_schedule(args.schedule)
+    if args.schedule not in BASELINES:  # a baseline is not a plan schedule
+        get_schedule(args.schedule)
     if args.transport != AUTO and args.transport not in TRANSPORTS:
         create_transport(args.transport)  # raises the registry's one-line error
-    outputs = [path for path in (args.output, args.json, args.save_latents) if path is not None]
+    outputs = [path for path in (args.output, args.json, args.save_latents,
+                                 args.record_activity) if path is not None]
     check_output_paths(outputs)
     if len({path.resolve() for path in outputs}) != len(outputs):
-        raise CocodiffError(f"--output, --json and --save-latents name the same file: "
-                            f"{', '.join(map(str, outputs))}")
+        raise CocodiffError(f"--output, --json, --save-latents and --record-activity name the "
+                            f"same file: {', '.join(map(str, outputs))}")
+    vmajor = vmajor_from_arguments(args)  # raises on values out of range
+    lossy_only = [flag for flag, given in (("--vmajor-*", vmajor is not None),
+                                           ("--record-activity", args.record_activity),
+                                           ("--reference", args.reference)) if given]
+    if lossy_only and args.schedule not in STEP_DEPENDENT:
+        raise CocodiffError(f"{', '.join(lossy_only)}: V-Major options, for --schedule "
+                            f"cocodiff (the {args.schedule} schedule is exact)")
     if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
         raise CocodiffError(f"--timeout must be in (0, {MAX_TIMEOUT_S:g}] seconds, "
                             f"got {args.timeout}")
@@ -225,9 +250,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise CocodiffError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
     if args.resolution is not None:
         parse_resolution(args.resolution)
-    if args.chunks is not None and args.schedule == "flat":
+    if args.chunks is not None and args.schedule in ("flat", *BASELINES):
         raise CocodiffError("--chunks pipelines the phases of tapa and vfirst exchanges; "
-                            "flat has none")
+                            f"{args.schedule} has none")
 
 
 def parse_layout(text: str) -> tuple[int, int, int]:
@@ -253,13 +278,48 @@ def rank_grid(layout: str | None, num_ranks: int):
     """
     from cocodiff.schedules import RankGrid
 
-    if layout is None:
+    if layout is None or layout == AUTO:
         return None
     shape = parse_layout(layout)
     if shape[0] * shape[1] * shape[2] != num_ranks:
         raise CocodiffError(f"--layout {layout} holds {shape[0] * shape[1] * shape[2]} ranks, "
                             f"the launch has {num_ranks}")
     return RankGrid(shape, tuple(range(num_ranks)))
+
+
+def _explicit_parallel(args: argparse.Namespace, num_ranks: int):
+    """The Ulysses x Ring x batch layout the flags give (None: pure Ulysses, or the
+    planner's under ``--layout auto``), checked before any collective."""
+    from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.schedules import STEP_DEPENDENT
+
+    parallel = explicit_layout(args, num_ranks)
+    if parallel is not None and args.layout == AUTO:
+        raise CocodiffError("--layout auto lets the planner choose the degrees: drop "
+                            "--ulysses/--ring/--batch, or give --layout NODESxGPUSxTILES")
+    if parallel is None and args.layout != AUTO:
+        return None
+    if args.schedule in BASELINES or args.schedule in STEP_DEPENDENT:
+        raise CocodiffError(f"--schedule {args.schedule} runs pure Ulysses only; Ring and batch "
+                            "layouts run flat, tapa and vfirst")
+    return parallel
+
+
+def _planned_parallel(pipe, grid, num_ranks: int, width: int, height: int, frames: int):
+    """``--layout auto``: the planner's layout for this model on a one-node machine of
+    ``num_ranks`` ranks (the `cluster` preset; the ranks' grid when one is given)."""
+    from cocodiff.models import spec_from_config
+    from cocodiff.planner import rank_layouts
+    from topology import build_topology
+    from topology.presets import cluster
+
+    transformer = pipe.transformer
+    spec = spec_from_config({"_class_name": type(transformer).__name__,
+                             **dict(transformer.config)}, name=type(transformer).__name__)
+    nodes, gpus, tiles = grid.shape if grid is not None else (1, num_ranks, 1)
+    topology = build_topology(cluster(num_nodes=nodes, ranks_per_node=gpus * tiles))
+    streams = (spec.image_tokens(width, height, frames), spec.text_tokens)
+    return rank_layouts(spec, topology, streams).best.layout
 
 
 def _run(args: argparse.Namespace, launch) -> int:
@@ -269,6 +329,10 @@ def _run(args: argparse.Namespace, launch) -> int:
     _check_arguments(args)
     # Every rank checks the layout before any collective: all of them stop, none hangs.
     grid = rank_grid(args.layout, launch.world_size)
+    parallel = _explicit_parallel(args, launch.world_size)
+    if args.record_activity and (grid is None or grid.shape[0] == 1):
+        raise CocodiffError("--record-activity: V-Major acts on the inter-node tier; give a "
+                            "--layout with more than one node")
 
     import torch
     import transformers
@@ -282,10 +346,14 @@ def _run(args: argparse.Namespace, launch) -> int:
     transformers.logging.disable_progress_bar()
     diffusers_logging.disable_progress_bar()
 
+    from cocodiff.atomic import atomic_write_text
+    from cocodiff.quality import compare
+    from cocodiff.runtime.baseline import BASELINES
     from cocodiff.runtime.guards import NumericsGuard
-    from cocodiff.runtime.parallel import parallelize
-    from cocodiff.runtime.pipelines import load_pipeline, run_pipeline, tiny_name_of
+    from cocodiff.runtime.parallel import UlyssesRuntime, parallelize
+    from cocodiff.runtime.pipelines import decode, load_pipeline, run_pipeline, tiny_name_of
     from cocodiff.runtime.tiny import TINY_DEFAULTS
+    from cocodiff.runtime.vmajor import gather_activity
     from transports.registry import create_transport
 
     transport = None
@@ -301,8 +369,22 @@ def _run(args: argparse.Namespace, launch) -> int:
         width, height, frames = _size(args, tiny)
         # Tiny models use short prompts; real ones keep their pipeline's default length.
         text_tokens = TINY_DEFAULTS[tiny].max_sequence_length if tiny else None
-        runtime = (parallelize(pipe, transport, args.schedule, grid, args.chunks)
-                   if transport else None)
+        runtime = None
+        if transport is not None and args.schedule in BASELINES:
+            runtime = BASELINES[args.schedule](pipe, transport)
+        elif transport is not None:
+            if args.layout == AUTO:
+                parallel = _planned_parallel(pipe, grid, launch.world_size, width, height,
+                                             frames)
+            if parallel is not None and not parallel.is_pure_ulysses:
+                from cocodiff.runtime.hybrid import parallelize_hybrid
+
+                runtime = parallelize_hybrid(pipe, transport, args.schedule, parallel, grid,
+                                             args.chunks)
+            else:
+                runtime = parallelize(pipe, transport, args.schedule, grid, args.chunks,
+                                      vmajor_from_arguments(args))
+        ulysses = runtime if isinstance(runtime, UlyssesRuntime) else None
         guard = None if args.no_guards else NumericsGuard(launch.rank).install(pipe.transformer)
         step_times: list[float] = []
         with _progress(is_root=launch.rank == 0 and not args.quiet, steps=args.steps) as advance:
@@ -320,17 +402,41 @@ def _run(args: argparse.Namespace, launch) -> int:
                     step_fault.after_step(done)
                 advance()
 
+            if ulysses is not None:
+                ulysses.start_generation(args.steps)
             latents = run_pipeline(pipe, args.prompt, args.steps, width, height, frames,
                                    args.seed, on_step, max_sequence_length=text_tokens)
             total_s = time.perf_counter() - started
         if guard is not None:
             guard.check_latents(latents)
+        vmajor_report, activity = None, None
+        if ulysses is not None and ulysses.vmajor is not None:
+            vmajor_report, activity = gather_activity(ulysses)
+        reference = None
+        if args.reference:
+            reference = latents  # one process: nothing is lossy
+            if ulysses is not None:
+                reference = _exact_reference(args, pipe, ulysses, guard, launch.rank == 0,
+                                             (width, height, frames), text_tokens)
         if launch.rank == 0:
-            _write_outputs(args, pipe, latents, {
+            record: dict[str, Any] = {}
+            if vmajor_report is not None:
+                record["vmajor"] = vmajor_report.to_json()
+                print(vmajor_report.summary(), flush=True)
+            image = None
+            if reference is not None:
+                image = decode(pipe, latents)
+                quality = compare(reference, latents, decode(pipe, reference), image)
+                record["quality"] = quality.to_json()
+                print(f"quality against the exact plan: {quality.summary()}", flush=True)
+            if args.record_activity and activity is not None:
+                atomic_write_text(args.record_activity, activity.to_json())
+            _write_outputs(args, pipe, latents, image, {
                 "model": args.model,
                 "num_ranks": launch.world_size,
                 "schedule": args.schedule,
                 "layout": list(grid.shape) if grid else None,
+                "parallel": parallel.name if parallel is not None else None,
                 "transport": transport.name if transport else "none",
                 "steps": args.steps,
                 "resolution": [width, height],
@@ -339,6 +445,7 @@ def _run(args: argparse.Namespace, launch) -> int:
                 "total_s": total_s,
                 "comm_s": runtime.comm_s if runtime else 0.0,
                 "output": str(args.output) if args.output else None,
+                **record,
             })
         if transport is not None:
             transport.barrier()
@@ -346,6 +453,30 @@ def _run(args: argparse.Namespace, launch) -> int:
         if transport is not None:
             transport.close()
     return 0
+
+
+def _exact_reference(args: argparse.Namespace, pipe, runtime, guard, is_root: bool,
+                     size: tuple[int, int, int], text_tokens: int | None):
+    """The same generation with V-Major off (TAPA + V-First, exact): the final latents."""
+    from cocodiff.runtime.pipelines import run_pipeline
+
+    options, runtime.vmajor = runtime.vmajor, None
+    try:
+        runtime.start_generation(args.steps)
+        with _progress(is_root=is_root and not args.quiet, steps=args.steps,
+                       label="exact reference") as advance:
+            def on_step(done: int, total: int) -> None:
+                if guard is not None:
+                    guard.end_step()
+                advance()
+
+            latents = run_pipeline(pipe, args.prompt, args.steps, *size, args.seed, on_step,
+                                   max_sequence_length=text_tokens)
+    finally:
+        runtime.vmajor = options
+    if guard is not None:
+        guard.check_latents(latents)
+    return latents
 
 
 def _size(args: argparse.Namespace, tiny: str | None) -> tuple[int, int, int]:
@@ -379,9 +510,10 @@ def _agree_on_arguments(transport, argv: list[str]) -> None:
 class _progress:
     """A rich progress bar over denoising steps on rank 0; nothing elsewhere."""
 
-    def __init__(self, is_root: bool, steps: int) -> None:
+    def __init__(self, is_root: bool, steps: int, label: str = "denoising") -> None:
         self._enabled = is_root
         self._steps = steps
+        self._label = label
         self._bar: Any = None
 
     def __enter__(self):
@@ -389,7 +521,7 @@ class _progress:
             return lambda: None
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._bar = Progress(TextColumn("denoising"), BarColumn(), TextColumn("{task.completed}/"
+        self._bar = Progress(TextColumn(self._label), BarColumn(), TextColumn("{task.completed}/"
                              "{task.total}"), TimeElapsedColumn(), transient=False)
         self._bar.start()
         task = self._bar.add_task("steps", total=self._steps)
@@ -400,7 +532,8 @@ class _progress:
             self._bar.stop()
 
 
-def _write_outputs(args: argparse.Namespace, pipe, latents, record: dict) -> None:
+def _write_outputs(args: argparse.Namespace, pipe, latents, image, record: dict) -> None:
+    """Write what was asked for; ``image``: the decoded latents, or None (decoded here)."""
     import torch
 
     from cocodiff.atomic import atomic_write, atomic_write_text
@@ -409,7 +542,7 @@ def _write_outputs(args: argparse.Namespace, pipe, latents, record: dict) -> Non
     if args.save_latents:
         atomic_write(args.save_latents, lambda tmp: torch.save(latents.detach().cpu(), tmp))
     if args.output:
-        image = decode(pipe, latents)
+        image = decode(pipe, latents) if image is None else image
         if isinstance(image, list):  # video: the frames side by side
             from PIL import Image
 

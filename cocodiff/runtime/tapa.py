@@ -19,18 +19,25 @@ pipelined through the phases: chunk c enters phase p once it has left phase p-1 
 chunk c-1 has left phase p, so the slow tier carries chunk c while a fast tier carries
 chunk c-1. After the last phase every block destined to this rank is here; they are
 assembled in source order, which is exactly the layout the flat all-to-all returns.
+
+A selective (V-Major) phase sends other members bytes chosen by a codec
+(:mod:`cocodiff.runtime.vmajor`) instead of the rows; what it delivers has the same
+layout, with the blocks not sent taken from the receiver's copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import product
+from typing import Protocol
 
 import torch
 
 from cocodiff.executor import PlanError
 from cocodiff.plan import Exchange
+from cocodiff.runtime.vmajor import as_bytes, from_bytes
 from cocodiff.schedules.grid import LEVELS, RankGrid
 from transports.base import Group, Handle, Transport, TransportError
 
@@ -89,8 +96,7 @@ def plan_route(step: Exchange, grid: RankGrid, heads: Sequence[int], rank: int) 
 
     Raises:
         PlanError: the plan's phases do not move the blocks the grid says they must
-            (row counts, groups), do not deliver every block, or are partial (V-Major:
-            not carried by the runtime).
+            (row counts, groups), or do not deliver every block.
     """
     num_ranks = grid.num_ranks
     if step.group != grid.ranks:
@@ -119,9 +125,6 @@ def plan_route(step: Exchange, grid: RankGrid, heads: Sequence[int], rank: int) 
     phases = []
     for index, phase in enumerate(step.phases):
         where = f"exchange of {step.tensor}, phase {index} ({phase.level})"
-        if phase.sent_fraction != 1.0:
-            raise PlanError(f"{where}: sends {phase.sent_fraction:.0%} of its rows; partial "
-                            "(V-Major) phases are not carried by the runtime")
         axis = LEVELS.index(phase.level)
         if axis in done or phase.group != grid.peers(rank, phase.level):
             raise PlanError(f"{where}: group {phase.group} is not this rank's "
@@ -179,6 +182,17 @@ def chunk_rows(rows: int, chunk: int, chunks: int) -> int:
     return base + (1 if chunk < extra else 0)
 
 
+class PhaseCodec(Protocol):
+    """How a selective (V-Major) phase turns one chunk's rows for one member into bytes
+    and back (:class:`cocodiff.runtime.vmajor.SelectiveCodec`)."""
+
+    def message_bytes(self, chunk: int, member: int, num_rows: int,
+                      row_shape: Sequence[int], dtype: torch.dtype) -> int: ...
+    def encode(self, chunk: int, member: int, rows: torch.Tensor) -> torch.Tensor: ...
+    def decode(self, chunk: int, member: int, payload: torch.Tensor, num_rows: int,
+               row_shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor: ...
+
+
 class PhasedHandle:
     """A phased exchange in flight. Created with the first chunk's first phase posted;
     ``wait()`` runs the rest (posting each chunk's next phase as soon as the pipeline
@@ -191,19 +205,25 @@ class PhasedHandle:
         route: this rank's route (:func:`plan_route`).
         send: the flat send buffer: rows grouped by destination in group order.
         chunks: pieces each block's rows are cut into, pipelined through the phases.
+        codecs: phase index -> codec, for the selective (V-Major) phases; their
+            messages to other members go as the codec's bytes.
+        on_sent: called with (phase index, bytes sent to other members) per posting.
     """
 
     __slots__ = ("_transport", "_groups", "_route", "_chunks", "_pieces", "_posted", "_done",
-                 "_empty", "_waited")
+                 "_empty", "_waited", "_codecs", "_on_sent")
 
     def __init__(self, transport: Transport, groups: Sequence[Group], route: Route,
-                 send: torch.Tensor, chunks: int) -> None:
+                 send: torch.Tensor, chunks: int, codecs: Mapping[int, PhaseCodec] | None = None,
+                 on_sent: Callable[[int, int], None] | None = None) -> None:
         if chunks < 1:
             raise PlanError(f"an exchange needs at least one chunk, got {chunks}")
         self._transport = transport
         self._groups = tuple(groups)
         self._route = route
         self._chunks = chunks
+        self._codecs = dict(codecs or {})
+        self._on_sent = on_sent
         self._empty = send.new_empty((0, *send.shape[1:]))
         # What this rank holds: (block, chunk) -> rows (B, s, D) each.
         self._pieces: dict[tuple[Block, int], torch.Tensor] = {}
@@ -225,17 +245,52 @@ class PhasedHandle:
 
     def _post(self, chunk: int, phase: int) -> None:
         route = self._route.phases[phase]
-        pieces = [self._pieces.pop((b, chunk)) for blocks in route.send for b in blocks]
-        # (rows of every block sent, B, s, D), grouped by member in group order
-        send = torch.cat(pieces) if pieces else self._empty
-        send_rows = [sum(self._rows(blocks, chunk)) for blocks in route.send]
+        me = route.group.index(self._transport.rank)
+        # per member: (rows of every block sent to it, B, s, D)
+        messages = [torch.cat([self._pieces.pop((b, chunk)) for b in blocks]) if blocks
+                    else self._empty for blocks in route.send]
         recv_rows = [sum(self._rows(blocks, chunk)) for blocks in route.recv]
+        codec = self._codecs.get(phase)
+        if codec is None:
+            send = torch.cat(messages)
+            send_splits = [m.shape[0] for m in messages]
+            recv_splits = recv_rows
+            row_bytes = math.prod(self._empty.shape[1:]) * self._empty.element_size()
+            sent_bytes = (send.shape[0] - send_splits[me]) * row_bytes
+        else:
+            # Bytes: to other members the codec's message, to itself the rows as they are.
+            row_shape, dtype = self._empty.shape[1:], self._empty.dtype
+            payloads = [as_bytes(m) if j == me else codec.encode(chunk, j, m)
+                        for j, m in enumerate(messages)]
+            send = torch.cat(payloads)
+            send_splits = [p.numel() for p in payloads]
+            recv_splits = [rows * math.prod(row_shape) * dtype.itemsize if j == me
+                           else codec.message_bytes(chunk, j, rows, row_shape, dtype)
+                           for j, rows in enumerate(recv_rows)]
+            sent_bytes = send.numel() - send_splits[me]
+        if self._on_sent is not None:
+            self._on_sent(phase, sent_bytes)
         self._posted[(chunk, phase)] = self._transport.all_to_all(
-            send, send_rows, recv_rows, self._groups[phase]
+            send, send_splits, recv_splits, self._groups[phase]
         )
 
     def _land(self, chunk: int, phase: int, received: torch.Tensor) -> None:
-        blocks = [b for per_member in self._route.phases[phase].recv for b in per_member]
+        route = self._route.phases[phase]
+        codec = self._codecs.get(phase)
+        if codec is not None:
+            # bytes grouped by source member -> rows grouped by source member
+            me = route.group.index(self._transport.rank)
+            row_shape, dtype = self._empty.shape[1:], self._empty.dtype
+            rows = [sum(self._rows(blocks, chunk)) for blocks in route.recv]
+            sizes = [n * math.prod(row_shape) * dtype.itemsize if j == me
+                     else codec.message_bytes(chunk, j, n, row_shape, dtype)
+                     for j, n in enumerate(rows)]
+            received = torch.cat([
+                from_bytes(payload, dtype).view(n, *row_shape) if j == me
+                else codec.decode(chunk, j, payload, n, row_shape, dtype)
+                for j, (payload, n) in enumerate(zip(received.split(sizes), rows, strict=True))
+            ])
+        blocks = [b for per_member in route.recv for b in per_member]
         # rows grouped by source member -> one piece per block
         for block, piece in zip(blocks, torch.split(received, self._rows(tuple(blocks), chunk)),
                                 strict=True):

@@ -9,6 +9,7 @@ The JSON format (``cocodiff-activity/1``)::
       "num_ranks": 24,            # ranks of the run
       "num_layers": 57,           # attention layers per step
       "blocks_per_rank": 96,      # V blocks one rank could send per layer on the slow tier
+                                  # (or a list, one count per rank, when they differ)
       "steps": [                  # one entry per denoising step, in order
         {"step": 0,
          "sent": [[[0, 1, 5], ...],   # sent[rank][layer] = the block indices sent
@@ -17,6 +18,10 @@ The JSON format (``cocodiff-activity/1``)::
     }
 
 A rank that sent every block may write ``null`` instead of the full list.
+``cocodiff run --schedule cocodiff --record-activity PATH`` records one; block indices
+count the rank's slow-tier messages of a layer in the order it sends them (forward
+call, chunk, group member), each message's blocks in order
+(:mod:`cocodiff.runtime.vmajor`).
 """
 
 from __future__ import annotations
@@ -34,20 +39,24 @@ FORMAT = "cocodiff-activity/1"
 @dataclass(frozen=True, slots=True)
 class ActivityTrace:
     """Sent V blocks: ``sent[step][rank][layer]`` is a tuple of block indices, or None
-    for all of them."""
+    for all of them; ``blocks_per_rank`` one count for every rank, or one per rank."""
 
     num_ranks: int
     num_layers: int
-    blocks_per_rank: int
+    blocks_per_rank: int | tuple[int, ...]
     sent: tuple[tuple[tuple[tuple[int, ...] | None, ...], ...], ...]
 
     @property
     def num_steps(self) -> int:
         return len(self.sent)
 
+    def blocks_of(self, rank: int) -> int:
+        blocks = self.blocks_per_rank
+        return blocks if isinstance(blocks, int) else blocks[rank]
+
     def sent_fraction(self, step: int, rank: int, layer: int) -> float:
         blocks = self.sent[step][rank][layer]
-        return 1.0 if blocks is None else len(blocks) / self.blocks_per_rank
+        return 1.0 if blocks is None else len(blocks) / self.blocks_of(rank)
 
     def check_matches(self, num_ranks: int, num_layers: int) -> None:
         """Raises ScheduleError unless the trace was recorded for this many ranks and layers."""
@@ -62,7 +71,8 @@ class ActivityTrace:
             "format": FORMAT,
             "num_ranks": self.num_ranks,
             "num_layers": self.num_layers,
-            "blocks_per_rank": self.blocks_per_rank,
+            "blocks_per_rank": (self.blocks_per_rank if isinstance(self.blocks_per_rank, int)
+                                else list(self.blocks_per_rank)),
             "steps": [
                 {"step": index, "sent": [[None if b is None else list(b) for b in ranks]
                                          for ranks in step]}
@@ -87,12 +97,18 @@ def parse_activity(data: object, where: str = "activity trace") -> ActivityTrace
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ScheduleError(f"{where}: not a {FORMAT} trace (no matching \"format\" key)")
     sizes = []
-    for key in ("num_ranks", "num_layers", "blocks_per_rank"):
+    for key in ("num_ranks", "num_layers"):
         value = data.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not _positive_int(value):
             raise ScheduleError(f"{where}: {key} must be a positive integer, got {value!r}")
         sizes.append(value)
-    num_ranks, num_layers, blocks = sizes
+    num_ranks, num_layers = sizes
+    blocks = data.get("blocks_per_rank")
+    if isinstance(blocks, list) and len(blocks) == num_ranks and all(map(_positive_int, blocks)):
+        blocks = tuple(blocks)
+    elif not _positive_int(blocks):
+        raise ScheduleError(f"{where}: blocks_per_rank must be a positive integer or a list of "
+                            f"{num_ranks}, got {_short(blocks)}")
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps:
         raise ScheduleError(f"{where}: \"steps\" must be a non-empty list")
@@ -101,9 +117,20 @@ def parse_activity(data: object, where: str = "activity trace") -> ActivityTrace
         ranks = step.get("sent") if isinstance(step, dict) else None
         if not isinstance(ranks, list) or len(ranks) != num_ranks:
             raise ScheduleError(f"{where}: step {index} must list {num_ranks} ranks")
-        sent.append(tuple(_rank_layers(layers, num_layers, blocks, where, index, rank)
-                          for rank, layers in enumerate(ranks)))
+        sent.append(tuple(
+            _rank_layers(layers, num_layers, blocks if isinstance(blocks, int) else blocks[rank],
+                         where, index, rank)
+            for rank, layers in enumerate(ranks)))
     return ActivityTrace(num_ranks, num_layers, blocks, tuple(sent))
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _rank_layers(layers: object, num_layers: int, blocks: int, where: str, step: int,

@@ -34,6 +34,7 @@ from cocodiff.schedules.ulysses import (
     smallest_period,
     ulysses_layout,
 )
+from cocodiff.schedules.vmajor import blocks_per_row
 
 ExchangeFor = Callable[[Tensor, int], Exchange]
 """(tensor, global rank) -> that rank's exchange of the tensor."""
@@ -84,7 +85,8 @@ def plan_phased(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
 
     def exchange(tensor: Tensor, rank: int) -> Exchange:
         flat = head_exchange(tensor, layout, grid.ranks, grid.position(rank), dtype_bytes)
-        return rows[tensor].exchange(flat, rank, chunks, (sent_fraction or {}).get(tensor))
+        return rows[tensor].exchange(flat, rank, chunks, (sent_fraction or {}).get(tensor),
+                                     blocks_per_row(layout))
 
     return build_plan(name, spec, layout, grid, dtype_bytes, exchange, v_first,
                       share_key=None)

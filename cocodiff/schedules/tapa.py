@@ -28,7 +28,6 @@ from cocodiff.schedules.grid import LEVELS, RankGrid
 # One chunk: with per-transfer set-up costs (transports.sim.CollectiveModel) more chunks
 # mean more, smaller transfers; large payloads may prefer 2-4 (`--chunks`).
 DEFAULT_CHUNKS = 1
-INDEX_BYTES_PER_ROW = 4  # one int32 block index per row sent by a partial (V-Major) phase
 
 
 def tapa_levels(grid: RankGrid) -> tuple[str, ...]:
@@ -75,11 +74,14 @@ class TapaRows:
             done.append(axis)
 
     def exchange(self, flat: Exchange, rank: int, chunks: int,
-                 sent_fraction: dict[str, float] | None = None) -> Exchange:
+                 sent_fraction: dict[str, float] | None = None,
+                 blocks_per_row: int = 0) -> Exchange:
         """``rank``'s logical exchange ``flat`` carried as phases.
 
         Args:
-            sent_fraction: per level, the share of rows actually sent (V-Major).
+            sent_fraction: per level, the share of V-Major blocks actually sent; the
+                phases of these levels are selective (V-Major), even at 1.0.
+            blocks_per_row: V-Major blocks per row (for selective phases).
         """
         if len(self.tables) <= 1:
             return flat  # one tier: the flat exchange is already aligned
@@ -91,10 +93,9 @@ class TapaRows:
             positions = [grid.position(member) for member in group]
             send = tuple(int(table.source[me] * table.destination[p]) for p in positions)
             recv = tuple(int(table.source[p] * table.destination[me]) for p in positions)
-            fraction = (sent_fraction or {}).get(table.level, 1.0)
-            index_bytes = 0
-            if fraction < 1.0:
-                index_bytes = int(round(sum(send) * fraction)) * INDEX_BYTES_PER_ROW
-            phases.append(Phase(table.level, group, send, recv, fraction, index_bytes))
+            selective = table.level in (sent_fraction or {})
+            fraction = sent_fraction[table.level] if selective else 1.0
+            phases.append(Phase(table.level, group, send, recv, fraction,
+                                blocks_per_row if selective else 0))
         return Exchange(flat.tensor, flat.group, flat.send_rows, flat.recv_rows,
                         flat.row_bytes, flat.direction, tuple(phases), chunks)

@@ -6,20 +6,55 @@ receiver holds (largest L1 change); the receiver reuses its cached copy for the 
 The cached fraction follows a schedule over the denoising steps: the paper ramps it
 linearly from 0 to 1; warm-up steps and periodic refreshes send everything. This is
 lossy: the runtime reports PSNR/SSIM against the exact output beside the speed.
+
+Blocks. A V row (one head of one rank's tokens, ``batch x local_tokens x head_dim``
+values) is cut into blocks of :func:`block_tokens` tokens of one sample. A partial
+message carries the chosen blocks' values and one int32 index per block; both sides
+know how many blocks it carries (:func:`blocks_sent`), so nothing else is sent.
+:func:`message_bytes` is the size the simulator charges and the runtime sends.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cocodiff.errors import ScheduleError
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Plan
+from cocodiff.plan import Plan, UlyssesLayout
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.tapa import DEFAULT_CHUNKS
 
 RATIO_SCHEDULES = ("linear", "constant")
+# Tokens per V-Major block: 4 KiB at head_dim 128 in bf16, against a 4-byte index.
+BLOCK_TOKENS = 16
+INDEX_BYTES = 4  # one int32 index per block of a partial message
+
+
+def block_tokens(local_tokens: int, wanted: int = BLOCK_TOKENS) -> int:
+    """The block length for rows of ``local_tokens`` tokens: the largest divisor of it
+    not above ``wanted``, so that every block of a row has the same size."""
+    return max(d for d in range(1, min(wanted, local_tokens) + 1) if local_tokens % d == 0)
+
+
+def blocks_per_row(layout: UlyssesLayout) -> int:
+    """V-Major blocks in one row of ``layout``'s exchanges."""
+    return layout.batch * (layout.local_tokens // block_tokens(layout.local_tokens))
+
+
+def blocks_sent(num_blocks: int, fraction: float) -> int:
+    """Blocks a message of ``num_blocks`` carries when ``fraction`` of them is sent."""
+    if fraction >= 1.0:
+        return num_blocks
+    return min(num_blocks, round(num_blocks * fraction))
+
+
+def message_bytes(num_blocks: int, block_bytes: int, fraction: float) -> int:
+    """Bytes of a V-Major message: the sent blocks, plus their indices unless it carries
+    every block (then they come in order and no index is needed)."""
+    sent = blocks_sent(num_blocks, fraction)
+    return sent * block_bytes + (0 if sent == num_blocks else sent * INDEX_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +104,37 @@ class VMajorOptions:
             return self.max_ratio
         ramp_steps = max(1, num_steps - 1 - self.warmup)
         return self.max_ratio * min(1.0, (step - self.warmup + 1) / ramp_steps)
+
+
+def add_vmajor_arguments(parser: argparse.ArgumentParser) -> None:
+    """The V-Major options of ``cocodiff simulate`` and ``cocodiff run``."""
+    defaults = VMajorOptions()
+    parser.add_argument("--vmajor-ratio-schedule", default=None, metavar="SCHEDULE",
+                        help="V-Major's cached fraction of V blocks over the steps: linear[:MAX] "
+                        "(ramps from 0 after the warm-up to MAX at the last step) or constant:R "
+                        f"(default: {defaults.schedule}:{defaults.max_ratio:g})")
+    parser.add_argument("--vmajor-warmup", type=int, default=None, metavar="STEPS",
+                        help=f"first steps that send all of V (default: {defaults.warmup})")
+    parser.add_argument("--vmajor-refresh", type=int, default=None, metavar="N",
+                        help="every N-th step sends all of V (default: "
+                        f"{defaults.refresh or 'never'})")
+
+
+def vmajor_from_arguments(args: argparse.Namespace) -> VMajorOptions | None:
+    """The options given on the command line, or None when none was.
+
+    Raises:
+        ScheduleError: a value out of range or an unknown ratio schedule.
+    """
+    given = (args.vmajor_ratio_schedule, args.vmajor_warmup, args.vmajor_refresh)
+    if given == (None, None, None):
+        return None
+    defaults = VMajorOptions()
+    return VMajorOptions.parse(
+        args.vmajor_ratio_schedule or f"{defaults.schedule}:{defaults.max_ratio}",
+        defaults.warmup if args.vmajor_warmup is None else args.vmajor_warmup,
+        defaults.refresh if args.vmajor_refresh is None else args.vmajor_refresh,
+    )
 
 
 def plan_cocodiff(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],

@@ -1,0 +1,127 @@
+"""Tables and the plot of ``bench/emulated_speedup.py``'s JSON report.
+
+    python bench/emulated_report.py results/emulated_speedup.json --plot docs/emulated_speedup.png
+
+prints the README's Markdown table (every configuration and schedule: measured step time,
+its spread over the rounds, the speedup over flat and over diffusers, the simulator's
+prediction and its error) and draws measured against predicted step times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def config_label(config: dict[str, Any]) -> str:
+    cluster = config["cluster"]
+    return (f"{cluster['num_nodes']} x {cluster['ranks_per_node']} @ "
+            f"{cluster['inter_gbit']:g} Gbit/s")
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """One row per configuration and schedule."""
+    lines = [
+        "| cluster | schedule | measured step (min-max) | over flat | over diffusers "
+        "| predicted | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for config in report["configs"]:
+        label = config_label(config)
+        for name, row in config["summary"].items():
+            over_flat = row.get("measured_speedup_over_flat")
+            over_diffusers = row.get("measured_speedup_over_diffusers")
+            predicted = row.get("predicted_step_s")
+            error = row.get("error")
+            lines.append(
+                f"| {label} | `{name}` | {row['measured_step_s'] * 1e3:.1f} ms "
+                f"({row['min_step_s'] * 1e3:.1f}-{row['max_step_s'] * 1e3:.1f}) | "
+                f"{_ratio(over_flat)} | {_ratio(over_diffusers)} | "
+                f"{'-' if predicted is None else f'{predicted * 1e3:.1f} ms'} | "
+                f"{'-' if error is None else f'{error:+.0%}'} |"
+            )
+    return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def text_table(config: dict[str, Any]) -> str:
+    """The terminal table of one configuration."""
+    lines = [f"{config_label(config)}:",
+             f"{'schedule':>10} {'measured':>10} {'(min-max)':>17} {'/flat':>6} "
+             f"{'/diffusers':>10} {'predicted':>10} {'error':>7}"]
+    for name, row in config["summary"].items():
+        predicted = row.get("predicted_step_s")
+        error = row.get("error")
+        lines.append(
+            f"{name:>10} {row['measured_step_s'] * 1e3:8.1f}ms "
+            f"({row['min_step_s'] * 1e3:6.1f}-{row['max_step_s'] * 1e3:6.1f}ms) "
+            f"{_ratio(row.get('measured_speedup_over_flat')):>6} "
+            f"{_ratio(row.get('measured_speedup_over_diffusers')):>10} "
+            f"{'-' if predicted is None else f'{predicted * 1e3:8.1f}ms':>10} "
+            f"{'-' if error is None else f'{error:+7.0%}':>7}"
+        )
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Measured (bars, with the rounds' min-max) and predicted (markers) step time of
+    every schedule, one panel per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = report["configs"]
+    fig, axes = plt.subplots(1, len(configs), figsize=(3.6 * len(configs), 3.6), squeeze=False)
+    for ax, config in zip(axes[0], configs, strict=True):
+        names = list(config["summary"])
+        rows = [config["summary"][name] for name in names]
+        measured = [row["measured_step_s"] * 1e3 for row in rows]
+        low = [m - row["min_step_s"] * 1e3 for m, row in zip(measured, rows, strict=True)]
+        high = [row["max_step_s"] * 1e3 - m for m, row in zip(measured, rows, strict=True)]
+        positions = range(len(names))
+        ax.bar(positions, measured, yerr=[low, high], color="#4c72b0", capsize=3,
+               label="measured")
+        predicted = [(i, row["predicted_step_s"] * 1e3) for i, row in enumerate(rows)
+                     if row.get("predicted_step_s") is not None]
+        if predicted:
+            ax.scatter([i for i, _ in predicted], [p for _, p in predicted], color="#dd8452",
+                       marker="D", zorder=3, label="simulator")
+        ax.set_xticks(list(positions), names, rotation=30)
+        ax.set_title(config_label(config), fontsize=9)
+        ax.set_ylabel("step time (ms)")
+    axes[0][0].legend(fontsize=8)
+    model = report["model"]
+    fig.suptitle(f"{model['name']}: {model['tokens']} tokens, hidden {model['hidden_size']}, "
+                 f"{model['num_layers']} layers, {model['dtype']} (emulated cluster, gloo)",
+                 fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report", type=Path, help="the JSON bench/emulated_speedup.py wrote")
+    parser.add_argument("--plot", type=Path, default=None, help="write the plot (PNG) here")
+    args = parser.parse_args(argv)
+    try:
+        report = json.loads(args.report.read_text())
+        print(markdown_table(report))
+        if args.plot is not None:
+            plot(report, args.plot)
+    except (OSError, ValueError, KeyError) as error:
+        print(f"emulated_report: error: {args.report}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

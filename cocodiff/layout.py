@@ -1,0 +1,207 @@
+"""The parallel layout of a run: Ulysses x Ring x batch/CFG degrees, placed on the ranks.
+
+Pure Ulysses cannot use more ranks than the model has heads. A layout splits the ranks
+three ways (``ulysses * ring * batch == ranks``):
+
+* **batch** groups each take ``batch_size / batch`` of the samples of a step (the two
+  halves of a classifier-free-guidance batch): no communication at all inside the
+  transformer;
+* inside a batch group, the sequence is split over ``ulysses * ring`` ranks; each
+  **Ulysses group** (``ulysses`` ranks) exchanges heads for tokens as before (flat, TAPA,
+  V-First, V-Major all apply inside it), after which every member holds ``S / ring``
+  tokens of its heads;
+* the ``ring`` members holding the same heads form a **Ring**: K/V blocks travel around
+  it while each member attends to the block in hand, and the partial results are merged
+  by their log-sum-exp.
+
+Placement: ``order`` lists the three axes from the outermost (consecutive members far
+apart in rank order, i.e. across the slow tiers of a node-major placement) to the
+innermost (consecutive ranks: the fast tiers). The default puts Ulysses innermost (its
+all-to-alls on the fast tiers), Ring across the slower ones, and batch, which never
+communicates inside the transformer, outermost. The planner also tries the other orders
+and keeps one only where the simulator says it is faster.
+
+Within a batch group, the member at ring index ``r`` and Ulysses index ``u`` holds the
+sequence's chunk ``r * ulysses + u``: a Ring member's block (its Ulysses group's
+chunks, gathered) is then a contiguous run of chunks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cocodiff.errors import ScheduleError
+
+AXES = ("batch", "ring", "ulysses")
+DEFAULT_ORDER = AXES  # batch outermost, Ulysses innermost
+
+
+class LayoutError(ScheduleError):
+    """A parallel layout that cannot run (one clear line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelLayout:
+    """How ``ulysses * ring * batch`` ranks split a step.
+
+    Args:
+        ulysses: ranks of one Ulysses group (heads split over them).
+        ring: Ulysses groups that pass K/V blocks around a ring.
+        batch: groups that each take a share of the step's samples.
+        order: the axes from outermost (slowest tiers) to innermost (fastest).
+    """
+
+    ulysses: int
+    ring: int = 1
+    batch: int = 1
+    order: tuple[str, str, str] = DEFAULT_ORDER
+
+    def __post_init__(self) -> None:
+        for axis in AXES:
+            value = getattr(self, axis)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise LayoutError(f"{axis} degree must be a positive integer, got {value!r}")
+        if sorted(self.order) != sorted(AXES):
+            raise LayoutError(f"layout order {self.order} must name each of {', '.join(AXES)} "
+                              "once")
+
+    # -- what it is ------------------------------------------------------------------
+
+    @property
+    def num_ranks(self) -> int:
+        return self.ulysses * self.ring * self.batch
+
+    @property
+    def sequence_ranks(self) -> int:
+        """Ranks one sample's sequence is split over."""
+        return self.ulysses * self.ring
+
+    @property
+    def is_pure_ulysses(self) -> bool:
+        return self.ring == 1 and self.batch == 1
+
+    @property
+    def name(self) -> str:
+        """``U4xR2xB1``, plus ``/ring-inner`` when the Ring sits inside the Ulysses groups
+        (on the faster tiers), or the whole order (outermost first) when batch is not
+        outermost."""
+        text = f"U{self.ulysses}xR{self.ring}xB{self.batch}"
+        active = [axis for axis in self.order if getattr(self, axis) > 1]
+        default = [axis for axis in DEFAULT_ORDER if getattr(self, axis) > 1]
+        if active == default:
+            return text
+        if active == [axis for axis in ("batch", "ulysses", "ring") if axis in active]:
+            return text + "/ring-inner"
+        return text + "/" + ">".join(active)
+
+    def check(self, num_ranks: int, num_heads: int, batch_size: int = 1) -> None:
+        """Refuse a layout that cannot run here, with one line naming the value.
+
+        Raises:
+            LayoutError: degrees that do not multiply to ``num_ranks``, a Ulysses degree
+                above ``num_heads``, or a batch degree that does not divide ``batch_size``.
+        """
+        if self.num_ranks != num_ranks:
+            raise LayoutError(
+                f"layout ulysses {self.ulysses} x ring {self.ring} x batch {self.batch} = "
+                f"{self.num_ranks} ranks, but the run has {num_ranks}")
+        if self.ulysses > num_heads:
+            raise LayoutError(
+                f"ulysses degree {self.ulysses} is above the model's {num_heads} heads: every "
+                "Ulysses rank needs at least one head (use a ring degree for the rest)")
+        if batch_size % self.batch:
+            raise LayoutError(
+                f"batch degree {self.batch} does not divide the {batch_size} sample(s) of a "
+                "step")
+
+    # -- where the ranks sit -----------------------------------------------------------
+
+    def _strides(self) -> dict[str, int]:
+        """Distance in grid positions between consecutive members along each axis."""
+        strides, stride = {}, 1
+        for axis in reversed(self.order):
+            strides[axis] = stride
+            stride *= getattr(self, axis)
+        return strides
+
+    def position(self, batch_index: int, ring_index: int, ulysses_index: int) -> int:
+        strides = self._strides()
+        return (batch_index * strides["batch"] + ring_index * strides["ring"]
+                + ulysses_index * strides["ulysses"])
+
+    def coords(self, position: int) -> tuple[int, int, int]:
+        """(batch index, ring index, Ulysses index) of a grid position."""
+        strides = self._strides()
+        return tuple((position // strides[axis]) % getattr(self, axis)  # type: ignore[return-value]
+                     for axis in AXES)
+
+    def ulysses_group(self, position: int) -> tuple[int, ...]:
+        """Grid positions of the position's Ulysses group, in Ulysses order."""
+        b, r, _ = self.coords(position)
+        return tuple(self.position(b, r, u) for u in range(self.ulysses))
+
+    def ring_group(self, position: int) -> tuple[int, ...]:
+        """Grid positions of the position's Ring, in ring order."""
+        b, _, u = self.coords(position)
+        return tuple(self.position(b, r, u) for r in range(self.ring))
+
+    def sequence_group(self, position: int) -> tuple[int, ...]:
+        """Grid positions sharing the position's samples, by sequence chunk index."""
+        b, _, _ = self.coords(position)
+        return tuple(self.position(b, r, u) for r in range(self.ring)
+                     for u in range(self.ulysses))
+
+    def batch_group(self, position: int) -> tuple[int, ...]:
+        """Grid positions holding the same sequence chunk of the other batch shares."""
+        _, r, u = self.coords(position)
+        return tuple(self.position(b, r, u) for b in range(self.batch))
+
+    def sequence_index(self, position: int) -> int:
+        """The chunk of the sequence the position holds (ring-major, see module doc)."""
+        _, r, u = self.coords(position)
+        return r * self.ulysses + u
+
+    def shift_period(self, heads: tuple[int, ...]) -> int:
+        """The smallest shift s (dividing the rank count) that maps every group onto a
+        group, every ring successor onto the shifted successor, and every rank onto a
+        rank with as many heads: the plan repeats every s grid positions, so the
+        simulator may fold node-symmetric traffic (``cocodiff.simulate``).
+
+        Args:
+            heads: heads of each Ulysses index.
+        """
+        n = self.num_ranks
+        ring_next = [self.ring_group(p)[(self.coords(p)[1] + 1) % self.ring] for p in range(n)]
+        groups = {frozenset(self.ulysses_group(p)) for p in range(n)}
+        for shift in (s for s in range(1, n + 1) if n % s == 0):
+            if all(heads[self.coords(p)[2]] == heads[self.coords((p + shift) % n)[2]]
+                   and ring_next[(p + shift) % n] == (ring_next[p] + shift) % n
+                   for p in range(n)) and all(
+                    frozenset((p + shift) % n for p in group) in groups for group in groups):
+                return shift
+        return n
+
+
+def parse_degrees(ulysses: int | None, ring: int | None, batch: int | None,
+                  num_ranks: int) -> ParallelLayout:
+    """A layout from explicit degrees, a missing one filled in so that they multiply to
+    ``num_ranks`` (at most one may be missing; all missing means pure Ulysses).
+
+    Raises:
+        LayoutError: the given degrees do not divide the rank count.
+    """
+    given = {"ulysses": ulysses, "ring": ring, "batch": batch}
+    missing = [axis for axis, value in given.items() if value is None]
+    if len(missing) == 3:
+        return ParallelLayout(num_ranks)
+    known = math.prod(value for value in given.values() if value is not None)
+    if len(missing) >= 1:
+        if num_ranks % known:
+            raise LayoutError(f"--ulysses/--ring/--batch multiply to {known}, which does not "
+                              f"divide the {num_ranks} ranks")
+        # Fill the first missing axis (Ulysses first) with what is left, the others with 1.
+        for axis in missing:
+            given[axis] = 1
+        given[missing[0]] = num_ranks // known
+    return ParallelLayout(int(given["ulysses"]), int(given["ring"]), int(given["batch"]))

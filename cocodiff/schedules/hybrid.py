@@ -1,0 +1,167 @@
+"""Hybrid plans: a Ulysses schedule inside every Ulysses group, Ring attention across them.
+
+For a :class:`~cocodiff.layout.ParallelLayout` (``ulysses x ring x batch`` ranks):
+
+1. every Ulysses group runs the named Ulysses schedule (``flat``, ``tapa``, ``vfirst``,
+   ``cocodiff``) exactly as a pure-Ulysses plan over its ``ulysses`` ranks would, on its
+   share of the sequence: each stream's ``ceil(T / (ulysses * ring))``-token chunk per
+   rank, ``batch_size / batch`` samples. TAPA's phases follow the group's own box of
+   (node, GPU, tile) coordinates. The plan is made once over local ranks 0..U-1 and
+   relabelled onto each group's global ranks;
+2. with ``ring > 1``, the attention compute step becomes the Ring: ``ring`` blocks of
+   attention (this rank's Q against one K/V block of ``S / ring`` tokens each), with the
+   pass of the block in hand to the next Ring member started before each block's
+   attention and waited after it, so the pass hides behind the compute:
+
+   ``[kv pass 0 ->] attention(block 0) [-> wait] ... attention(block ring-1)``
+
+   A pass is an all-to-all over the Ring whose only non-zero entries are one row (the
+   K and V block) to the next member and one from the previous: every transport already
+   carries all-to-alls with uneven splits, so no point-to-point call is needed, and the
+   simulator charges exactly one transfer per pass (zero-byte entries are no messages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from cocodiff.layout import LayoutError, ParallelLayout
+from cocodiff.models import ModelSpec
+from cocodiff.plan import Compute, Exchange, LayerPlan, Plan, RankProgram, Step, Wait
+from cocodiff.schedules.grid import RankGrid
+
+
+def group_grid(grid: RankGrid, positions: Sequence[int]) -> RankGrid:
+    """The Ulysses group at grid ``positions`` (Ulysses order) as a rank grid of its own
+    global ranks: the box of (node, GPU, tile) coordinates its members fill, so TAPA's
+    phases follow the tiers. Members that fill no box form a line (one flat level)."""
+    ranks = tuple(grid.ranks[p] for p in positions)
+    coords = [grid.coords(rank) for rank in ranks]
+    values = [sorted({c[axis] for c in coords}) for axis in range(3)]
+    shape = (len(values[0]), len(values[1]), len(values[2]))
+    box = [(n, g, t) for n in values[0] for g in values[1] for t in values[2]]
+    # Positions grow with (node, gpu, tile) row-major, so Ulysses order is box order.
+    if len(box) == len(ranks) and box == coords:
+        return RankGrid(shape, ranks)
+    return RankGrid((1, len(ranks), 1), ranks)
+
+
+def ulysses_grids(grid: RankGrid, parallel: ParallelLayout) -> dict[int, RankGrid]:
+    """Every Ulysses group's rank grid, by the grid position of its Ulysses index 0."""
+    leaders = [p for p in range(grid.num_ranks) if parallel.coords(p)[2] == 0]
+    groups = {p: group_grid(grid, parallel.ulysses_group(p)) for p in leaders}
+    if len({g.shape for g in groups.values()}) > 1:
+        # Groups straddle node or GPU boundaries differently (8 of a 12-rank node): one
+        # plan must fit them all, so every group exchanges as one flat level.
+        groups = {p: RankGrid((1, parallel.ulysses, 1), g.ranks) for p, g in groups.items()}
+    return groups
+
+
+def relabel_layer(layer: LayerPlan, ranks: tuple[int, ...]) -> LayerPlan:
+    """``layer`` with the local rank i of its exchanges' groups replaced by ``ranks[i]``."""
+
+    def step(s: Step) -> Step:
+        if not isinstance(s, Exchange):
+            return s
+        phases = tuple(replace(p, group=tuple(ranks[r] for r in p.group)) for p in s.phases)
+        return replace(s, group=tuple(ranks[r] for r in s.group), phases=phases)
+
+    return replace(layer, attention=tuple(step(s) for s in layer.attention))
+
+
+def ring_pass(ring: tuple[int, ...], index: int, row_bytes: int) -> Exchange:
+    """Member ``index`` of ``ring`` sends its K/V block (one row) to the next member and
+    receives one from the previous."""
+    size = len(ring)
+    send = tuple(1 if j == (index + 1) % size else 0 for j in range(size))
+    recv = tuple(1 if j == (index - 1) % size else 0 for j in range(size))
+    return Exchange("kv", ring, send, recv, row_bytes, "ring")
+
+
+def ring_attention(attention: Compute, kv_pass: Exchange, ring: int) -> tuple[Step, ...]:
+    """The Ring's steps in place of one attention step: ``ring`` blocks, each pass
+    started before the block in hand is attended to and waited after."""
+    steps: list[Step] = []
+    for block in range(ring):
+        last = block == ring - 1
+        if not last:
+            steps.append(kv_pass)
+        steps.append(attention)
+        if not last:
+            steps.append(Wait("kv"))
+    return tuple(steps)
+
+
+def splice_ring(layer: LayerPlan, kv_pass: Exchange, ring: int) -> LayerPlan:
+    attention: list[Step] = []
+    for step in layer.attention:
+        if isinstance(step, Compute) and step.op == "attention":
+            attention += ring_attention(step, kv_pass, ring)
+        else:
+            attention.append(step)
+    return replace(layer, attention=tuple(attention))
+
+
+def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
+                parallel: ParallelLayout, dtype_bytes: int = 2, batch: int = 1,
+                **options) -> Plan:
+    """Schedule ``name`` inside every Ulysses group of ``parallel``, Ring across them.
+
+    Args:
+        name: a Ulysses schedule (``cocodiff.schedules.SCHEDULES``).
+        spec: the model.
+        grid: every rank of the run, where it sits; the layout's grid positions index it.
+        stream_tokens: tokens of each stream of one sample (image, joint text).
+        parallel: the layout; checked against the grid, the heads and ``batch``.
+        dtype_bytes: bytes per activation value.
+        batch: samples per step (all batch groups together).
+        options: the schedule's own options (``chunks``, V-Major's ``cache_ratio``...).
+
+    Raises:
+        LayoutError: the layout does not fit the ranks, the heads or the batch.
+    """
+    from cocodiff.schedules import get_schedule
+
+    scheduler = get_schedule(name)
+    parallel.check(grid.num_ranks, spec.num_heads, batch)
+    if parallel.is_pure_ulysses:
+        return replace(scheduler(spec, grid, stream_tokens, dtype_bytes=dtype_bytes,
+                                 batch=batch, **options), parallel=parallel)
+    ulysses, ring = parallel.ulysses, parallel.ring
+    streams = tuple(int(t) for t in stream_tokens if t > 0)
+    if not streams:
+        raise LayoutError("a plan needs at least one token")
+    # One Ulysses group's share of each stream: its members' padded chunks together.
+    group_streams = tuple(-(-t // parallel.sequence_ranks) * ulysses for t in streams)
+    groups = ulysses_grids(grid, parallel)
+    local = RankGrid(groups[0].shape, tuple(range(ulysses)))
+    sub = scheduler(spec, local, group_streams, dtype_bytes=dtype_bytes,
+                    batch=batch // parallel.batch, **options)
+    layout = sub.layout
+    programs: list[RankProgram | None] = [None] * grid.num_ranks
+    for leader, members in groups.items():
+        positions = parallel.ulysses_group(leader)
+        relabelled: dict[int, LayerPlan] = {}
+        for u, position in enumerate(positions):
+            rank = grid.ranks[position]
+            ring_ranks = tuple(grid.ranks[p] for p in parallel.ring_group(position))
+            # One row = this rank's K and V for one block: (2, batch, S/ring, heads, d).
+            row_bytes = 2 * layout.batch * layout.padded_tokens * layout.heads[u] \
+                * layout.head_dim * dtype_bytes
+            kv_pass = ring_pass(ring_ranks, parallel.coords(position)[1], row_bytes)
+            done: dict[int, LayerPlan] = {}
+            layers = []
+            for layer in sub.program(u).layers:
+                key = id(layer)
+                if key not in done:
+                    if key not in relabelled:
+                        relabelled[key] = relabel_layer(layer, members.ranks)
+                    done[key] = (splice_ring(relabelled[key], kv_pass, ring) if ring > 1
+                                 else relabelled[key])
+                layers.append(done[key])
+            programs[rank] = RankProgram(rank, tuple(layers))
+    in_order = grid.ranks == tuple(range(grid.num_ranks))
+    period = parallel.shift_period(layout.heads) if in_order else None
+    return Plan(name, spec.name, layout, tuple(programs), period,  # type: ignore[arg-type]
+                parallel)
