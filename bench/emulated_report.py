@@ -4,7 +4,9 @@
 
 prints the README's Markdown table (every configuration and schedule: measured step time,
 its spread over the rounds, the speedup over flat and over diffusers, the simulator's
-prediction and its error) and draws measured against predicted step times.
+prediction and its error; where calibrate timed the real blocks, also the prediction at
+its matrix-product rate, the figure it wrote before) and draws measured against predicted
+step times.
 """
 
 from __future__ import annotations
@@ -24,26 +26,40 @@ def config_label(config: dict[str, Any]) -> str:
 
 def markdown_table(report: dict[str, Any]) -> str:
     """One row per configuration and schedule."""
+    both = _has_matmul(report)
     lines = [
         "| cluster | schedule | measured step (min-max) | over flat | over diffusers "
-        "| predicted | error |",
-        "|---|---|---|---|---|---|---|",
+        + ("| predicted, matrix-product rate | error " if both else "")
+        + "| predicted | error |",
+        "|---|---|---|---|---|---|---|" + ("---|---|" if both else ""),
     ]
     for config in report["configs"]:
         label = config_label(config)
         for name, row in config["summary"].items():
             over_flat = row.get("measured_speedup_over_flat")
             over_diffusers = row.get("measured_speedup_over_diffusers")
-            predicted = row.get("predicted_step_s")
-            error = row.get("error")
+            before = (f"{_ms(row.get('predicted_matmul_rate_step_s'))} | "
+                      f"{_pct(row.get('error_matmul_rate'))} | ") if both else ""
             lines.append(
                 f"| {label} | `{name}` | {row['measured_step_s'] * 1e3:.1f} ms "
                 f"({row['min_step_s'] * 1e3:.1f}-{row['max_step_s'] * 1e3:.1f}) | "
-                f"{_ratio(over_flat)} | {_ratio(over_diffusers)} | "
-                f"{'-' if predicted is None else f'{predicted * 1e3:.1f} ms'} | "
-                f"{'-' if error is None else f'{error:+.0%}'} |"
+                f"{_ratio(over_flat)} | {_ratio(over_diffusers)} | {before}"
+                f"{_ms(row.get('predicted_step_s'))} | {_pct(row.get('error'))} |"
             )
     return "\n".join(lines)
+
+
+def _has_matmul(report: dict[str, Any]) -> bool:
+    return any("predicted_matmul_rate_step_s" in row for config in report["configs"]
+               for row in config["summary"].values())
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f} ms"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.0%}"
 
 
 def _ratio(value: float | None) -> str:
@@ -54,7 +70,8 @@ def text_table(config: dict[str, Any]) -> str:
     """The terminal table of one configuration."""
     lines = [f"{config_label(config)}:",
              f"{'schedule':>10} {'measured':>10} {'(min-max)':>17} {'/flat':>6} "
-             f"{'/diffusers':>10} {'predicted':>10} {'error':>7}"]
+             f"{'/diffusers':>10} {'predicted':>10} {'error':>7} {'matmul-rate':>11} "
+             f"{'error':>7}"]
     for name, row in config["summary"].items():
         predicted = row.get("predicted_step_s")
         error = row.get("error")
@@ -64,7 +81,9 @@ def text_table(config: dict[str, Any]) -> str:
             f"{_ratio(row.get('measured_speedup_over_flat')):>6} "
             f"{_ratio(row.get('measured_speedup_over_diffusers')):>10} "
             f"{'-' if predicted is None else f'{predicted * 1e3:8.1f}ms':>10} "
-            f"{'-' if error is None else f'{error:+7.0%}':>7}"
+            f"{'-' if error is None else f'{error:+7.0%}':>7} "
+            f"{_ms(row.get('predicted_matmul_rate_step_s')):>11} "
+            f"{_pct(row.get('error_matmul_rate')):>7}"
         )
     return "\n".join(lines)
 
@@ -90,9 +109,15 @@ def plot(report: dict[str, Any], path: Path) -> None:
                label="measured")
         predicted = [(i, row["predicted_step_s"] * 1e3) for i, row in enumerate(rows)
                      if row.get("predicted_step_s") is not None]
+        before = [(i, row["predicted_matmul_rate_step_s"] * 1e3) for i, row in enumerate(rows)
+                  if row.get("predicted_matmul_rate_step_s") is not None]
         if predicted:
             ax.scatter([i for i, _ in predicted], [p for _, p in predicted], color="#dd8452",
-                       marker="D", zorder=3, label="simulator")
+                       marker="D", zorder=3,
+                       label="simulator, real-block rate" if before else "simulator")
+        if before:
+            ax.scatter([i for i, _ in before], [p for _, p in before], color="#999999",
+                       marker="x", zorder=3, label="simulator, matrix-product rate")
         ax.set_xticks(list(positions), names, rotation=30)
         ax.set_title(config_label(config), fontsize=9)
         ax.set_ylabel("step time (ms)")

@@ -10,6 +10,11 @@ step callbacks.
 
 Usage: emulated_session.py MODEL_DIR RESOLUTION STEPS LAYOUT DTYPE REPEATS SCHEDULES OUT_DIR
 
+A schedule may name a Ulysses x Ring x batch layout after ``@`` (``flat@U4xR2xB1``,
+``tapa@U2xR4xB1/ring-inner``): it runs as ``cocodiff run --ulysses 4 --ring 2
+[--ring-inner]`` does (``bench/emulated_layouts.py``); its latents file has ``/`` read
+as ``_``.
+
 Rank 0 writes ``OUT_DIR/session.json`` (every run's step times and communication wait)
 and, for round 1 of each schedule, ``OUT_DIR/latents-<schedule>.pt`` (float32 runs
 only). A schedule the runtime refuses (same error on every rank, before any collective)
@@ -41,6 +46,7 @@ def main() -> int:
 
     from cocodiff.errors import CocodiffError
     from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.runtime.hybrid import parallelize_hybrid
     from cocodiff.runtime.parallel import parallelize
     from cocodiff.runtime.pipelines import load_pipeline, run_pipeline, tiny_name_of
     from cocodiff.runtime.run import rank_grid
@@ -66,11 +72,15 @@ def main() -> int:
                 if name in skipped:
                     continue
                 pipe = load_pipeline(model, dtype)
+                schedule, _, layout_name = name.partition("@")
                 try:
-                    if name in BASELINES:
-                        runtime = BASELINES[name](pipe, transport)
+                    parallel = parse_layout_name(layout_name) if layout_name else None
+                    if schedule in BASELINES:
+                        runtime = BASELINES[schedule](pipe, transport)
+                    elif parallel is not None and not parallel.is_pure_ulysses:
+                        runtime = parallelize_hybrid(pipe, transport, schedule, parallel, grid)
                     else:
-                        runtime = parallelize(pipe, transport, name, grid)
+                        runtime = parallelize(pipe, transport, schedule, grid)
                 except CocodiffError as error:
                     skipped[name] = str(error)
                     continue
@@ -96,7 +106,8 @@ def main() -> int:
                     print(f"{name} round {repeat + 1}: "
                           f"{' '.join(f'{t * 1e3:.0f}' for t in step_times)} ms", flush=True)
                     if repeat == 0 and dtype == torch.float32:
-                        torch.save(latents.detach().cpu(), out / f"latents-{name}.pt")
+                        torch.save(latents.detach().cpu(),
+                                   out / f"latents-{name.replace('/', '_')}.pt")
                 del pipe, runtime, latents
                 gc.collect()
         if transport.rank == 0:
@@ -106,6 +117,23 @@ def main() -> int:
     finally:
         transport.close()
     return 0
+
+
+def parse_layout_name(text: str):
+    """``U4xR2xB1`` or ``U4xR2xB1/ring-inner`` (:attr:`ParallelLayout.name`) -> the
+    layout."""
+    import re
+
+    from cocodiff.errors import CocodiffError
+    from cocodiff.layout import DEFAULT_ORDER, ParallelLayout
+    from cocodiff.plan_command import RING_INNER_ORDER
+
+    match = re.fullmatch(r"U(\d+)xR(\d+)xB(\d+)(/ring-inner)?", text)
+    if match is None:
+        raise CocodiffError(f"not a layout name (U4xR2xB1[/ring-inner]): {text!r}")
+    ulysses, ring, batch = (int(group) for group in match.groups()[:3])
+    order = RING_INNER_ORDER if match.group(4) else DEFAULT_ORDER
+    return ParallelLayout(ulysses, ring, batch, order)
 
 
 if __name__ == "__main__":

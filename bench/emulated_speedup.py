@@ -190,14 +190,19 @@ def parse_configs(text: str) -> list[Config]:
 
 
 def predict(schedules: list[str], spec, resolution: int, topology_path: Path, steps: int,
-            dtype_bytes: int, collective) -> dict[str, dict[str, Any]]:
+            dtype_bytes: int, collective, tile_tflops: float | None = None
+            ) -> dict[str, dict[str, Any]]:
     """Simulated step time of each schedule on the calibrated topology, averaged over the
-    steps that are measured (all but the first)."""
+    steps that are measured (all but the first); ``tile_tflops`` replaces the topology's
+    compute rate (e.g. calibrate's matrix-product rate, to compare with the real blocks')."""
     from cocodiff.schedules import RankGrid, plan_for_step
     from cocodiff.simulate import simulate_plan
     from topology import Placement, build_topology, load_topology
 
-    topology = build_topology(load_topology(topology_path))
+    described = load_topology(topology_path)
+    if tile_tflops is not None:
+        described = dataclasses.replace(described, tile_tflops=tile_tflops)
+    topology = build_topology(described)
     placement = Placement.node_major(topology)
     grid = RankGrid.from_placement(topology, placement)
     streams = (spec.image_tokens(resolution, resolution), spec.text_tokens)
@@ -378,12 +383,9 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
         cluster.write_topology(here / "emulated.toml")
         calibration = here / "calibrated.toml"
         started = time.monotonic()
-        run_job(cluster, [sys.executable, "-m", "cocodiff", "calibrate", *common,
-                          "--dtype", args.dtype, "--transport", "torch",
-                          *(["--quick"] if args.quick_calibration else []),
-                          "--output", str(calibration),
-                          "--json", str(calibration.with_suffix(".json"))],
-                "torch", timeout_s=args.timeout, log_dir=here / "calibrate-logs")
+        calibrate_job(cluster, [*common, "--dtype", args.dtype,
+                                *(["--quick"] if args.quick_calibration else [])],
+                      calibration, args.timeout, here, notes, config.label)
         print(f"  calibrated in {time.monotonic() - started:.0f} s", flush=True)
 
         session = _run_session(args, cluster, config, schedules, model_dir, here / "session",
@@ -407,6 +409,13 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
     collective = collective_model(calibration.with_suffix(".json"))
     predicted = predict(measured_schedules, spec, args.resolution, calibration, args.steps,
                         dtype_bytes, collective)
+    # calibrate writes the real blocks' effective rate when it timed them; the matrix
+    # products' rate (what it wrote before) is predicted beside it.
+    measured_compute = (_read_json(calibration.with_suffix(".json")) or {}).get("compute", {})
+    matmul = None
+    if measured_compute.get("block"):
+        matmul = predict(measured_schedules, spec, args.resolution, calibration, args.steps,
+                         dtype_bytes, collective, tile_tflops=measured_compute["tflops"])
     summary: dict[str, dict[str, Any]] = {}
     for name in measured_schedules:
         medians = [r["median_step_s"] for r in runs if r["schedule"] == name]
@@ -414,6 +423,10 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
         summary[name] = {"measured_step_s": measured, "min_step_s": min(medians),
                          "max_step_s": max(medians), **predicted[name],
                          "error": predicted[name]["predicted_step_s"] / measured - 1}
+        if matmul is not None:
+            summary[name]["predicted_matmul_rate_step_s"] = matmul[name]["predicted_step_s"]
+            summary[name]["error_matmul_rate"] = (matmul[name]["predicted_step_s"] / measured
+                                                  - 1)
     for base in ("flat", "diffusers"):
         if base in summary:
             for row in summary.values():
@@ -431,6 +444,26 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
         "equality": equality,
         "summary": summary,
     }
+
+
+def calibrate_job(cluster, options: list[str], calibration: Path, timeout_s: float,
+                  here: Path, notes: list[str], label: str, attempts: int = 2) -> None:
+    """``cocodiff calibrate`` across the cluster, tried again once if a rank dies (a
+    rank of gloo was seen aborting at exit, "terminate called without an active
+    exception", after the outputs were written); each failure is kept in ``notes``."""
+    for attempt in range(1, attempts + 1):
+        try:
+            run_job(cluster, [sys.executable, "-m", "cocodiff", "calibrate", *options,
+                              "--transport", "torch", "--output", str(calibration),
+                              "--json", str(calibration.with_suffix(".json"))],
+                    "torch", timeout_s=timeout_s, log_dir=here / f"calibrate-logs-{attempt}")
+            return
+        except JobFailed as error:
+            if attempt == attempts:
+                raise
+            notes.append(f"calibrate on {label}, attempt {attempt}, failed ({error}); "
+                         "calibrated again")
+            print(f"  calibrate failed ({error}); again", flush=True)
 
 
 def _run_session(args, cluster, config: Config, schedules: list[str], model_dir: Path,

@@ -9,6 +9,19 @@ What is measured (all on the real transport, between real processes):
   time), and its elementwise work (the adaLN-modulated layer norms) at the same shapes,
   giving an effective memory GB/s (bytes as :mod:`cocodiff.cost` counts them). These are the
   ``[tile]`` rates of the roofline model.
+- **The model's real transformer blocks**, on every rank at once (so core sharing is
+  included), when calibrate can build the model's transformer (a tiny model or a
+  diffusers directory; FLUX): the diffusers modules run on one rank's local token shard,
+  no communication, every block timed with forward hooks. Attention there runs over the
+  local tokens with every head; the measured difference between scaled-dot-product
+  attention at the true Ulysses shape (all tokens, the rank's heads) and at the local one
+  is added back. The resulting seconds per layer include what a FLOP count does not see
+  (RoPE, modulation, reshapes, a few dozen small ops' dispatch). They become the
+  *effective* ``[tile] tflops`` written to the topology: the rate at which the simulator,
+  charging every operation of a layer as :mod:`cocodiff.cost` prices it (the roofline of
+  each, at the measured memory rate), takes exactly the measured seconds for one layer.
+  The matrix-product rate stays in the JSON (``compute.tflops``) beside it
+  (``compute.tile_tflops``, ``compute.block``).
 - **Each link tier**, with a two-rank exchange (each side sends ``n`` bytes to the other at
   once; an all-to-all over the pair) swept over message sizes, between two ranks of one
   node (intra) and two ranks of different nodes (inter), fitted as
@@ -203,9 +216,37 @@ class ComputeRates:
     per_rank_tflops: tuple[float, ...]
     per_rank_memory_gbps: tuple[float, ...]
     op_seconds: dict[str, float] = field(default_factory=dict)
+    block: dict[str, Any] | None = None
+
+    @property
+    def tile_tflops(self) -> float:
+        """The rate the topology gets: the real blocks' effective rate when they were
+        timed, else the matrix products'."""
+        return self.block["effective_tflops"] if self.block else self.tflops
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "tile_tflops": self.tile_tflops}
+
+
+@dataclass(frozen=True, slots=True)
+class BlockTiming:
+    """One rank's timing of the model's real transformer blocks on its local shard.
+
+    Attributes:
+        blocks: transformer blocks timed per forward (the model's layers).
+        local_forward_s: seconds of all blocks in one forward on the local tokens (median).
+        attention_local_s: one attention call as it ran there (local tokens, all heads).
+        attention_ulysses_s: one attention call at the Ulysses shape (all tokens, the
+            rank's heads).
+        layer_s: seconds per layer with attention at the Ulysses shape:
+            ``(local_forward_s + blocks * (attention_ulysses_s - attention_local_s)) / blocks``.
+    """
+
+    blocks: int
+    local_forward_s: float
+    attention_local_s: float
+    attention_ulysses_s: float
+    layer_s: float
 
 
 def _time_call(fn: Callable[[], object], min_time_s: float, max_calls: int = 10_000) -> float:
@@ -280,6 +321,139 @@ def measure_compute(shapes: LayerShapes, dtype_name: str = "float32",
     return flops / matmul_s, norm_bytes / op_seconds["norm"], op_seconds
 
 
+def _flux_local_inputs(config, image_tokens: int, text_tokens: int, dtype) -> dict:
+    """FLUX transformer inputs holding ``image_tokens`` image and ``text_tokens`` text
+    tokens (one rank's shard; positions are a row of the image, values random)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    img_ids = torch.zeros(image_tokens, 3)
+    img_ids[:, 2] = torch.arange(float(image_tokens))
+    return {
+        "hidden_states": randn(1, image_tokens, config.in_channels),
+        "encoder_hidden_states": randn(1, text_tokens, config.joint_attention_dim),
+        "pooled_projections": randn(1, config.pooled_projection_dim),
+        "timestep": torch.full((1,), 0.5, dtype=dtype),
+        "guidance": torch.full((1,), 3.5, dtype=dtype) if config.guidance_embeds else None,
+        "img_ids": img_ids,
+        "txt_ids": torch.zeros(text_tokens, 3),
+    }
+
+
+# Transformer class -> (builder of local-shard inputs, block lists timed).
+_BLOCK_INPUTS: dict[str, tuple[Callable[..., dict], tuple[str, ...]]] = {
+    "FluxTransformer2DModel": (_flux_local_inputs,
+                               ("transformer_blocks", "single_transformer_blocks")),
+}
+
+
+def build_transformer(config: dict[str, Any]):
+    """The diffusers transformer of ``config`` (random weights from a fixed seed)."""
+    import diffusers
+    import torch
+
+    name = config.get("_class_name")
+    cls = getattr(diffusers, str(name), None) if name in _BLOCK_INPUTS else None
+    if cls is None:
+        raise CalibrationError(
+            f"cannot time the real blocks of {name}; supported: {', '.join(_BLOCK_INPUTS)}"
+        )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return cls.from_config(config).eval()
+
+
+def time_blocks(transformer, shapes: LayerShapes, stream_tokens: Sequence[int], world: int,
+                dtype_name: str = "float32", repeats: int = 5) -> BlockTiming:
+    """Time ``transformer``'s real blocks on one rank's local shard of ``stream_tokens``
+    (image, text) over ``world`` Ulysses ranks, without communication, and correct
+    attention to the Ulysses shape (see the module docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    name = type(transformer).__name__
+    if name not in _BLOCK_INPUTS:
+        raise CalibrationError(
+            f"cannot time the real blocks of {name}; supported: {', '.join(_BLOCK_INPUTS)}"
+        )
+    build_inputs, lists = _BLOCK_INPUTS[name]
+    dtype = getattr(torch, dtype_name)
+    transformer = transformer.to(dtype)
+    image, text = (math.ceil(tokens / world) for tokens in stream_tokens)
+    inputs = build_inputs(transformer.config, image, text, dtype)
+    blocks = [block for attr in lists for block in getattr(transformer, attr)]
+    began: list[float] = []
+    spent: list[float] = []
+
+    def before(module, args, kwargs) -> None:
+        began.append(time.perf_counter())
+
+    def after(module, args, kwargs, output) -> None:
+        spent.append(time.perf_counter() - began.pop())
+
+    handles = [hook for block in blocks for hook in (
+        block.register_forward_pre_hook(before, with_kwargs=True),
+        block.register_forward_hook(after, with_kwargs=True))]
+    totals = []
+    try:
+        with torch.inference_mode():
+            for index in range(repeats + 1):  # the first warms up
+                spent.clear()
+                transformer(**inputs, return_dict=False)
+                if index:
+                    totals.append(sum(spent))
+    finally:
+        for handle in handles:
+            handle.remove()
+    heads, hd = transformer.config.num_attention_heads, shapes.head_dim
+    gen = torch.Generator().manual_seed(1)
+
+    def attention(heads_: int, tokens: int) -> Callable[[], object]:
+        q, k, v = (torch.randn(1, heads_, tokens, hd, generator=gen).to(dtype)
+                   for _ in range(3))
+        return lambda: F.scaled_dot_product_attention(q, k, v)
+
+    with torch.inference_mode():
+        local = _time_call(attention(heads, image + text), 0.02)
+        ulysses = _time_call(attention(shapes.local_heads, shapes.total_tokens), 0.02)
+    forward = statistics.median(totals)
+    layer = (forward + len(blocks) * (ulysses - local)) / len(blocks)
+    return BlockTiming(len(blocks), forward, local, ulysses, layer)
+
+
+def layer_roofline_seconds(spec, shape, tflops: float, memory_gbps: float) -> float:
+    """What the simulator charges for one layer: every operation of :mod:`cocodiff.cost`
+    at its roofline (the compute steps a plan emits, one per operation)."""
+    from cocodiff.cost import OPS, op_cost, roofline_seconds
+
+    return sum(roofline_seconds(op_cost(spec, op, shape), tflops, memory_gbps) for op in OPS)
+
+
+def effective_tflops(spec, shape, layer_s: float, memory_gbps: float) -> float | None:
+    """The ``tflops`` at which :func:`layer_roofline_seconds` equals ``layer_s`` (memory
+    rate fixed), by bisection on a log scale; None when the memory-bound operations alone
+    take longer than ``layer_s`` (no compute rate explains it)."""
+    def charged(tflops: float) -> float:
+        return layer_roofline_seconds(spec, shape, tflops, memory_gbps)
+
+    low, high = 1e-9, 1e6  # TFLOP/s
+    if charged(high) >= layer_s:
+        return None
+    for _ in range(200):
+        middle = math.sqrt(low * high)
+        if charged(middle) > layer_s:
+            low = middle
+        else:
+            high = middle
+        if high / low < 1 + 1e-9:
+            break
+    return math.sqrt(low * high)
+
+
 # ---------------------------------------------------------------------------------------------
 # Communication
 
@@ -347,7 +521,7 @@ class Calibration:
             inter_gbps=self.inter.bandwidth_gbps,
             intra_latency_us=self.intra.latency_us,
             inter_latency_us=self.inter.latency_us,
-            tile_tflops=self.compute.tflops,
+            tile_tflops=self.compute.tile_tflops,
             tile_memory_gbps=self.compute.memory_gbps,
         )
         label = name or f"calibrated-{self.num_nodes}x{self.ranks_per_node}"
@@ -361,12 +535,19 @@ class Calibration:
             f"{self.ranks_per_node} ranks described).",
             f"tile: {s.model} layer on one of {self.num_nodes * self.ranks_per_node} ranks at "
             f"{s.total_tokens} tokens (local {s.local_tokens} tokens, {s.local_heads} heads, "
-            f"d={s.hidden_size}, {self.dtype}), all ranks computing at once.",
+            f"d={s.hidden_size}, {self.dtype}), all ranks computing at once; tflops "
+            + (f"= the real blocks' effective rate ({self._block_text()})."
+               if self.compute.block else "= the matrix products' rate."),
             f"links.gpu: intra-node exchange fit ({self.intra.source}), max error "
             f"{self.intra.max_rel_error:.0%}.",
             f"links.nic: inter-node exchange fit ({self.inter.source}), max error "
             f"{self.inter.max_rel_error:.0%}.",
         ]
+
+    def _block_text(self) -> str:
+        block = self.compute.block or {}
+        return (f"{block.get('layer_s', 0) * 1e3:.2f} ms per layer; matrix products "
+                f"{self.compute.tflops * 1e3:.2f} GFLOP/s")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -426,6 +607,22 @@ def layer_shapes(model: str, tokens: int | None, resolution: str | None, world: 
     ``model`` is a tiny model name (``tiny-flux``...), a directory exported from one, a
     registry name (``flux1-dev``...) or a diffusers config / model directory.
     """
+    spec, tokens, _image = model_tokens(model, tokens, resolution)
+    return LayerShapes(
+        model=spec.name,
+        total_tokens=tokens,
+        local_tokens=math.ceil(tokens / world),
+        local_heads=max(1, math.ceil(spec.num_heads / world)),
+        head_dim=spec.head_dim,
+        hidden_size=spec.hidden_size,
+        mlp_ratio=spec.mlp_ratio,
+    )
+
+
+def model_tokens(model: str, tokens: int | None, resolution: str | None):
+    """``(spec, attention tokens, image tokens)`` of ``model`` at ``tokens`` (or its tokens at
+    ``resolution``, or at its default size); with ``tokens`` given, the text stream keeps
+    the model's text tokens and the image stream has the rest."""
     from cocodiff.models import load_model_spec, parse_resolution, spec_from_config
 
     tiny = _tiny_name(model)
@@ -450,15 +647,24 @@ def layer_shapes(model: str, tokens: int | None, resolution: str | None, world: 
         else:
             width, height, frames = 1024, 1024, 1
         tokens = spec.sequence_tokens(width, height, frames)
-    return LayerShapes(
-        model=spec.name,
-        total_tokens=tokens,
-        local_tokens=math.ceil(tokens / world),
-        local_heads=max(1, math.ceil(spec.num_heads / world)),
-        head_dim=spec.head_dim,
-        hidden_size=spec.hidden_size,
-        mlp_ratio=spec.mlp_ratio,
-    )
+    return spec, tokens, max(1, tokens - spec.text_tokens)
+
+
+def tiny_transformer_config(model: str) -> dict[str, Any] | None:
+    """The transformer config of a tiny model (a built-in name or a directory exported
+    from one, e.g. an enlarged one), or None for any other model: calibrate builds and
+    times the real blocks of small models only (a full-size model's weights on every
+    rank would not fit)."""
+    tiny = _tiny_name(model)
+    if tiny is None:
+        return None
+    if Path(model).is_dir():
+        for candidate in (Path(model) / "transformer" / "config.json",
+                          Path(model) / "config.json"):
+            if candidate.is_file():
+                return json.loads(candidate.read_text())
+        return None
+    return _tiny_transformer_config(tiny)
 
 
 def _tiny_transformer_config(tiny: str) -> dict[str, Any]:
@@ -551,6 +757,8 @@ def calibrate(transport, args: argparse.Namespace) -> Calibration:
         per_rank_memory_gbps=tuple(r[1] for r in rates),
         op_seconds=op_seconds if rank == 0 else {},
     )
+    compute = dataclasses.replace(compute, block=measure_blocks(transport, args, shapes,
+                                                                 compute, world))
 
     sizes = [kib * 1024 for kib in (QUICK_SIZES_KIB if args.quick else DEFAULT_SIZES_KIB)
              if kib * 1024 <= args.max_kib * 1024]
@@ -593,6 +801,46 @@ def calibrate(transport, args: argparse.Namespace) -> Calibration:
     return Calibration(num_nodes, ranks_per_node, detected, transport.name, args.dtype, shapes,
                        compute, fits["intra"], fits["inter"], all_to_all,
                        startup_estimate_us(all_to_all, world), time.perf_counter() - began)
+
+
+def measure_blocks(transport, args: argparse.Namespace, shapes: LayerShapes,
+                   compute: ComputeRates, world: int) -> dict[str, Any] | None:
+    """Time the model's real blocks on every rank at once (collective; the same decision
+    on every rank) and give the effective rate; None when the model's transformer is not
+    built here (see :func:`tiny_transformer_config`)."""
+    from cocodiff.schedules.ulysses import layer_shape, ulysses_layout
+
+    config = tiny_transformer_config(args.model)
+    if config is None or config.get("_class_name") not in _BLOCK_INPUTS:
+        return None
+    spec, tokens, image = model_tokens(args.model, args.tokens, args.resolution)
+    streams = (image, tokens - image)
+    transformer = build_transformer(config)
+    transport.barrier()
+    timing = time_blocks(transformer, shapes, streams, world, args.dtype,
+                         3 if args.quick else 5)
+    del transformer
+    per_rank = [row[0] for row in _gather_floats(transport, [timing.layer_s])]
+    layer_s = statistics.median(per_rank)
+    # The layer as a plan charges it on rank 0 (padded per-stream shards, its heads).
+    cost_shape = layer_shape(ulysses_layout(spec, world, streams), 0,
+                             2 if args.dtype == "bfloat16" else 4)
+    effective = effective_tflops(spec, cost_shape, layer_s, compute.memory_gbps)
+    if effective is None:
+        return None
+    from cocodiff.cost import MATMUL_OPS, OPS, op_cost
+
+    return {
+        "method": "diffusers blocks on the local shard, attention at the Ulysses shape",
+        "layer_s": layer_s,
+        "per_rank_layer_s": per_rank,
+        "rank0": dataclasses.asdict(timing),
+        "layer_flops": sum(op_cost(spec, op, cost_shape).flops for op in OPS),
+        "layer_matmul_flops": sum(op_cost(spec, op, cost_shape).flops for op in MATMUL_OPS),
+        "matmul_rate_layer_s": layer_roofline_seconds(spec, cost_shape, compute.tflops,
+                                                      compute.memory_gbps),
+        "effective_tflops": effective,
+    }
 
 
 def startup_estimate_us(all_to_all: Sequence[dict[str, float]], world: int) -> float:
@@ -727,6 +975,12 @@ def summary(result: Calibration, output: Path) -> str:
         f"{s.local_heads} heads, d={s.hidden_size}, {result.dtype}): {c.tflops * 1e3:.2f} "
         f"GFLOP/s, {c.memory_gbps:.2f} GB/s per rank",
     ]
+    if c.block:
+        b = c.block
+        lines.append(
+            f"  real blocks: {b['layer_s'] * 1e3:.2f} ms per layer (the matrix products' rate "
+            f"charges {b['matmul_rate_layer_s'] * 1e3:.2f} ms) -> effective "
+            f"{b['effective_tflops'] * 1e3:.2f} GFLOP/s, written as the tile's rate")
     for name, fit in (("intra", result.intra), ("inter", result.inter)):
         lines.append(f"  {name}-node: {fit.latency_us:.1f} us + bytes / {fit.bandwidth_gbps:.3f}"
                      f" GB/s ({fit.source}, max fit error {fit.max_rel_error:.0%})")

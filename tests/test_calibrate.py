@@ -16,11 +16,17 @@ from launching import job_env
 from cocodiff.calibrate import (
     CalibrationError,
     LinkFit,
+    build_transformer,
+    effective_tflops,
     fit_latency_bandwidth,
+    layer_roofline_seconds,
     layer_shapes,
     measure_compute,
+    model_tokens,
     predict_all_to_all,
     startup_estimate_us,
+    time_blocks,
+    tiny_transformer_config,
 )
 from cocodiff.cli import main
 from topology import load_topology
@@ -92,6 +98,42 @@ def test_compute_rates_are_positive_and_quick():
     assert set(op_seconds) == {"projection", "mlp_up", "mlp_down", "attention", "norm"}
 
 
+def test_real_blocks_are_timed_on_the_local_shard_and_become_an_effective_rate():
+    """The model's own diffusers blocks, on one of 2 ranks' shards: every block timed,
+    attention corrected to the Ulysses shape, and the effective rate is the one at which
+    the simulator's charge for a layer (every cost-model operation at its roofline) is
+    the measured layer time. No wall-clock bounds: structure and consistency only."""
+    from cocodiff.schedules.ulysses import layer_shape, ulysses_layout
+
+    world = 2
+    shapes = layer_shapes("tiny-flux", None, None, world)
+    spec, tokens, image = model_tokens("tiny-flux", None, None)
+    assert tokens == shapes.total_tokens and 0 < image < tokens
+    transformer = build_transformer(tiny_transformer_config("tiny-flux"))
+    timing = time_blocks(transformer, shapes, (image, tokens - image), world, repeats=2)
+    assert timing.blocks == spec.num_layers
+    assert min(timing.local_forward_s, timing.attention_local_s,
+               timing.attention_ulysses_s, timing.layer_s) > 0
+    assert timing.layer_s == pytest.approx(
+        (timing.local_forward_s
+         + timing.blocks * (timing.attention_ulysses_s - timing.attention_local_s))
+        / timing.blocks)
+
+    shape = layer_shape(ulysses_layout(spec, world, (image, tokens - image)), 0, 4)
+    memory_gbps = 10.0
+    rate = effective_tflops(spec, shape, timing.layer_s, memory_gbps)
+    assert rate is not None and rate > 0
+    assert layer_roofline_seconds(spec, shape, rate, memory_gbps) == pytest.approx(
+        timing.layer_s, rel=1e-6)
+    # Slower blocks mean a lower rate; no rate explains a layer faster than its
+    # memory-bound operations alone.
+    assert effective_tflops(spec, shape, 2 * timing.layer_s, memory_gbps) < rate
+    floor = layer_roofline_seconds(spec, shape, 1e9, memory_gbps)
+    assert effective_tflops(spec, shape, floor / 2, memory_gbps) is None
+    # Only small (tiny) models are built: a registry model's weights are not.
+    assert tiny_transformer_config("flux1-dev") is None
+
+
 def _run_cli(args: list[str], tmp_path: Path, timeout_s: float = 180):
     return subprocess.run([sys.executable, "-m", "cocodiff", *args], cwd=REPO,
                           env=job_env(tmp_path), capture_output=True, text=True,
@@ -111,7 +153,13 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     assert data["inter"]["source"] == "measured on loopback"
     assert spec.nic_link.bandwidth_gbps == pytest.approx(data["inter"]["bandwidth_gbps"])
     assert spec.nic_link.latency_us * 2 == pytest.approx(data["inter"]["latency_us"])
-    assert spec.tile_tflops == pytest.approx(data["compute"]["tflops"])
+    # tiny-flux's real blocks were timed: their effective rate is the tile's, the
+    # matrix products' rate stays in the JSON beside it.
+    block = data["compute"]["block"]
+    assert block["effective_tflops"] > 0 and data["compute"]["tflops"] > 0
+    assert block["layer_s"] > 0 and len(block["per_rank_layer_s"]) == 2
+    assert spec.tile_tflops == pytest.approx(data["compute"]["tile_tflops"])
+    assert data["compute"]["tile_tflops"] == pytest.approx(block["effective_tflops"])
     # The host path is never the bottleneck, whatever the measured memory rate.
     assert spec.host_link.bandwidth_gbps >= 10 * spec.nic_link.bandwidth_gbps
     simulated = _run_cli(["simulate", "--topology", str(output), "--model", "flux1-dev",

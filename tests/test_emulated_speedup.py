@@ -45,6 +45,11 @@ def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, cap
         assert row["measured_step_s"] > 0 and row["min_step_s"] > 0, name
         assert row["predicted_step_s"] > 0, name
         assert row["error"] == pytest.approx(row["predicted_step_s"] / row["measured_step_s"] - 1)
+        # calibrate timed the (enlarged tiny) model's real blocks: the prediction at its
+        # matrix-product rate is reported beside the one at the blocks' effective rate.
+        assert row["predicted_matmul_rate_step_s"] > 0, name
+        assert row["error_matmul_rate"] == pytest.approx(
+            row["predicted_matmul_rate_step_s"] / row["measured_step_s"] - 1)
     assert summary["diffusers"]["predicted_with_plan"] == "flat"
     equality = config["equality"]
     assert equality["passed"], equality

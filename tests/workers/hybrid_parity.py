@@ -21,7 +21,7 @@ exits 1 otherwise.
 import sys
 
 import torch
-from parity import STEPS, expected_records, pipeline_latents  # noqa: F401  (same dir)
+from parity import STEPS, expected_records, pipeline_latents, report  # same dir
 
 from cocodiff.layout import ParallelLayout
 from cocodiff.plan_command import RING_INNER_ORDER
@@ -72,20 +72,9 @@ def check(transport, grid, cases, model):
                     runtime.start_generation(STEPS)
                 compared.append(("pipeline latents", pipeline_latents(pipe, model),
                                  reference["latents"]))
-        diffs = []
-        for what, actual, expected in compared:
-            diffs.append(f"{what} {(actual - expected).abs().max().item():.1e}")
-            try:
-                torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
-            except AssertionError as error:
-                failures.append(f"{what}: {error}")
-        if transport.rank == 0:
-            print(f"hybrid {transport.name} {transport.world_size} ranks "
-                  f"{'x'.join(map(str, runtime.grid.shape))} {layout.name} {schedule} {model}: "
-                  f"max abs diff {', '.join(diffs)}", flush=True)
-        for failure in failures:
-            print(f"rank {transport.rank}: {model} {case}: {failure}", flush=True)
-        ok = ok and not failures
+        label = (f"hybrid {transport.name} {transport.world_size} ranks "
+                 f"{'x'.join(map(str, runtime.grid.shape))} {layout.name} {schedule} {model}")
+        ok = report(transport, label, compared, failures) and ok
     return ok
 
 

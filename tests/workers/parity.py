@@ -84,22 +84,30 @@ def check(transport, grid, schedules, model):
                 failures.append(f"runtime steps {first_call} != plan {expected_records(layer)}")
             runtime.records = None
             actual_latents = pipeline_latents(pipe, name)
-        diffs = []
-        for what, actual, expected in (("transformer output", actual_out, expected_out),
-                                       ("pipeline latents", actual_latents, expected_latents)):
-            diffs.append(f"{what} {(actual - expected).abs().max().item():.1e}")
-            try:
-                torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
-            except AssertionError as error:
-                failures.append(f"{what}: {error}")
-        if transport.rank == 0:
-            print(f"parity {transport.name} {transport.world_size} ranks "
-                  f"{'x'.join(map(str, runtime.grid.shape))} {schedule} {model}: max abs diff "
-                  f"{', '.join(diffs)}", flush=True)
-        for failure in failures:
-            print(f"rank {transport.rank}: {model} {schedule}: {failure}", flush=True)
-        ok = ok and not failures
+        compared = [("transformer output", actual_out, expected_out),
+                    ("pipeline latents", actual_latents, expected_latents)]
+        label = (f"parity {transport.name} {transport.world_size} ranks "
+                 f"{'x'.join(map(str, runtime.grid.shape))} {schedule} {model}")
+        ok = report(transport, label, compared, failures) and ok
     return ok
+
+
+def report(transport, label: str, compared, failures: list[str]) -> bool:
+    """Check each (what, actual, expected) within atol = rtol = 1e-5. Rank 0 prints
+    ``label`` with the largest differences; every rank prints its mismatches (and
+    ``failures`` found before). Returns whether everything matched."""
+    diffs = []
+    for what, actual, expected in compared:
+        diffs.append(f"{what} {(actual - expected).abs().max().item():.1e}")
+        try:
+            torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+        except AssertionError as error:
+            failures.append(f"{what}: {error}")
+    if transport.rank == 0:
+        print(f"{label}: max abs diff {', '.join(diffs)}", flush=True)
+    for failure in failures:
+        print(f"rank {transport.rank}: {label}: {failure}", flush=True)
+    return not failures
 
 
 def main():
