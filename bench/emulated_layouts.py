@@ -39,17 +39,19 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `bench` importable
     sys.path.insert(0, str(REPO))
 
-from bench.cluster import ClusterError, ClusterSpec, EmulatedCluster  # noqa: E402
-from bench.cluster.jobs import JobFailed, run_job  # noqa: E402
+from bench.cluster import ClusterSpec, EmulatedCluster  # noqa: E402
+from bench.cluster.jobs import run_job  # noqa: E402
 from bench.emulated_speedup import (  # noqa: E402
     EnlargedModel,
     _read_json,
     _single_process_env,
+    add_model_arguments,
     calibrate_job,
     collective_model,
     export_enlarged,
     model_spec,
     parse_configs,
+    run_reporting_failures,
 )
 
 EXACT_ATOL = 1e-5
@@ -68,24 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
     parser.add_argument("--steps", type=int, default=6,
                         help="denoising steps per run; the first is not counted (default 6)")
-    defaults = EnlargedModel()
-    parser.add_argument("--heads", type=int, default=defaults.heads)
-    parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
-    parser.add_argument("--layers", type=int, default=defaults.layers)
-    parser.add_argument("--single-layers", type=int, default=defaults.single_layers)
-    parser.add_argument("--resolution", type=int, default=defaults.resolution)
+    add_model_arguments(parser)
     parser.add_argument("--timeout", type=float, default=900.0, help="per job, seconds")
     parser.add_argument("--json", type=Path, default=REPO / "results" / "emulated_layouts.json")
-    args = parser.parse_args(argv)
-    try:
-        return _run(args)
-    except (ClusterError, ValueError) as error:
-        kind = "job failed" if isinstance(error, JobFailed) else "error"
-        print(f"emulated_layouts: {kind}: {error}", file=sys.stderr)
-        return 1
-    except subprocess.SubprocessError as error:
-        print(f"emulated_layouts: reference run failed: {error}", file=sys.stderr)
-        return 1
+    return run_reporting_failures("emulated_layouts", _run, parser.parse_args(argv))
 
 
 def _layouts(text: str | None, world: int, heads: int):

@@ -254,26 +254,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                         help="(default float32; the equality check always runs in float32)")
     parser.add_argument("--base", default="tiny-flux", choices=sorted(ENLARGERS))
+    add_model_arguments(parser)
+    parser.add_argument("--quick-calibration", action="store_true",
+                        help="calibrate with fewer sizes and repeats")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per job, seconds")
+    parser.add_argument("--json", type=Path, default=REPO / "results" / "emulated_speedup.json")
+    parser.add_argument("--plot", type=Path, default=None, help="write the plot (PNG) here")
+    return run_reporting_failures("emulated_speedup", _run, parser.parse_args(argv))
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the tiny model is enlarged (:class:`EnlargedModel`)."""
     defaults = EnlargedModel()
     parser.add_argument("--heads", type=int, default=defaults.heads)
     parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
     parser.add_argument("--layers", type=int, default=defaults.layers)
     parser.add_argument("--single-layers", type=int, default=defaults.single_layers)
     parser.add_argument("--resolution", type=int, default=defaults.resolution)
-    parser.add_argument("--quick-calibration", action="store_true",
-                        help="calibrate with fewer sizes and repeats")
-    parser.add_argument("--timeout", type=float, default=600.0, help="per job, seconds")
-    parser.add_argument("--json", type=Path, default=REPO / "results" / "emulated_speedup.json")
-    parser.add_argument("--plot", type=Path, default=None, help="write the plot (PNG) here")
-    args = parser.parse_args(argv)
+
+
+def run_reporting_failures(prog: str, run, args: argparse.Namespace) -> int:
+    """``run(args)``; a cluster, job or reference-run failure is one line and exit 1."""
     try:
-        return _run(args)
+        return run(args)
     except (ClusterError, ValueError) as error:
         kind = "job failed" if isinstance(error, JobFailed) else "error"
-        print(f"emulated_speedup: {kind}: {error}", file=sys.stderr)
+        print(f"{prog}: {kind}: {error}", file=sys.stderr)
         return 1
     except subprocess.SubprocessError as error:  # the single-process reference run
-        print(f"emulated_speedup: reference run failed: {error}", file=sys.stderr)
+        print(f"{prog}: reference run failed: {error}", file=sys.stderr)
         return 1
 
 

@@ -1,5 +1,6 @@
 """``cocodiff plan``: rank every valid Ulysses x Ring x batch layout and schedule by
-simulated step time on a machine, and the layout flags ``simulate`` and ``run`` share.
+simulated step time on a machine; the layout flags ``simulate`` and ``run`` share, and
+the machine and model flags ``simulate`` shares.
 
 Layout flags: ``--layout auto`` (the planner's choice) or explicit ``--ulysses U
 --ring R --batch B`` (a missing degree is filled so that they multiply to the rank
@@ -46,7 +47,9 @@ def explicit_layout(args: argparse.Namespace, num_ranks: int) -> ParallelLayout 
     return ParallelLayout(layout.ulysses, layout.ring, layout.batch, order)
 
 
-def add_plan_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+def add_machine_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+    """The machine and the model (plan and simulate): ``--topology``, ``--nodes``,
+    ``--model``, ``--resolution``, ``--frames`` and ``--collective``."""
     parser.add_argument("--topology", default="aurora",
                         help="a preset (aurora, dgx-h100, cluster) or a topology TOML file "
                         "(default: aurora)")
@@ -59,15 +62,19 @@ def add_plan_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         help="image size in pixels: 1024 or WIDTHxHEIGHT (default: 1024)")
     parser.add_argument("--frames", type=positive_int, default=1,
                         help="video frames (video models only; default: 1)")
+    parser.add_argument("--collective", default=AUTO,
+                        help="collective model: auto (the preset's), ideal (links only), "
+                        "aurora, dgx-h100, cluster")
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+    add_machine_arguments(parser, positive_int)
     parser.add_argument("--schedule", default="flat,tapa,vfirst",
                         help="Ulysses schedules to try inside each Ulysses group, "
                         "comma-separated (default: flat,tapa,vfirst)")
     parser.add_argument("--batch-size", type=positive_int, default=1,
                         help="samples per denoising step (2: a classifier-free-guidance "
                         "batch; default 1)")
-    parser.add_argument("--collective", default="auto",
-                        help="collective model: auto (the preset's), ideal, aurora, "
-                        "dgx-h100, cluster")
     parser.add_argument("--top", type=positive_int, default=5,
                         help="how many of the best to print (default 5)")
     parser.add_argument("--json", type=Path, help="write every candidate as JSON here")

@@ -11,7 +11,12 @@ import json
 from pathlib import Path
 
 from cocodiff.errors import CocodiffError
-from cocodiff.plan_command import add_degree_arguments, explicit_layout
+from cocodiff.plan_command import (
+    add_degree_arguments,
+    add_machine_arguments,
+    collective_arg,
+    explicit_layout,
+)
 from cocodiff.schedules.vmajor import add_vmajor_arguments, vmajor_from_arguments
 
 # Denoising steps beyond any real sampler (V-Major plans are made per step).
@@ -26,19 +31,7 @@ SWEEP = {
 
 
 def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
-    parser.add_argument(
-        "--topology", default="aurora",
-        help="a preset (aurora, dgx-h100, cluster) or a topology TOML file (default: aurora)",
-    )
-    parser.add_argument("--nodes", type=positive_int, default=None,
-                        help="number of nodes (default: the preset's or file's)")
-    parser.add_argument("--model", default="flux1-dev",
-                        help="a model name or a diffusers transformer config.json / model "
-                        "directory (default: flux1-dev)")
-    parser.add_argument("--resolution", default="1024",
-                        help="image size in pixels: 1024 or WIDTHxHEIGHT (default: 1024)")
-    parser.add_argument("--frames", type=positive_int, default=1,
-                        help="video frames (video models only; default: 1)")
+    add_machine_arguments(parser, positive_int)
     parser.add_argument("--steps", type=positive_int, default=28,
                         help="denoising steps (default: 28)")
     parser.add_argument("--schedule", default="flat,tapa,vfirst,cocodiff",
@@ -46,9 +39,6 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
                         "cocodiff (TAPA + V-First + V-Major); default: all four")
     parser.add_argument("--chunks", type=positive_int, default=None,
                         help="pipeline chunks of TAPA exchanges (default: 1)")
-    parser.add_argument("--collective", default="auto",
-                        help="collective model: auto (the preset's), ideal (links only), "
-                        "aurora, dgx-h100, cluster")
     add_vmajor_arguments(parser)
     parser.add_argument("--activity-trace", type=Path, default=None,
                         help="replay a recorded V-Major activity trace (JSON, "
@@ -79,7 +69,6 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
 def simulate_command(args: argparse.Namespace) -> int:
     from cocodiff.atomic import check_output_paths
     from cocodiff.schedules import VMajorOptions, get_schedule
-    from transports.sim import COLLECTIVE_MODELS
 
     check_output_paths((args.json, args.trace, args.plot))
     if args.steps > MAX_STEPS:
@@ -90,10 +79,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     for name in names:
         get_schedule(name)
     vmajor = vmajor_from_arguments(args) or VMajorOptions()
-    if args.collective != "auto" and args.collective not in COLLECTIVE_MODELS:
-        raise CocodiffError(f"unknown collective model {args.collective!r}; valid: auto, "
-                            f"{', '.join(COLLECTIVE_MODELS)}")
-    collective = None if args.collective == "auto" else COLLECTIVE_MODELS[args.collective]
+    collective = collective_arg(args.collective)
     if args.activity_trace is not None:
         from cocodiff.schedules.activity import load_activity
 
