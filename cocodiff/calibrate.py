@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -67,6 +66,7 @@ from typing import Any
 
 from cocodiff.atomic import check_output_paths
 from cocodiff.errors import CocodiffError
+from cocodiff.runtime.nodes import detect_nodes, node_major_shape
 
 ROW_BYTES = 1024  # exchanges move rows of 1 KiB; sizes are whole rows
 DEFAULT_SIZES_KIB = (1, 4, 16, 64, 256, 1024, 4096)
@@ -693,16 +693,6 @@ def _tiny_name(model: str) -> str | None:
     return None
 
 
-def _node_key() -> int:
-    """Same value on ranks of one node: hostname and network namespace."""
-    try:
-        netns = os.readlink("/proc/self/ns/net")
-    except OSError:
-        netns = ""
-    digest = hashlib.sha256(f"{socket.gethostname()}|{netns}".encode()).digest()
-    return int.from_bytes(digest[:8], "little", signed=True)
-
-
 def _gather_floats(transport, values: Sequence[float]) -> list[list[float]]:
     import torch
 
@@ -712,26 +702,15 @@ def _gather_floats(transport, values: Sequence[float]) -> list[list[float]]:
     return all_gather_rows(transport, mine).tolist()
 
 
-def _detect_nodes(transport) -> list[int]:
-    """Node index of every rank, numbered in order of first appearance."""
-    import torch
-
-    from cocodiff.runtime.exchange import all_gather_rows
-
-    keys = all_gather_rows(transport, torch.tensor([_node_key()], dtype=torch.int64))
-    first: dict[int, int] = {}
-    return [first.setdefault(key, len(first)) for key in keys.flatten().tolist()]
-
-
 def calibrate(transport, args: argparse.Namespace) -> Calibration:
     """Run every measurement on every rank of ``transport``'s world (collective)."""
     began = time.perf_counter()
     world = transport.world_size
     rank = transport.rank
-    node_of = _detect_nodes(transport)
+    node_of = detect_nodes(transport)
     detected = max(node_of) + 1
     if detected > 1:
-        num_nodes, ranks_per_node = _node_major_shape(node_of)
+        num_nodes, ranks_per_node = node_major_shape(node_of)
         if args.nodes is not None and args.nodes != num_nodes:
             raise CalibrationError(
                 f"--nodes {args.nodes} but the ranks sit on {num_nodes} nodes"
@@ -854,18 +833,6 @@ def startup_estimate_us(all_to_all: Sequence[dict[str, float]], world: int) -> f
     smallest = min(all_to_all, key=lambda row: row["bytes_per_peer"])
     excess_s = smallest["measured_s"] - smallest["link_model_s"]
     return max(0.0, excess_s / (world - 1) * 1e6)
-
-
-def _node_major_shape(node_of: Sequence[int]) -> tuple[int, int]:
-    num_nodes = max(node_of) + 1
-    per_node = len(node_of) // num_nodes
-    expected = [r // per_node for r in range(len(node_of))]
-    if len(node_of) % num_nodes or list(node_of) != expected:
-        raise CalibrationError(
-            f"ranks are not placed node-major with equal nodes (node of each rank: "
-            f"{list(node_of)}); the cluster topology needs R consecutive ranks per node"
-        )
-    return num_nodes, per_node
 
 
 def _share_fit(transport, owner: int, points: list[tuple[int, float]], source: str) -> LinkFit:

@@ -198,7 +198,7 @@ def test_calibrate_refuses_a_node_count_that_does_not_split_the_ranks(monkeypatc
     class ThreeRanks:
         world_size, rank, name = 3, 0, "fake"
 
-    monkeypatch.setattr(module, "_detect_nodes", lambda transport: [0, 0, 0])
+    monkeypatch.setattr(module, "detect_nodes", lambda transport: [0, 0, 0])
     with pytest.raises(CalibrationError, match="3 ranks do not split into 2 nodes"):
         module.calibrate(ThreeRanks(), argparse.Namespace(nodes=2))
 

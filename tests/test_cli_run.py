@@ -205,3 +205,24 @@ def test_ranks_that_disagree_on_arguments_all_fail_with_one_message(tmp_path):
     assert lines == [
         "cocodiff run: error: ranks disagree on arguments: ranks [1] differ from rank 0"
     ]
+
+
+@pytest.mark.parametrize(
+    ("node_of", "shape"),
+    [([0, 0, 0, 0], None), ([0, 0, 1, 1], (2, 2, 1)), ([0, 1, 2, 3], (4, 1, 1))],
+)
+def test_the_launch_grid_is_the_nodes_the_ranks_found(monkeypatch, node_of, shape):
+    import cocodiff.runtime.nodes as nodes
+    from cocodiff.runtime.run import launched_grid
+
+    monkeypatch.setattr(nodes, "detect_nodes", lambda transport: node_of)
+    grid = launched_grid(_FourRanks())
+    assert (grid.shape if grid else None) == shape
+    assert grid is None or grid.ranks == (0, 1, 2, 3)
+
+
+def test_ranks_not_node_major_are_refused():
+    from cocodiff.runtime.nodes import PlacementError, node_major_shape
+
+    with pytest.raises(PlacementError, match=r"not placed node-major .* \[0, 1, 0, 1\]"):
+        node_major_shape([0, 1, 0, 1])

@@ -6,6 +6,7 @@ bounded in time."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -308,16 +309,19 @@ def test_cocodiff_run_across_namespaces_matches_one_process(tmp_path, transport,
          "--quiet", "--save-latents", str(reference)],
         cwd=REPO, env=job_env(tmp_path), check=True, timeout=120, capture_output=True,
     )
-    latents = tmp_path / f"{transport}.pt"
+    latents, record = tmp_path / f"{transport}.pt", tmp_path / f"{transport}.json"
     spec = ClusterSpec(num_nodes=2, ranks_per_node=2, inter_gbit=1.0)
     with EmulatedCluster(spec) as cluster:
+        # No --layout: the ranks find their nodes (namespaces), and TAPA's phases follow.
         result = run_job(
             cluster,
             [sys.executable, "-m", "cocodiff", "run", "--model", "tiny-flux", "--steps", "2",
-             "--transport", transport, "--quiet", "--save-latents", str(latents)],
+             "--schedule", "tapa", "--transport", transport, "--quiet",
+             "--save-latents", str(latents), "--json", str(record)],
             transport, timeout_s=240, log_dir=tmp_path / "logs", cwd=REPO,
         )
         crossed = cluster.link_bytes()
     assert result.num_ranks == 4
+    assert json.loads(record.read_text())["layout"] == [2, 2, 1]
     assert all(out > 10_000 and into > 10_000 for out, into in crossed.values())
     torch.testing.assert_close(torch.load(latents), torch.load(reference), rtol=0, atol=1e-5)

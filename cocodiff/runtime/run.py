@@ -85,8 +85,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         help="where the launched ranks sit, e.g. 2x4x1: rank r on node "
                         "r // (GPUS*TILES); the product must be the number of ranks. tapa and "
                         "vfirst carry each all-to-all as one phase per level with more than one "
-                        "member (default: one node of N GPUs, where they carry it as one flat "
-                        "all-to-all, like flat). auto: one node of N ranks, and the planner "
+                        "member (default: the nodes the launch spans, found by host and "
+                        "network namespace, one GPU per rank; on one node they carry each "
+                        "all-to-all flat, like flat). auto: those nodes, and the planner "
                         "chooses the Ulysses x Ring x batch degrees (`cocodiff plan`)")
     add_degree_arguments(parser, positive_int)
     parser.add_argument("--chunks", type=positive_int, default=None,
@@ -287,6 +288,22 @@ def rank_grid(layout: str | None, num_ranks: int):
     return RankGrid(shape, tuple(range(num_ranks)))
 
 
+def launched_grid(transport):
+    """The nodes the launch spans (host and network namespace), one GPU per rank, as a
+    rank grid; None when every rank is on one node (collective).
+
+    Raises:
+        PlacementError: the ranks are not node-major on equal nodes.
+    """
+    from cocodiff.runtime.nodes import detect_nodes, node_major_shape
+    from cocodiff.schedules import RankGrid
+
+    num_nodes, per_node = node_major_shape(detect_nodes(transport))
+    if num_nodes == 1:
+        return None
+    return RankGrid((num_nodes, per_node, 1), tuple(range(transport.world_size)))
+
+
 def _explicit_parallel(args: argparse.Namespace, num_ranks: int):
     """The Ulysses x Ring x batch layout the flags give (None: pure Ulysses, or the
     planner's under ``--layout auto``), checked before any collective."""
@@ -330,9 +347,10 @@ def _run(args: argparse.Namespace, launch) -> int:
     # Every rank checks the layout before any collective: all of them stop, none hangs.
     grid = rank_grid(args.layout, launch.world_size)
     parallel = _explicit_parallel(args, launch.world_size)
-    if args.record_activity and (grid is None or grid.shape[0] == 1):
-        raise CocodiffError("--record-activity: V-Major acts on the inter-node tier; give a "
-                            "--layout with more than one node")
+    if args.record_activity and (not launch.is_distributed
+                                 or grid is not None and grid.shape[0] == 1):
+        raise CocodiffError("--record-activity: V-Major acts on the inter-node tier; launch "
+                            "ranks on more than one node (or give such a --layout)")
 
     import torch
     import transformers
@@ -363,6 +381,11 @@ def _run(args: argparse.Namespace, launch) -> int:
         transport, step_fault = install_faults(fault, transport, launch.rank)
         if transport is not None:
             _agree_on_arguments(transport, sys.argv[1:])
+            if grid is None:
+                grid = launched_grid(transport)
+            if args.record_activity and grid is None:
+                raise CocodiffError("--record-activity: V-Major acts on the inter-node tier, "
+                                    "and every rank is on one node; give --layout")
         dtype = getattr(torch, args.dtype)
         pipe = load_pipeline(args.model, dtype)
         tiny = tiny_name_of(args.model)
