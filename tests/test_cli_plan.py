@@ -53,8 +53,8 @@ def test_simulate_layout_auto_and_explicit(capsys, tmp_path):
     (["plan", "--nodes", "0"], "expected a positive integer"),
     # run checks its layout flags on every rank before any collective or model load
     (["run", "--quiet", "--ulysses", "2"], "multiply to 2, which does not divide the 1 ranks"),
-    (["run", "--quiet", "--layout", "auto", "--schedule", "cocodiff"],
-     "--schedule cocodiff runs pure Ulysses only"),
+    (["run", "--quiet", "--layout", "auto", "--schedule", "diffusers"],
+     "--schedule diffusers runs pure Ulysses only"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     try:

@@ -276,3 +276,14 @@ def test_psnr_and_ssim_of_known_images():
     noise = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     assert ssim(image, noisy) > 0.99 > 0.2 > ssim(image, noise)
     assert ssim(image, noise) == pytest.approx(ssim(noise, image))
+
+
+def test_vmajor_applies_on_a_single_tier_grid():
+    # Two nodes of one GPU: the exchange needs no TAPA phases, but V-Major's tier stays a
+    # phase of its own so that it can send a share of its blocks.
+    grid = RankGrid((2, 1, 1), (0, 1))
+    plan = plan_cocodiff(heads_spec(4), grid, STREAMS, cache_ratio=0.5)
+    exchanges = {e.tensor: e for e in plan.program(0).layers[0].exchanges}
+    (phase,) = exchanges["v"].phases
+    assert phase.selective and phase.level == "node" and phase.sent_fraction == 0.5
+    assert not exchanges["q"].phases  # exact tensors stay one flat all-to-all

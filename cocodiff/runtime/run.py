@@ -308,7 +308,6 @@ def _explicit_parallel(args: argparse.Namespace, num_ranks: int):
     """The Ulysses x Ring x batch layout the flags give (None: pure Ulysses, or the
     planner's under ``--layout auto``), checked before any collective."""
     from cocodiff.runtime.baseline import BASELINES
-    from cocodiff.schedules import STEP_DEPENDENT
 
     parallel = explicit_layout(args, num_ranks)
     if parallel is not None and args.layout == AUTO:
@@ -316,9 +315,9 @@ def _explicit_parallel(args: argparse.Namespace, num_ranks: int):
                             "--ulysses/--ring/--batch, or give --layout NODESxGPUSxTILES")
     if parallel is None and args.layout != AUTO:
         return None
-    if args.schedule in BASELINES or args.schedule in STEP_DEPENDENT:
+    if args.schedule in BASELINES:
         raise CocodiffError(f"--schedule {args.schedule} runs pure Ulysses only; Ring and batch "
-                            "layouts run flat, tapa and vfirst")
+                            "layouts run flat, tapa, vfirst and cocodiff")
     return parallel
 
 

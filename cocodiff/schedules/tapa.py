@@ -83,8 +83,11 @@ class TapaRows:
                 phases of these levels are selective (V-Major), even at 1.0.
             blocks_per_row: V-Major blocks per row (for selective phases).
         """
-        if len(self.tables) <= 1:
-            return flat  # one tier: the flat exchange is already aligned
+        selective = set(sent_fraction or ()) & {table.level for table in self.tables}
+        if len(self.tables) <= 1 and not selective:
+            # One tier: the flat exchange is already aligned. (A V-Major tier stays a
+            # phase of its own: only phases send a share of their blocks.)
+            return flat
         grid = self.grid
         me = grid.position(rank)
         phases = []
