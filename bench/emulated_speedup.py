@@ -116,7 +116,7 @@ def export_enlarged(model: EnlargedModel, directory: Path) -> Path:
     """
     import torch
 
-    from cocodiff.runtime.pipelines import TINY_MARKER
+    from cocodiff.models import TINY_MARKER
     from cocodiff.runtime.tiny import build_tiny
 
     if model.base not in ENLARGERS:

@@ -66,6 +66,7 @@ from typing import Any
 
 from cocodiff.atomic import check_output_paths
 from cocodiff.errors import CocodiffError
+from cocodiff.models import TINY_MARKER
 from cocodiff.runtime.nodes import detect_nodes, node_major_shape
 
 ROW_BYTES = 1024  # exchanges move rows of 1 KiB; sizes are whole rows
@@ -686,7 +687,7 @@ def _tiny_transformer_config(tiny: str) -> dict[str, Any]:
 def _tiny_name(model: str) -> str | None:
     if model.startswith("tiny-"):
         return model
-    marker = Path(model) / "cocodiff_tiny.json"  # cocodiff.runtime.pipelines.TINY_MARKER
+    marker = Path(model) / TINY_MARKER
     if marker.is_file():
         name = json.loads(marker.read_text()).get("tiny_model")
         return name if isinstance(name, str) else None

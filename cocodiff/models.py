@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -583,6 +583,25 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
         raise ModelSpecError(f"{str(path)!r} must hold a JSON object, got {type(config).__name__}")
     model_dir = path.parent.parent if path.parent.name == "transformer" else path.parent
     try:
-        return spec_from_config(config, name=model_dir.resolve().name or "custom")
+        spec = spec_from_config(config, name=model_dir.resolve().name or "custom")
     except ModelSpecError as err:
         raise ModelSpecError(f"{str(path)!r}: {err}") from None
+    return _with_prompt_length(spec, model_dir / TINY_MARKER)
+
+
+# Written beside an exported tiny model (``cocodiff export-tiny``): its name and the text
+# length its pipeline pads the prompt to, which the config does not hold.
+TINY_MARKER = "cocodiff_tiny.json"
+
+
+def _with_prompt_length(spec: ModelSpec, marker: Path) -> ModelSpec:
+    """``spec`` with the text tokens an exported tiny model's pipeline really uses."""
+    try:
+        text_tokens = json.loads(marker.read_text()).get("text_tokens")
+    except (OSError, ValueError, AttributeError):
+        return spec  # no marker (not an exported tiny model), or not ours
+    if not _is_int(text_tokens) or text_tokens < 1:
+        return spec
+    if spec.text_tokens:  # joint attention: the text joins the sequence
+        return replace(spec, text_tokens=text_tokens)
+    return replace(spec, cross_attention_tokens=text_tokens)

@@ -363,3 +363,15 @@ def test_no_torch_or_diffusers_at_import() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("tiny", "field"), [("tiny-flux", "text_tokens"),
+                                             ("tiny-pixart", "cross_attention_tokens")])
+def test_an_exported_tiny_model_keeps_its_prompt_length(tmp_path, tiny, field):
+    # The config says nothing of the prompt length; the simulator must use the one the
+    # tiny pipeline pads to, so that it replays the runtime's plans byte for byte.
+    from cocodiff.runtime.pipelines import export_tiny
+    from cocodiff.runtime.tiny import TINY_DEFAULTS
+
+    spec = load_model_spec(str(export_tiny(tiny, tmp_path / tiny)))
+    assert getattr(spec, field) == TINY_DEFAULTS[tiny].max_sequence_length

@@ -24,7 +24,8 @@ from diffusers import DiffusionPipeline  # noqa: E402
 from packaging.version import Version  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from cocodiff.runtime.tiny import TINY_MODELS, build_tiny  # noqa: E402
+from cocodiff.models import TINY_MARKER  # noqa: E402
+from cocodiff.runtime.tiny import TINY_DEFAULTS, TINY_MODELS, build_tiny  # noqa: E402
 
 # Transformer classes the runtime knows how to parallelise (model_index.json "transformer" entry).
 SUPPORTED_TRANSFORMERS = (
@@ -114,8 +115,8 @@ def _realign_tensors(pipe: DiffusionPipeline) -> None:
 
 
 # Written beside an exported tiny model, so that loading the directory back also brings
-# the tiny model's default size and text length (and so the same output).
-TINY_MARKER = "cocodiff_tiny.json"
+# the tiny model's default size and text length (and so the same output), and the
+# simulator the text length (cocodiff.models.load_model_spec).
 
 
 def export_tiny(name: str, directory: str | os.PathLike[str]) -> Path:
@@ -130,7 +131,8 @@ def export_tiny(name: str, directory: str | os.PathLike[str]) -> Path:
     """
     path = Path(directory)
     build_tiny(name).save_pretrained(path, safe_serialization=True)
-    (path / TINY_MARKER).write_text(json.dumps({"tiny_model": name}))
+    marker = {"tiny_model": name, "text_tokens": TINY_DEFAULTS[name].max_sequence_length}
+    (path / TINY_MARKER).write_text(json.dumps(marker))
     return path
 
 
