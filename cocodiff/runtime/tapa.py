@@ -193,6 +193,16 @@ class PhaseCodec(Protocol):
                row_shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor: ...
 
 
+@dataclass(frozen=True, slots=True)
+class _Posted:
+    """One chunk's phase in flight: its handle, and the rows and splits (rows, or a
+    selective phase's bytes) expected from each member."""
+
+    handle: Handle
+    recv_rows: list[int]
+    recv_splits: list[int]
+
+
 class PhasedHandle:
     """A phased exchange in flight. Created with the first chunk's first phase posted;
     ``wait()`` runs the rest (posting each chunk's next phase as soon as the pipeline
@@ -230,7 +240,7 @@ class PhasedHandle:
         blocks = torch.split(send, [route.rows(b) for b in route.sent])
         for block, rows in zip(route.sent, blocks, strict=True):
             self._split_block(block, rows)
-        self._posted: dict[tuple[int, int], Handle] = {}
+        self._posted: dict[tuple[int, int], _Posted] = {}
         self._done: set[tuple[int, int]] = set()
         self._waited = False
         self._post(0, 0)
@@ -270,25 +280,22 @@ class PhasedHandle:
             sent_bytes = send.numel() - send_splits[me]
         if self._on_sent is not None:
             self._on_sent(phase, sent_bytes)
-        self._posted[(chunk, phase)] = self._transport.all_to_all(
-            send, send_splits, recv_splits, self._groups[phase]
-        )
+        handle = self._transport.all_to_all(send, send_splits, recv_splits, self._groups[phase])
+        self._posted[(chunk, phase)] = _Posted(handle, recv_rows, recv_splits)
 
-    def _land(self, chunk: int, phase: int, received: torch.Tensor) -> None:
+    def _land(self, chunk: int, phase: int, posted: _Posted) -> None:
         route = self._route.phases[phase]
         codec = self._codecs.get(phase)
+        received = posted.handle.wait()
         if codec is not None:
             # bytes grouped by source member -> rows grouped by source member
             me = route.group.index(self._transport.rank)
             row_shape, dtype = self._empty.shape[1:], self._empty.dtype
-            rows = [sum(self._rows(blocks, chunk)) for blocks in route.recv]
-            sizes = [n * math.prod(row_shape) * dtype.itemsize if j == me
-                     else codec.message_bytes(chunk, j, n, row_shape, dtype)
-                     for j, n in enumerate(rows)]
             received = torch.cat([
                 from_bytes(payload, dtype).view(n, *row_shape) if j == me
                 else codec.decode(chunk, j, payload, n, row_shape, dtype)
-                for j, (payload, n) in enumerate(zip(received.split(sizes), rows, strict=True))
+                for j, (payload, n) in enumerate(zip(received.split(posted.recv_splits),
+                                                     posted.recv_rows, strict=True))
             ])
         blocks = [b for per_member in route.recv for b in per_member]
         # rows grouped by source member -> one piece per block
@@ -311,7 +318,7 @@ class PhasedHandle:
             for chunk in range(max(0, diagonal - num_phases + 1),
                                min(self._chunks - 1, diagonal) + 1):
                 phase = diagonal - chunk
-                self._land(chunk, phase, self._posted.pop((chunk, phase)).wait())
+                self._land(chunk, phase, self._posted.pop((chunk, phase)))
                 self._done.add((chunk, phase))
                 if phase + 1 < num_phases and (chunk == 0 or
                                                (chunk - 1, phase + 1) in self._done):

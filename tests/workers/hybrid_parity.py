@@ -21,15 +21,13 @@ exits 1 otherwise.
 import sys
 
 import torch
-from parity import STEPS, expected_records, pipeline_latents, report  # same dir
+from parity import STEPS, expected_records, main, pipeline_latents, report  # same dir
 
 from cocodiff.layout import ParallelLayout
 from cocodiff.plan_command import RING_INNER_ORDER
 from cocodiff.runtime.hybrid import parallelize_hybrid
 from cocodiff.runtime.probe import transformer_inputs
-from cocodiff.runtime.run import rank_grid
 from cocodiff.runtime.tiny import build_tiny
-from transports.registry import create_transport
 
 
 def parse_case(text: str) -> tuple[ParallelLayout, str]:
@@ -78,16 +76,5 @@ def check(transport, grid, cases, model):
     return ok
 
 
-def main():
-    transport_name, layout, cases, *models = sys.argv[1:]
-    transport = create_transport(transport_name)
-    try:
-        grid = rank_grid(None if layout == "line" else layout, transport.world_size)
-        results = [check(transport, grid, cases.split(","), model) for model in models]
-    finally:
-        transport.close()
-    return 0 if all(results) else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(check))

@@ -110,12 +110,13 @@ def report(transport, label: str, compared, failures: list[str]) -> bool:
     return not failures
 
 
-def main():
-    transport_name, layout, schedules, *models = sys.argv[1:]
+def main(check=check):
+    """``TRANSPORT LAYOUT CASE[,CASE...] MODEL...``: ``check`` each model's cases."""
+    transport_name, layout, cases, *models = sys.argv[1:]
     transport = create_transport(transport_name)
     try:
         grid = rank_grid(None if layout == "line" else layout, transport.world_size)
-        results = [check(transport, grid, schedules.split(","), model) for model in models]
+        results = [check(transport, grid, cases.split(","), model) for model in models]
     finally:
         transport.close()
     return 0 if all(results) else 1
