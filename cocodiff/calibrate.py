@@ -225,8 +225,15 @@ class ComputeRates:
         timed, else the matrix products'."""
         return self.block["effective_tflops"] if self.block else self.tflops
 
+    @property
+    def tile_memory_gbps(self) -> float:
+        """The memory rate the topology gets: the microbenchmark's, unless the real blocks
+        ran faster than it allows (see :func:`effective_rates`)."""
+        return self.block["effective_memory_gbps"] if self.block else self.memory_gbps
+
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "tile_tflops": self.tile_tflops}
+        return {**dataclasses.asdict(self), "tile_tflops": self.tile_tflops,
+                "tile_memory_gbps": self.tile_memory_gbps}
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,16 +441,27 @@ def layer_roofline_seconds(spec, shape, tflops: float, memory_gbps: float) -> fl
     return sum(roofline_seconds(op_cost(spec, op, shape), tflops, memory_gbps) for op in OPS)
 
 
-def effective_tflops(spec, shape, layer_s: float, memory_gbps: float) -> float | None:
-    """The ``tflops`` at which :func:`layer_roofline_seconds` equals ``layer_s`` (memory
-    rate fixed), by bisection on a log scale; None when the memory-bound operations alone
-    take longer than ``layer_s`` (no compute rate explains it)."""
-    def charged(tflops: float) -> float:
-        return layer_roofline_seconds(spec, shape, tflops, memory_gbps)
+def effective_rates(spec, shape, layer_s: float, tflops: float,
+                    memory_gbps: float) -> tuple[float, float]:
+    """The ``(tflops, memory_gbps)`` at which :func:`layer_roofline_seconds` equals the
+    measured ``layer_s``.
+
+    Normally only the compute rate moves (bisection on a log scale, the microbenchmarked
+    memory rate kept). When the memory-bound operations alone, at the measured memory rate,
+    already take longer than the real blocks did, no compute rate explains the layer: the
+    memory microbenchmark ran slower than the blocks (on a loaded host the two are timed at
+    different moments). The real blocks are then the better evidence, and both measured
+    rates are scaled by one factor; the roofline is homogeneous of degree -1 in the two
+    rates, so that factor is ``charged(tflops, memory_gbps) / layer_s`` exactly. This case
+    once dropped the block timing altogether, and with it every prediction at the blocks'
+    rate (a failure that depended on the machine's load)."""
+    def charged(rate: float) -> float:
+        return layer_roofline_seconds(spec, shape, rate, memory_gbps)
 
     low, high = 1e-9, 1e6  # TFLOP/s
     if charged(high) >= layer_s:
-        return None
+        scale = layer_roofline_seconds(spec, shape, tflops, memory_gbps) / layer_s
+        return tflops * scale, memory_gbps * scale
     for _ in range(200):
         middle = math.sqrt(low * high)
         if charged(middle) > layer_s:
@@ -452,7 +470,7 @@ def effective_tflops(spec, shape, layer_s: float, memory_gbps: float) -> float |
             high = middle
         if high / low < 1 + 1e-9:
             break
-    return math.sqrt(low * high)
+    return math.sqrt(low * high), memory_gbps
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,7 +541,7 @@ class Calibration:
             intra_latency_us=self.intra.latency_us,
             inter_latency_us=self.inter.latency_us,
             tile_tflops=self.compute.tile_tflops,
-            tile_memory_gbps=self.compute.memory_gbps,
+            tile_memory_gbps=self.compute.tile_memory_gbps,
         )
         label = name or f"calibrated-{self.num_nodes}x{self.ranks_per_node}"
         return dataclasses.replace(spec, name=label, **unconstrained_host_links(spec))
@@ -805,9 +823,8 @@ def measure_blocks(transport, args: argparse.Namespace, shapes: LayerShapes,
     # The layer as a plan charges it on rank 0 (padded per-stream shards, its heads).
     cost_shape = layer_shape(ulysses_layout(spec, world, streams), 0,
                              2 if args.dtype == "bfloat16" else 4)
-    effective = effective_tflops(spec, cost_shape, layer_s, compute.memory_gbps)
-    if effective is None:
-        return None
+    effective, effective_memory = effective_rates(spec, cost_shape, layer_s, compute.tflops,
+                                                  compute.memory_gbps)
     from cocodiff.cost import MATMUL_OPS, OPS, op_cost
 
     return {
@@ -820,6 +837,7 @@ def measure_blocks(transport, args: argparse.Namespace, shapes: LayerShapes,
         "matmul_rate_layer_s": layer_roofline_seconds(spec, cost_shape, compute.tflops,
                                                       compute.memory_gbps),
         "effective_tflops": effective,
+        "effective_memory_gbps": effective_memory,
     }
 
 
@@ -948,7 +966,10 @@ def summary(result: Calibration, output: Path) -> str:
         lines.append(
             f"  real blocks: {b['layer_s'] * 1e3:.2f} ms per layer (the matrix products' rate "
             f"charges {b['matmul_rate_layer_s'] * 1e3:.2f} ms) -> effective "
-            f"{b['effective_tflops'] * 1e3:.2f} GFLOP/s, written as the tile's rate")
+            f"{b['effective_tflops'] * 1e3:.2f} GFLOP/s, written as the tile's rate"
+            + (f" (memory rate raised to {b['effective_memory_gbps']:.2f} GB/s: the memory-bound "
+               "operations alone took longer at the measured rate than the real blocks did)"
+               if b["effective_memory_gbps"] != c.memory_gbps else ""))
     for name, fit in (("intra", result.intra), ("inter", result.inter)):
         lines.append(f"  {name}-node: {fit.latency_us:.1f} us + bytes / {fit.bandwidth_gbps:.3f}"
                      f" GB/s ({fit.source}, max fit error {fit.max_rel_error:.0%})")
