@@ -190,12 +190,12 @@ def parse_configs(text: str) -> list[Config]:
 
 
 def predict(schedules: list[str], spec, resolution: int, topology_path: Path, steps: int,
-            dtype_bytes: int, collective, tile_tflops: float | None = None
+            dtype: str, collective, tile_tflops: float | None = None
             ) -> dict[str, dict[str, Any]]:
     """Simulated step time of each schedule on the calibrated topology, averaged over the
     steps that are measured (all but the first); ``tile_tflops`` replaces the topology's
     compute rate (e.g. calibrate's matrix-product rate, to compare with the real blocks')."""
-    from cocodiff.schedules import RankGrid, plan_for_step
+    from cocodiff.schedules import PlanOptions, RankGrid, plan_for_step
     from cocodiff.simulate import simulate_plan
     from topology import Placement, build_topology, load_topology
 
@@ -210,8 +210,8 @@ def predict(schedules: list[str], spec, resolution: int, topology_path: Path, st
     for name in schedules:
         plan_name = PLAN_OF.get(name, name)
         results = [
-            simulate_plan(plan_for_step(plan_name, spec, grid, streams, step, steps,
-                                        dtype_bytes=dtype_bytes),
+            simulate_plan(plan_for_step(plan_name, spec, grid, streams,
+                                        PlanOptions(dtype=dtype), step, steps),
                           topology, placement, collective=collective)
             for step in range(1, steps)
         ]
@@ -414,17 +414,16 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
     latents = session["latents"]
     measured_schedules = [name for name in schedules if name not in skipped]
     equality = _equality(reference, latents)
-    dtype_bytes = 2 if args.dtype == "bfloat16" else 4
     collective = collective_model(calibration.with_suffix(".json"))
     predicted = predict(measured_schedules, spec, args.resolution, calibration, args.steps,
-                        dtype_bytes, collective)
+                        args.dtype, collective)
     # calibrate writes the real blocks' effective rate when it timed them; the matrix
     # products' rate (what it wrote before) is predicted beside it.
     measured_compute = (_read_json(calibration.with_suffix(".json")) or {}).get("compute", {})
     matmul = None
     if measured_compute.get("block"):
         matmul = predict(measured_schedules, spec, args.resolution, calibration, args.steps,
-                         dtype_bytes, collective, tile_tflops=measured_compute["tflops"])
+                         args.dtype, collective, tile_tflops=measured_compute["tflops"])
     summary: dict[str, dict[str, Any]] = {}
     for name in measured_schedules:
         medians = [r["median_step_s"] for r in runs if r["schedule"] == name]
