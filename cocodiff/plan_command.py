@@ -147,6 +147,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         help="Ulysses schedules to try inside each Ulysses group, "
                         "comma-separated (default: flat,tapa,vfirst)")
     add_schedule_option_arguments(parser, positive_int)
+    add_degree_arguments(parser, positive_int)
     parser.add_argument("--steps", type=positive_int, default=28,
                         help="denoising steps the plan file covers (default: 28)")
     parser.add_argument("--top", type=positive_int, default=5,
@@ -195,7 +196,12 @@ def plan_command(args: argparse.Namespace) -> int:
     width, height = parse_resolution(args.resolution)
     model.check_resolution(width, height)
     streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
-    result = rank_layouts(model, topology, streams, names, options, collective)
+    # --ulysses/--ring/--batch: rank that layout only (the schedules still compete).
+    forced = explicit_layout(args, len(topology.tiles))
+    if forced is not None:
+        forced.check(len(topology.tiles), model.num_heads, options.batch)
+    result = rank_layouts(model, topology, streams, names, options, collective,
+                          layouts=None if forced is None else [forced])
     if not result.candidates:
         raise CocodiffError(f"no valid layout of {len(topology.tiles)} ranks for "
                             f"{model.name} with batch size {args.batch_size}")

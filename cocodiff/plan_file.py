@@ -287,7 +287,11 @@ def _step_from(data: dict) -> Step:
     phases = tuple(
         _dataclass_from(Phase, phase, "a phase", group=_ints(phase["group"], "a group"),
                         send_rows=_ints(phase["send_rows"], "send_rows"),
-                        recv_rows=_ints(phase["recv_rows"], "recv_rows"))
+                        recv_rows=_ints(phase["recv_rows"], "recv_rows"),
+                        chunk_send_rows=tuple(_ints(rows, "chunk_send_rows")
+                                              for rows in phase["chunk_send_rows"]),
+                        chunk_recv_rows=tuple(_ints(rows, "chunk_recv_rows")
+                                              for rows in phase["chunk_recv_rows"]))
         for phase in body["phases"])
     return _dataclass_from(Exchange, body, "an exchange", group=_ints(body["group"], "a group"),
                            send_rows=_ints(body["send_rows"], "send_rows"),

@@ -13,13 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import simpy
-
 from cocodiff.bounds import plan_bound_s
 from cocodiff.cost import roofline_seconds
 from cocodiff.executor import Execution, run_program
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec
+from cocodiff.phasing import ChunkPipeline, member_bytes
 from cocodiff.plan import Compute, Exchange, Phase, Plan
 from cocodiff.schedules import (
     BASELINE,
@@ -30,7 +29,6 @@ from cocodiff.schedules import (
     plan_for_step,
 )
 from cocodiff.schedules.activity import ActivityTrace
-from cocodiff.schedules.vmajor import message_bytes
 from sim import Simulation
 from sim.timeline import merged_length
 from topology import TIERS, Placement, Topology
@@ -91,41 +89,44 @@ class SimBackend:
         return self.transport.all_to_all(send, step.send_rows, step.recv_rows,
                                          self._group(step.group), tag=step.tensor)
 
-    def _chunk_splits(self, step: Exchange, phase, chunk: int) -> tuple[list[int], list[int]]:
+    def _chunk_splits(self, step: Exchange, phase: Phase, chunk: int
+                      ) -> tuple[list[int], list[int]]:
         """Bytes to and from each member for one chunk of one phase (layers repeat the
         same phase objects, so this is computed once per phase and chunk)."""
-        key = (id(phase), chunk, step.chunks, step.row_bytes)
+        key = (id(phase), chunk, step.row_bytes)
         cached = self._splits.get(key)
         if cached is None:
-            def split(rows_per_member):
-                return [_chunk_bytes(rows, chunk, step.chunks, step.row_bytes, phase)
-                        for rows in rows_per_member]
-
-            send, recv = split(phase.send_rows), split(phase.recv_rows)
+            send_rows, recv_rows = phase.chunk_rows(chunk, step.chunks)
+            send = [member_bytes(phase, rows, step.row_bytes) for rows in send_rows]
+            recv = [member_bytes(phase, rows, step.row_bytes) for rows in recv_rows]
             cached = self._splits[key] = (phase, send, recv)  # keeps the phase alive
         return cached[1], cached[2]
 
     def _phased(self, step: Exchange):
-        """The phases of a TAPA exchange, the rows cut into chunks that flow through
-        the phases as a pipeline: chunk c enters phase p once it has left phase p-1
-        and chunk c-1 has left phase p."""
+        """The phases of a TAPA exchange, its chunks pipelined through them as
+        :class:`~cocodiff.phasing.ChunkPipeline` orders them (the runtime's order): each
+        (chunk, phase) is posted as soon as the pipeline allows, event by event."""
         env = self.simulation.env
-        left = {(c, p): env.event() for c in range(step.chunks) for p in range(len(step.phases))}
+        pipeline = ChunkPipeline(step.chunks, len(step.phases))
+        done = env.event()
 
-        def chunk(c: int):
-            for p, phase in enumerate(step.phases):
-                if c > 0:
-                    yield left[(c - 1, p)]
-                send, recv = self._chunk_splits(step, phase, c)
-                handle = self.transport.all_to_all(
-                    VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
-                    tag=(step.tensor, c, p),
-                )
-                yield handle.event
-                handle.wait()
-                left[(c, p)].succeed()
+        def carry(chunk: int, p: int):
+            phase = step.phases[p]
+            send, recv = self._chunk_splits(step, phase, chunk)
+            handle = self.transport.all_to_all(
+                VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
+                tag=(step.tensor, chunk, p),
+            )
+            yield handle.event
+            handle.wait()
+            for posting in pipeline.landed(chunk, p):
+                env.process(carry(*posting))
+            if pipeline.finished:
+                done.succeed()
 
-        yield simpy.AllOf(env, [env.process(chunk(c)) for c in range(step.chunks)])
+        for posting in pipeline.first():
+            env.process(carry(*posting))
+        yield done
 
     def finish_exchange(self, step: Exchange, received: VirtualBuffer) -> None:
         start = self._started[step.tensor]
@@ -396,17 +397,6 @@ def _fold_period_nodes(plan: Plan, topology: Topology, placement: Placement) -> 
     if period_nodes >= nodes or nodes % period_nodes:
         return None
     return period_nodes
-
-
-def _chunk_bytes(rows: int, chunk: int, chunks: int, row_bytes: int, phase: Phase) -> int:
-    """Bytes of chunk ``chunk`` of ``rows`` rows (rows split as evenly as possible) in
-    ``phase``: all of them, or a selective (V-Major) phase's message."""
-    base, extra = divmod(rows, chunks)
-    chunk_rows = base + (1 if chunk < extra else 0)
-    if not phase.selective:
-        return chunk_rows * row_bytes
-    per_row = phase.blocks_per_row
-    return message_bytes(chunk_rows * per_row, row_bytes // per_row, phase.sent_fraction)
 
 
 def _rank_process(simulation: Simulation, execution: Execution, rank: int,

@@ -1,0 +1,170 @@
+"""The plan file: one run's plan written by ``cocodiff plan --out``, executed as is by
+``cocodiff simulate --plan`` and ``cocodiff run --plan``."""
+
+import json
+import re
+
+import pytest
+from launching import launcher_prefix, needs_mpi, needs_torchrun, run_job
+
+from cocodiff.cli import main
+from cocodiff.layout import ParallelLayout
+from cocodiff.models import REGISTRY
+from cocodiff.plan_file import PlanFileError, RunPlan, build_run_plan, load_run_plan
+from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, plan_for_step
+from cocodiff.simulate import simulate_run_plan, simulate_schedule
+from topology import Placement, build_topology, get_preset
+from topology.presets import cluster
+
+FLUX = REGISTRY["flux1-dev"]
+GRID = RankGrid((2, 2, 2), tuple(range(8)))
+STREAMS = (1024, 512)
+
+
+@pytest.mark.parametrize(("schedule", "parallel", "options"), [
+    ("flat", None, PlanOptions()),
+    ("tapa", None, PlanOptions(dtype="float32", chunks=3)),
+    ("vfirst", ParallelLayout(4, 2), PlanOptions(batch=2)),
+    ("cocodiff", None, PlanOptions(vmajor=VMajorOptions("linear", 1.0, warmup=1, refresh=3))),
+    ("cocodiff", ParallelLayout(2, 2, 2), PlanOptions(batch=2, chunks=2, vmajor=None)),
+])
+def test_written_read_and_written_again_is_byte_identical(schedule, parallel, options):
+    run_plan = build_run_plan(schedule, FLUX, GRID, STREAMS, 6, options, parallel=parallel,
+                              resolution=(512, 512), machine={"topology": "x", "nodes": 2})
+    text = run_plan.to_json()
+    again = RunPlan.from_json(text)
+    assert again.to_json() == text
+    assert again.sha256 == run_plan.sha256
+    assert again.plans == run_plan.plans  # the same plans, not merely the same text
+    assert (again.grid, again.parallel, again.options) == (run_plan.grid, parallel, options)
+
+
+def test_a_step_dependent_schedule_has_one_plan_per_planned_ratio():
+    options = PlanOptions(vmajor=VMajorOptions("linear", 1.0, warmup=1))
+    run_plan = build_run_plan("cocodiff", FLUX, GRID, STREAMS, 6, options)
+    # linear after one warm-up step over 6 steps: 0, 0.25, 0.5, 0.75, 1, 1 (quarters)
+    assert run_plan.step_plans == (0, 1, 2, 3, 4, 4)
+    for step in range(6):
+        assert run_plan.plan_at(step) == plan_for_step("cocodiff", FLUX, GRID, STREAMS, options,
+                                                       step, 6)
+    flat = build_run_plan("flat", FLUX, GRID, STREAMS, 6, options)
+    assert len(flat.plans) == 1 and flat.step_plans == (0,) * 6
+
+
+def test_the_stream_order_does_not_change_the_plan():
+    one = build_run_plan("tapa", FLUX, GRID, (1024, 512), 2, PlanOptions())
+    other = build_run_plan("tapa", FLUX, GRID, (512, 1024), 2, PlanOptions())
+    assert one.to_json() == other.to_json()
+
+
+def test_simulating_the_file_is_simulating_the_schedule():
+    topology = build_topology(get_preset("aurora", 2))
+    placement = Placement.node_major(topology)
+    grid = RankGrid.from_placement(topology, placement)
+    options = PlanOptions(vmajor=VMajorOptions("constant", 0.5))
+    direct = simulate_schedule("cocodiff", FLUX, topology, placement, STREAMS, 4,
+                               options=options)
+    run_plan = RunPlan.from_json(build_run_plan("cocodiff", FLUX, grid, STREAMS, 4,
+                                                options).to_json())
+    from_file = simulate_run_plan(run_plan, topology, placement)
+    assert from_file.step_times_s == direct.step_times_s
+    assert from_file.bytes_by_tier == direct.bytes_by_tier
+    assert from_file.exchanges_per_step == direct.exchanges_per_step == [4 * 24 * 57] * 4
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("{", "not a JSON plan file"),
+    ('{"format": "cocodiff-plan/0"}', "not a cocodiff-plan/1 file"),
+    ('{"format": "cocodiff-plan/1"}', "malformed plan file: missing field"),
+])
+def test_a_bad_file_is_one_line(tmp_path, text, message):
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    with pytest.raises(PlanFileError, match=message):
+        load_run_plan(path)
+
+
+def test_a_damaged_field_is_named(tmp_path):
+    data = json.loads(build_run_plan("flat", FLUX, RankGrid.line(2), STREAMS, 1,
+                                     PlanOptions()).to_json())
+    data["options"]["dtype"] = "int3"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanFileError, match="unknown dtype 'int3'"):
+        load_run_plan(path)
+
+
+def test_plan_writes_what_simulate_executes(tmp_path, capsys):
+    plan, sim = tmp_path / "p.json", tmp_path / "s.json"
+    assert main(["plan", "--topology", "cluster", "--nodes", "2", "--model", "flux1-dev",
+                 "--resolution", "256", "--steps", "3", "--out", str(plan)]) == 0
+    run_plan = load_run_plan(plan)
+    assert plan.read_text() == run_plan.to_json()
+    assert run_plan.machine == {"topology": "cluster", "nodes": 2}
+    assert main(["simulate", "--plan", str(plan), "--json", str(sim)]) == 0
+    record = json.loads(sim.read_text())
+    assert record["plan_sha256"] == run_plan.sha256
+    [result] = record["results"]
+    topology = build_topology(cluster(num_nodes=2))
+    expected = simulate_run_plan(run_plan, topology)
+    assert result["schedule"] == run_plan.schedule
+    assert result["bytes_by_tier"] == expected.bytes_by_tier
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--model", "sd35-large"], r"--plan fixes --model: drop it"),
+    (["--steps", "5", "--schedule", "tapa"], r"--plan fixes --steps, --schedule: drop them"),
+    (["--topology", "aurora"], r"the plan has 4 ranks, the machine aurora .* 12"),
+])
+def test_simulate_refuses_what_contradicts_the_plan(tmp_path, capsys, args, message):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--topology", "cluster", "--nodes", "2", "--resolution", "256",
+                 "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "--plan", str(plan), *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert re.search(message, err), err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--schedule", "tapa"], r"--plan fixes --schedule: drop it"),
+    ([], r"is for 4 ranks, the launch has 1"),
+])
+def test_run_refuses_a_plan_that_does_not_fit(tmp_path, capsys, args, message):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--topology", "cluster", "--nodes", "2", "--model", "tiny-flux",
+                 "--resolution", "128", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["run", "--plan", str(plan), "--quiet", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert re.search(message, err), err
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("launcher", "transport"), [
+    pytest.param("torchrun", "torch", marks=needs_torchrun),
+    pytest.param("mpiexec", "mpi", marks=needs_mpi),
+])
+def test_one_plan_file_moves_the_same_bytes_in_simulate_and_run(tmp_path, launcher, transport):
+    """A V-Major plan (per-step choices, selective phases on the inter-node tier, 2
+    pipeline chunks) on 2 nodes x 2 ranks: the runtime's bytes per tier and exchanges per
+    step are the simulator's."""
+    plan, sim, ran = tmp_path / "p.json", tmp_path / "s.json", tmp_path / "r.json"
+    assert main(["plan", "--topology", "cluster", "--nodes", "2", "--model", "tiny-flux",
+                 "--resolution", "128", "--dtype", "float32", "--steps", "4",
+                 "--schedule", "cocodiff", "--vmajor-ratio-schedule", "linear:0.5",
+                 "--chunks", "2", "--ulysses", "4", "--out", str(plan)]) == 0
+    assert main(["simulate", "--plan", str(plan), "--json", str(sim)]) == 0
+    cmd = launcher_prefix(launcher, 4) + ["-m", "cocodiff", "run", "--plan", str(plan),
+                                          "--transport", transport, "--quiet", "--json", str(ran)]
+    result = run_job(cmd, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    simulated, measured = json.loads(sim.read_text()), json.loads(ran.read_text())
+    [predicted] = simulated["results"]
+    assert measured["plan_sha256"] == simulated["plan_sha256"] == load_run_plan(plan).sha256
+    assert measured["schedule"] == predicted["schedule"] == "cocodiff"
+    assert measured["exchanges_per_step"] == predicted["exchanges_per_step"]
+    assert measured["bytes_by_tier"] == predicted["bytes_by_tier"]
+    assert predicted["bytes_by_tier"]["inter-node"] > 0
