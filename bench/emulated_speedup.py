@@ -53,6 +53,8 @@ if str(REPO) not in sys.path:  # run as a script: make `bench` importable
 from bench.cluster import ClusterError, ClusterSpec, EmulatedCluster  # noqa: E402
 from bench.cluster.jobs import JobFailed, run_job  # noqa: E402
 from bench.emulated_report import plot, text_table  # noqa: E402
+from cocodiff.schedules.registry import BASELINE  # noqa: E402
+from cocodiff.schedules.registry import EXACT as PLAN_EXACT  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -144,9 +146,9 @@ def model_spec(directory: Path, model: EnlargedModel):
 # Schedules the simulator predicts with another schedule's plan: diffusers' context
 # parallelism is flat Ulysses (Q's, K's and V's all-to-alls over all ranks, each waited
 # before the next starts, then the output's), exactly our flat plan.
-PLAN_OF = {"diffusers": "flat"}
+PLAN_OF = {"diffusers": BASELINE}
 # Schedules whose output must equal single-process diffusers (float32, atol 1e-5).
-EXACT = ("flat", "tapa", "vfirst", "diffusers")
+EXACT = (*PLAN_EXACT, "diffusers")
 EXACT_ATOL = 1e-5
 DEFAULT_CONFIGS = "2x2@1,2x2@5,4x2@1,4x2@5"
 DEFAULT_SCHEDULES = "flat,tapa,vfirst,cocodiff,diffusers"
@@ -435,7 +437,7 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
             summary[name]["predicted_matmul_rate_step_s"] = matmul[name]["predicted_step_s"]
             summary[name]["error_matmul_rate"] = (matmul[name]["predicted_step_s"] / measured
                                                   - 1)
-    for base in ("flat", "diffusers"):
+    for base in (BASELINE, "diffusers"):
         if base in summary:
             for row in summary.values():
                 row[f"measured_speedup_over_{base}"] = (summary[base]["measured_step_s"]
