@@ -20,9 +20,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
-from cocodiff.cost import Cost
+from cocodiff.cost import OPS, Cost
 from cocodiff.errors import CocodiffError
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec
@@ -30,10 +30,12 @@ from cocodiff.plan import (
     Compute,
     Exchange,
     LayerPlan,
+    Level,
     Phase,
     Plan,
     RankProgram,
     Step,
+    Tensor,
     UlyssesLayout,
     Wait,
 )
@@ -275,14 +277,41 @@ def _dataclass_from(cls, data: Any, what: str, **converted: Any):
     return cls(**{**data, **converted})
 
 
+def _check(ok: bool, what: str, value: Any) -> None:
+    if not ok:
+        text = repr(value)
+        raise PlanFileError(f"malformed plan file: {what} "
+                            f"{text if len(text) <= 40 else text[:37] + '...'}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
 def _step_from(data: dict) -> Step:
+    """One step, its fields checked for kind and range (a plan file may have been edited:
+    the executors trust a plan's values)."""
     kind = data["kind"]
     if kind == "compute":
+        _check(data["op"] in OPS, "unknown compute op", data["op"])
+        _check(_is_number(data["flops"]) and _is_number(data["memory_bytes"]),
+               "compute cost must be non-negative numbers, got", data)
         return Compute(data["op"], Cost(data["flops"], data["memory_bytes"]))
+    _check(data.get("tensor") in get_args(Tensor), "unknown tensor", data.get("tensor"))
     if kind == "wait":
         return Wait(data["tensor"])
-    if kind != "exchange":
-        raise PlanFileError(f"malformed plan file: unknown step kind {kind!r}")
+    _check(kind == "exchange", "unknown step kind", kind)
+    _check(data["direction"] in get_args(get_type_hints(Exchange)["direction"]),
+           "unknown exchange direction", data["direction"])
+    for name in ("row_bytes", "chunks"):
+        _check(isinstance(data[name], int) and not isinstance(data[name], bool)
+               and data[name] >= (1 if name == "chunks" else 0), f"exchange {name}", data[name])
+    for phase in data["phases"]:
+        _check(phase["level"] in get_args(Level), "unknown phase level", phase["level"])
+        _check(_is_number(phase["sent_fraction"]) and phase["sent_fraction"] <= 1,
+               "phase sent_fraction must be in [0, 1], got", phase["sent_fraction"])
+        _check(isinstance(phase["blocks_per_row"], int) and phase["blocks_per_row"] >= 0,
+               "phase blocks_per_row", phase["blocks_per_row"])
     body = {key: value for key, value in data.items() if key != "kind"}
     phases = tuple(
         _dataclass_from(Phase, phase, "a phase", group=_ints(phase["group"], "a group"),
@@ -315,17 +344,6 @@ def _run_plan_from(data: dict) -> RunPlan:
     layers = [LayerPlan(*(tuple(_step_from(s) for s in row[part])
                           for part in ("before", "attention", "after")))
               for row in data["layers"]]
-    plans = []
-    for plan in data["plans"]:
-        layout = _dataclass_from(UlyssesLayout, plan["layout"], "layout",
-                                 heads=_ints(plan["layout"]["heads"], "layout.heads"))
-        programs = tuple(RankProgram(rank, tuple(layers[i] for i in _ints(ids, "a program")))
-                         for rank, ids in enumerate(plan["programs"]))
-        plans.append(Plan(plan["schedule"], plan["model"], layout, programs,
-                          plan["shift_period"], _parallel_from(plan["parallel"])))
-    step_plans = _ints(data["steps"], "steps")
-    if not step_plans or any(not 0 <= i < len(plans) for i in step_plans):
-        raise PlanFileError("malformed plan file: steps must name plans by index")
     grid = data["grid"]
     shape = _ints(grid["shape"], "grid.shape")
     ranks = _ints(grid["ranks"], "grid.ranks")
@@ -333,6 +351,28 @@ def _run_plan_from(data: dict) -> RunPlan:
             or sorted(ranks) != list(range(len(ranks))):
         raise PlanFileError(f"malformed plan file: grid {shape} does not hold ranks "
                             f"0..{len(ranks) - 1}")
+    for layer in layers:
+        for step in layer.attention:
+            if isinstance(step, Exchange):
+                for part in (step, *step.phases):
+                    _check(all(0 <= r < len(ranks) for r in part.group)
+                           and len(part.send_rows) == len(part.recv_rows) == len(part.group),
+                           "an exchange group that is not the grid's ranks, or rows that do "
+                           "not match it:", part.group)
+    plans = []
+    for plan in data["plans"]:
+        layout = _dataclass_from(UlyssesLayout, plan["layout"], "layout",
+                                 heads=_ints(plan["layout"]["heads"], "layout.heads"))
+        ids = [_ints(program, "a program") for program in plan["programs"]]
+        _check(all(0 <= i < len(layers) for program in ids for i in program),
+               "a program names a layer that is not in the table:", plan["programs"])
+        programs = tuple(RankProgram(rank, tuple(layers[i] for i in program))
+                         for rank, program in enumerate(ids))
+        plans.append(Plan(plan["schedule"], plan["model"], layout, programs,
+                          plan["shift_period"], _parallel_from(plan["parallel"])))
+    step_plans = _ints(data["steps"], "steps")
+    if not step_plans or any(not 0 <= i < len(plans) for i in step_plans):
+        raise PlanFileError("malformed plan file: steps must name plans by index")
     if any(p.num_ranks != len(ranks) for p in plans):
         raise PlanFileError(f"malformed plan file: a step plan does not have the grid's "
                             f"{len(ranks)} ranks")

@@ -168,3 +168,26 @@ def test_one_plan_file_moves_the_same_bytes_in_simulate_and_run(tmp_path, launch
     assert measured["exchanges_per_step"] == predicted["exchanges_per_step"]
     assert measured["bytes_by_tier"] == predicted["bytes_by_tier"]
     assert predicted["bytes_by_tier"]["inter-node"] > 0
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    (("layers", 0, "attention", 0, "op"), "nap", "unknown compute op 'nap'"),
+    (("layers", 0, "attention", 1, "tensor"), "z", "unknown tensor 'z'"),
+    (("layers", 0, "attention", 1, "group"), [0, 7], "an exchange group that is not the grid"),
+    (("layers", 0, "attention", 1, "phases", 0, "sent_fraction"), 2.0, "sent_fraction"),
+    (("plans", 0, "programs", 0, 0), -1, "names a layer that is not in the table"),
+    (("steps",), [5], "steps must name plans by index"),
+])
+def test_an_edited_file_is_refused_in_one_line(tmp_path, path, value, message):
+    options = PlanOptions(vmajor=VMajorOptions("constant", 0.5))
+    data = json.loads(build_run_plan("cocodiff", FLUX, RankGrid((2, 1, 1), (0, 1)), STREAMS, 2,
+                                     options).to_json())
+    where = data
+    for key in path[:-1]:
+        where = where[key]
+    where[path[-1]] = value
+    file = tmp_path / "p.json"
+    file.write_text(json.dumps(data))
+    with pytest.raises(PlanFileError, match=re.escape(message)) as caught:
+        load_run_plan(file)
+    assert "\n" not in str(caught.value)
