@@ -34,7 +34,6 @@ class Schedule:
         exact: its output equals single-process inference (V-Major is lossy).
         ranked_as: the exact schedule the planner ranks layouts by for it (V-Major's
             ``cocodiff`` has ``vfirst``'s exchanges before V-Major trims them).
-        summary: one line for ``--help`` and tables.
     """
 
     name: str
@@ -43,7 +42,6 @@ class Schedule:
     step_dependent: bool
     exact: bool
     ranked_as: str
-    summary: str
 
     def cache_ratio(self, options: PlanOptions, step: int, num_steps: int) -> float:
         """The V-Major cached fraction of ``step`` (0 for schedules that have none)."""
@@ -59,17 +57,18 @@ class Schedule:
 
 
 SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
+    # Q, K, V all-to-alls over all ranks, one after another.
     Schedule("flat", plan_flat, phased=False, step_dependent=False, exact=True,
-             ranked_as="flat", summary="Q, K, V all-to-alls over all ranks, one after another"),
+             ranked_as="flat"),
+    # flat's order, each all-to-all as topology-aligned phases.
     Schedule("tapa", plan_tapa, phased=True, step_dependent=False, exact=True,
-             ranked_as="tapa", summary="flat's order, each all-to-all as topology-aligned "
-             "phases"),
+             ranked_as="tapa"),
+    # TAPA, V's exchange started first and hidden behind Q/K norm and RoPE.
     Schedule("vfirst", plan_vfirst, phased=True, step_dependent=False, exact=True,
-             ranked_as="vfirst", summary="TAPA, V's exchange started first and hidden behind "
-             "Q/K norm and RoPE"),
+             ranked_as="vfirst"),
+    # V-First TAPA plus V-Major: only the active V blocks cross the slow tier.
     Schedule("cocodiff", plan_cocodiff, phased=True, step_dependent=True, exact=False,
-             ranked_as="vfirst", summary="V-First TAPA plus V-Major (only the active V blocks "
-             "cross the slow tier)"),
+             ranked_as="vfirst"),
 )}
 
 # The baseline every speedup is measured against.
