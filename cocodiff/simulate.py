@@ -346,8 +346,10 @@ def simulate_run_plan(
                                        collective=collective,
                                        record_spans=record_spans and not by_plan)
     per_step = [by_plan[index] for index in run_plan.step_plans]
-    # A schedule that does the same every step reports that step once (as it always has).
-    listed = per_step if get_schedule(run_plan.schedule).step_dependent else per_step[:1]
+    # A schedule that does the same every step reports (and averages) that step once, as
+    # it always has.
+    if not get_schedule(run_plan.schedule).step_dependent and len(by_plan) == 1:
+        per_step = per_step[:1]
     first = per_step[0]
     result = SimResult(
         schedule=run_plan.schedule,
@@ -363,8 +365,8 @@ def simulate_run_plan(
         num_flows=sum(r.num_flows for r in by_plan.values()),
         num_events=sum(r.num_events for r in by_plan.values()),
         exchange_s=_mean(r.exchange_s for r in per_step),
-        step_times_s=[r.step_time_s for r in listed],
-        exchanges_per_step=[r.exchanges_per_step[0] for r in listed],
+        step_times_s=[r.step_time_s for r in per_step],
+        exchanges_per_step=[r.exchanges_per_step[0] for r in per_step],
         simulation=first.simulation,
     )
     if with_bound:
