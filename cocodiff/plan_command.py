@@ -129,6 +129,18 @@ def plan_options(args: argparse.Namespace):
                        vmajor=vmajor_from_arguments(args) or VMajorOptions())
 
 
+def schedule_names(text: str) -> list[str]:
+    """``--schedule``'s comma-separated names, each checked against the registry."""
+    from cocodiff.schedules import get_schedule
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise CocodiffError("--schedule names no schedule")
+    for name in names:
+        get_schedule(name)
+    return names
+
+
 def load_spec(name: str):
     """A model spec by registry name, config path or directory, or a built-in tiny
     model's name (``tiny-flux``...: the runtime's default models)."""
@@ -176,18 +188,14 @@ def plan_command(args: argparse.Namespace) -> int:
     from cocodiff.models import parse_resolution
     from cocodiff.plan_file import build_run_plan
     from cocodiff.planner import rank_layouts
-    from cocodiff.schedules import RankGrid, get_schedule
+    from cocodiff.schedules import RankGrid
     from topology import Placement, build_topology, resolve_topology
 
     check_output_paths((args.json, args.out))
     if args.out is not None and args.json is not None \
             and args.out.resolve() == args.json.resolve():
         raise CocodiffError(f"--json and --out name the same file: {args.out}")
-    names = [name.strip() for name in args.schedule.split(",") if name.strip()]
-    if not names:
-        raise CocodiffError("--schedule names no schedule")
-    for name in names:
-        get_schedule(name)
+    names = schedule_names(args.schedule)
     collective = collective_arg(args.collective)
     options = plan_options(args)
     described = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)

@@ -20,6 +20,7 @@ from cocodiff.plan_command import (
     explicit_layout,
     load_spec,
     plan_options,
+    schedule_names,
 )
 from cocodiff.schedules.registry import BASELINE
 
@@ -77,18 +78,13 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
 
 def simulate_command(args: argparse.Namespace) -> int:
     from cocodiff.atomic import check_output_paths
-    from cocodiff.schedules import get_schedule
 
     check_output_paths((args.json, args.trace, args.plot))
     if args.plan is not None:
         return _from_plan_file(args)
     if args.steps > MAX_STEPS:
         raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
-    names = [name.strip() for name in args.schedule.split(",") if name.strip()]
-    if not names:
-        raise CocodiffError("--schedule names no schedule")
-    for name in names:
-        get_schedule(name)
+    names = schedule_names(args.schedule)
     options = plan_options(args)
     collective = collective_arg(args.collective)
     if args.activity_trace is not None:
