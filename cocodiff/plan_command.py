@@ -19,6 +19,8 @@ from cocodiff.layout import DEFAULT_ORDER, ParallelLayout, parse_degrees
 
 AUTO = "auto"
 DEFAULT_TOPOLOGY = "aurora"
+# Denoising steps beyond any real sampler (V-Major plans are made per step).
+MAX_STEPS = 10_000
 RING_INNER_ORDER = ("batch", "ulysses", "ring")
 
 
@@ -195,6 +197,8 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.out is not None and args.json is not None \
             and args.out.resolve() == args.json.resolve():
         raise CocodiffError(f"--json and --out name the same file: {args.out}")
+    if args.steps > MAX_STEPS:
+        raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
     names = schedule_names(args.schedule)
     collective = collective_arg(args.collective)
     options = plan_options(args)

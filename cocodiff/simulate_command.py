@@ -13,6 +13,7 @@ from pathlib import Path
 from cocodiff.errors import CocodiffError
 from cocodiff.plan_command import (
     DEFAULT_TOPOLOGY,
+    MAX_STEPS,
     add_degree_arguments,
     add_machine_arguments,
     add_schedule_option_arguments,
@@ -24,8 +25,6 @@ from cocodiff.plan_command import (
 )
 from cocodiff.schedules.registry import BASELINE
 
-# Denoising steps beyond any real sampler (V-Major plans are made per step).
-MAX_STEPS = 10_000
 PLAN_FIXES = ("model", "resolution", "frames", "steps", "schedule", "dtype", "batch_size",
               "chunks", "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh",
               "activity_trace", "layout", "ulysses", "ring", "batch", "ring_inner", "sweep")
