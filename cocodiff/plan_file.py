@@ -390,11 +390,18 @@ def _run_plan_from(data: dict) -> RunPlan:
 # -- does it fit the run? -------------------------------------------------------------
 
 
-def check_plan_fits_model(run_plan: RunPlan, spec: ModelSpec, num_ranks: int) -> None:
-    """Refuse a plan made for another model shape or rank count (one line)."""
+def check_plan_fits_model(run_plan: RunPlan, spec: ModelSpec, num_ranks: int,
+                          parallel: ParallelLayout | None = None) -> None:
+    """Refuse a plan made for another model shape, rank count or parallel layout (one
+    line)."""
     if run_plan.num_ranks != num_ranks:
         raise PlanFileError(f"the plan is for {run_plan.num_ranks} ranks, the launch has "
                             f"{num_ranks}")
+    planned, running = (None if p is None or p.is_pure_ulysses else p
+                        for p in (run_plan.parallel, parallel))
+    if planned != running:
+        raise PlanFileError(f"the plan's layout is {planned.name if planned else 'pure Ulysses'}"
+                            f", the runtime's {running.name if running else 'pure Ulysses'}")
     fields_checked = ("family", "num_layers", "num_heads", "head_dim")
     planned = tuple(getattr(run_plan.spec, name) for name in fields_checked)
     loaded = tuple(getattr(spec, name) for name in fields_checked)

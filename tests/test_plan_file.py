@@ -10,7 +10,14 @@ from launching import launcher_prefix, needs_mpi, needs_torchrun, run_job
 from cocodiff.cli import main
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import REGISTRY
-from cocodiff.plan_file import PlanFileError, RunPlan, build_run_plan, load_run_plan
+from cocodiff.plan_file import (
+    PlanFileError,
+    RunPlan,
+    build_run_plan,
+    check_plan_fits_call,
+    check_plan_fits_model,
+    load_run_plan,
+)
 from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, plan_for_step
 from cocodiff.simulate import simulate_run_plan, simulate_schedule
 from topology import Placement, build_topology, get_preset
@@ -191,3 +198,23 @@ def test_an_edited_file_is_refused_in_one_line(tmp_path, path, value, message):
     with pytest.raises(PlanFileError, match=re.escape(message)) as caught:
         load_run_plan(file)
     assert "\n" not in str(caught.value)
+
+
+def test_a_plan_for_another_model_layout_or_call_is_refused():
+    run_plan = build_run_plan("vfirst", FLUX, GRID, STREAMS, 2, PlanOptions(),
+                              parallel=ParallelLayout(4, 2))
+    other = REGISTRY["sd35-large"]
+    with pytest.raises(PlanFileError, match="the plan is for flux1-dev .*num_heads 24.*"
+                       "the model loaded has .*num_heads 38"):
+        check_plan_fits_model(run_plan, other, 8, ParallelLayout(4, 2))
+    with pytest.raises(PlanFileError, match="the plan is for 8 ranks, the launch has 4"):
+        check_plan_fits_model(run_plan, FLUX, 4)
+    with pytest.raises(PlanFileError, match="layout is U4xR2xB1, the runtime's pure Ulysses"):
+        check_plan_fits_model(run_plan, FLUX, 8, ParallelLayout(8))
+    check_plan_fits_model(run_plan, FLUX, 8, ParallelLayout(4, 2))
+    check_plan_fits_call(run_plan, (512, 1024), 1, "bfloat16", 2)  # stream order is free
+    with pytest.raises(PlanFileError, match=r"token streams \(1024, 512\), batch 1, bfloat16; "
+                       r"the model runs \(1024, 64\), batch 2, float32"):
+        check_plan_fits_call(run_plan, (64, 1024), 2, "float32", 2)
+    with pytest.raises(PlanFileError, match="covers 2 denoising steps, the run has 3"):
+        check_plan_fits_call(run_plan, STREAMS, 1, "bfloat16", 3)

@@ -91,7 +91,7 @@ class UlyssesRuntime:
         config = {"_class_name": type(transformer).__name__, **dict(transformer.config)}
         self.spec: ModelSpec = spec_from_config(config, name=type(transformer).__name__)
         if run_plan is not None:
-            check_plan_fits_model(run_plan, self.spec, transport.world_size)
+            check_plan_fits_model(run_plan, self.spec, transport.world_size, self.parallel)
             schedule, grid, options = run_plan.schedule, run_plan.grid, run_plan.options
         if self.ulysses_ranks(transport) > self.spec.num_heads:
             raise UnsupportedModelError(
