@@ -220,8 +220,8 @@ def _predict(spec, resolution: int, topology_path: Path, layouts, schedules,
     if tile_tflops is not None:
         described = dataclasses.replace(described, tile_tflops=tile_tflops)
     streams = (spec.image_tokens(resolution, resolution), spec.text_tokens)
-    result = rank_layouts(spec, build_topology(described), streams, tuple(schedules), 1,
-                          collective, layouts)
+    result = rank_layouts(spec, build_topology(described), streams, tuple(schedules),
+                          collective=collective, layouts=layouts)
     return {f"{c.schedule}@{c.layout.name}": c.step_time_s for c in result.candidates}
 
 

@@ -53,6 +53,8 @@ if str(REPO) not in sys.path:  # run as a script: make `bench` importable
 from bench.cluster import ClusterError, ClusterSpec, EmulatedCluster  # noqa: E402
 from bench.cluster.jobs import JobFailed, run_job  # noqa: E402
 from bench.emulated_report import plot, text_table  # noqa: E402
+from cocodiff.schedules.registry import BASELINE  # noqa: E402
+from cocodiff.schedules.registry import EXACT as PLAN_EXACT  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -144,9 +146,9 @@ def model_spec(directory: Path, model: EnlargedModel):
 # Schedules the simulator predicts with another schedule's plan: diffusers' context
 # parallelism is flat Ulysses (Q's, K's and V's all-to-alls over all ranks, each waited
 # before the next starts, then the output's), exactly our flat plan.
-PLAN_OF = {"diffusers": "flat"}
+PLAN_OF = {"diffusers": BASELINE}
 # Schedules whose output must equal single-process diffusers (float32, atol 1e-5).
-EXACT = ("flat", "tapa", "vfirst", "diffusers")
+EXACT = (*PLAN_EXACT, "diffusers")
 EXACT_ATOL = 1e-5
 DEFAULT_CONFIGS = "2x2@1,2x2@5,4x2@1,4x2@5"
 DEFAULT_SCHEDULES = "flat,tapa,vfirst,cocodiff,diffusers"
@@ -190,12 +192,12 @@ def parse_configs(text: str) -> list[Config]:
 
 
 def predict(schedules: list[str], spec, resolution: int, topology_path: Path, steps: int,
-            dtype_bytes: int, collective, tile_tflops: float | None = None
+            dtype: str, collective, tile_tflops: float | None = None
             ) -> dict[str, dict[str, Any]]:
     """Simulated step time of each schedule on the calibrated topology, averaged over the
     steps that are measured (all but the first); ``tile_tflops`` replaces the topology's
     compute rate (e.g. calibrate's matrix-product rate, to compare with the real blocks')."""
-    from cocodiff.schedules import RankGrid, plan_for_step
+    from cocodiff.schedules import PlanOptions, RankGrid, plan_for_step
     from cocodiff.simulate import simulate_plan
     from topology import Placement, build_topology, load_topology
 
@@ -210,8 +212,8 @@ def predict(schedules: list[str], spec, resolution: int, topology_path: Path, st
     for name in schedules:
         plan_name = PLAN_OF.get(name, name)
         results = [
-            simulate_plan(plan_for_step(plan_name, spec, grid, streams, step, steps,
-                                        dtype_bytes=dtype_bytes),
+            simulate_plan(plan_for_step(plan_name, spec, grid, streams,
+                                        PlanOptions(dtype=dtype), step, steps),
                           topology, placement, collective=collective)
             for step in range(1, steps)
         ]
@@ -414,17 +416,16 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
     latents = session["latents"]
     measured_schedules = [name for name in schedules if name not in skipped]
     equality = _equality(reference, latents)
-    dtype_bytes = 2 if args.dtype == "bfloat16" else 4
     collective = collective_model(calibration.with_suffix(".json"))
     predicted = predict(measured_schedules, spec, args.resolution, calibration, args.steps,
-                        dtype_bytes, collective)
+                        args.dtype, collective)
     # calibrate writes the real blocks' effective rate when it timed them; the matrix
     # products' rate (what it wrote before) is predicted beside it.
     measured_compute = (_read_json(calibration.with_suffix(".json")) or {}).get("compute", {})
     matmul = None
     if measured_compute.get("block"):
         matmul = predict(measured_schedules, spec, args.resolution, calibration, args.steps,
-                         dtype_bytes, collective, tile_tflops=measured_compute["tflops"])
+                         args.dtype, collective, tile_tflops=measured_compute["tflops"])
     summary: dict[str, dict[str, Any]] = {}
     for name in measured_schedules:
         medians = [r["median_step_s"] for r in runs if r["schedule"] == name]
@@ -436,7 +437,7 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
             summary[name]["predicted_matmul_rate_step_s"] = matmul[name]["predicted_step_s"]
             summary[name]["error_matmul_rate"] = (matmul[name]["predicted_step_s"] / measured
                                                   - 1)
-    for base in ("flat", "diffusers"):
+    for base in (BASELINE, "diffusers"):
         if base in summary:
             for row in summary.values():
                 row[f"measured_speedup_over_{base}"] = (summary[base]["measured_step_s"]

@@ -54,6 +54,11 @@ class Phase:
         blocks_per_row: V-Major blocks a row is cut into when the phase is selective
             (V-Major: messages carry the chosen blocks and their indices,
             :func:`cocodiff.schedules.vmajor.message_bytes`); 0: whole rows.
+        chunk_send_rows: with the exchange cut into chunks, the rows each chunk sends to
+            each member (every block's rows are cut, :func:`cocodiff.phasing.chunk_rows`,
+            so a chunk's message is not simply its share of ``send_rows``); empty for one
+            chunk.
+        chunk_recv_rows: the same for the rows received.
     """
 
     level: Level
@@ -62,10 +67,26 @@ class Phase:
     recv_rows: tuple[int, ...]
     sent_fraction: float = 1.0
     blocks_per_row: int = 0
+    chunk_send_rows: tuple[tuple[int, ...], ...] = ()
+    chunk_recv_rows: tuple[tuple[int, ...], ...] = ()
 
     @property
     def selective(self) -> bool:
         return self.blocks_per_row > 0
+
+    def chunk_rows(self, chunk: int, chunks: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(rows sent to, rows received from) each member in chunk ``chunk`` of ``chunks``.
+
+        Raises:
+            ValueError: the phase states no rows for that many chunks.
+        """
+        if chunks == 1 and not self.chunk_send_rows:
+            return self.send_rows, self.recv_rows
+        if len(self.chunk_send_rows) != chunks or len(self.chunk_recv_rows) != chunks:
+            raise ValueError(f"a {self.level} phase states rows for "
+                             f"{len(self.chunk_send_rows) or 1} chunk(s), its exchange has "
+                             f"{chunks}")
+        return self.chunk_send_rows[chunk], self.chunk_recv_rows[chunk]
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,9 @@ from cocodiff.errors import CocodiffError
 from cocodiff.layout import DEFAULT_ORDER, ParallelLayout, parse_degrees
 
 AUTO = "auto"
+DEFAULT_TOPOLOGY = "aurora"
+# Denoising steps beyond any real sampler (V-Major plans are made per step).
+MAX_STEPS = 10_000
 RING_INNER_ORDER = ("batch", "ulysses", "ring")
 
 
@@ -47,12 +50,48 @@ def explicit_layout(args: argparse.Namespace, num_ranks: int) -> ParallelLayout 
     return ParallelLayout(layout.ulysses, layout.ring, layout.batch, order)
 
 
+def add_vmajor_arguments(parser: argparse.ArgumentParser) -> None:
+    """The V-Major options of ``cocodiff simulate`` and ``cocodiff run``."""
+    from cocodiff.schedules.vmajor import VMajorOptions
+
+    defaults = VMajorOptions()
+    parser.add_argument("--vmajor-ratio-schedule", default=None, metavar="SCHEDULE",
+                        help="V-Major's cached fraction of V blocks over the steps: linear[:MAX] "
+                        "(ramps from 0 after the warm-up to MAX at the last step) or constant:R "
+                        f"(default: {defaults.schedule}:{defaults.max_ratio:g})")
+    parser.add_argument("--vmajor-warmup", type=int, default=None, metavar="STEPS",
+                        help=f"first steps that send all of V (default: {defaults.warmup})")
+    parser.add_argument("--vmajor-refresh", type=int, default=None, metavar="N",
+                        help="every N-th step sends all of V (default: "
+                        f"{defaults.refresh or 'never'})")
+
+
+def vmajor_from_arguments(args: argparse.Namespace):
+    """The :class:`~cocodiff.schedules.vmajor.VMajorOptions` given on the command line,
+    or None when none was.
+
+    Raises:
+        ScheduleError: a value out of range or an unknown ratio schedule.
+    """
+    from cocodiff.schedules.vmajor import VMajorOptions
+
+    given = (args.vmajor_ratio_schedule, args.vmajor_warmup, args.vmajor_refresh)
+    if given == (None, None, None):
+        return None
+    defaults = VMajorOptions()
+    return VMajorOptions.parse(
+        args.vmajor_ratio_schedule or f"{defaults.schedule}:{defaults.max_ratio}",
+        defaults.warmup if args.vmajor_warmup is None else args.vmajor_warmup,
+        defaults.refresh if args.vmajor_refresh is None else args.vmajor_refresh,
+    )
+
+
 def add_machine_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     """The machine and the model (plan and simulate): ``--topology``, ``--nodes``,
     ``--model``, ``--resolution``, ``--frames`` and ``--collective``."""
-    parser.add_argument("--topology", default="aurora",
+    parser.add_argument("--topology", default=None,
                         help="a preset (aurora, dgx-h100, cluster) or a topology TOML file "
-                        "(default: aurora)")
+                        f"(default: {DEFAULT_TOPOLOGY})")
     parser.add_argument("--nodes", type=positive_int, default=None,
                         help="number of nodes (default: the preset's or file's)")
     parser.add_argument("--model", default="flux1-dev",
@@ -67,17 +106,71 @@ def add_machine_arguments(parser: argparse.ArgumentParser, positive_int) -> None
                         "aurora, dgx-h100, cluster")
 
 
+def add_schedule_option_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+    """The schedule options (:class:`~cocodiff.schedules.PlanOptions`) plan and simulate
+    share: ``--dtype``, ``--batch-size``, ``--chunks`` and the V-Major flags."""
+    from cocodiff.schedules import DTYPE_BYTES
+    from cocodiff.schedules.options import DEFAULT_DTYPE
+
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=tuple(DTYPE_BYTES),
+                        help=f"activation dtype of the exchanges (default: {DEFAULT_DTYPE})")
+    parser.add_argument("--batch-size", type=positive_int, default=1,
+                        help="samples per denoising step (2: a classifier-free-guidance "
+                        "batch; default 1)")
+    parser.add_argument("--chunks", type=positive_int, default=None,
+                        help="pipeline chunks of TAPA exchanges (default: 1)")
+    add_vmajor_arguments(parser)
+
+
+def plan_options(args: argparse.Namespace):
+    """The :class:`~cocodiff.schedules.PlanOptions` the flags give."""
+    from cocodiff.schedules import DEFAULT_CHUNKS, PlanOptions, VMajorOptions
+
+    return PlanOptions(dtype=args.dtype, batch=args.batch_size,
+                       chunks=args.chunks or DEFAULT_CHUNKS,
+                       vmajor=vmajor_from_arguments(args) or VMajorOptions())
+
+
+def schedule_names(text: str) -> list[str]:
+    """``--schedule``'s comma-separated names, each checked against the registry."""
+    from cocodiff.schedules import get_schedule
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise CocodiffError("--schedule names no schedule")
+    for name in names:
+        get_schedule(name)
+    return names
+
+
+def load_spec(name: str):
+    """A model spec by registry name, config path or directory, or a built-in tiny
+    model's name (``tiny-flux``...: the runtime's default models)."""
+    from cocodiff.models import load_model_spec
+
+    if name.startswith("tiny-"):
+        from cocodiff.calibrate import model_tokens
+
+        return model_tokens(name, None, None)[0]
+    return load_model_spec(name)
+
+
 def add_plan_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     add_machine_arguments(parser, positive_int)
     parser.add_argument("--schedule", default="flat,tapa,vfirst",
                         help="Ulysses schedules to try inside each Ulysses group, "
                         "comma-separated (default: flat,tapa,vfirst)")
-    parser.add_argument("--batch-size", type=positive_int, default=1,
-                        help="samples per denoising step (2: a classifier-free-guidance "
-                        "batch; default 1)")
+    add_schedule_option_arguments(parser, positive_int)
+    add_degree_arguments(parser, positive_int)
+    parser.add_argument("--steps", type=positive_int, default=28,
+                        help="denoising steps the plan file covers (default: 28)")
     parser.add_argument("--top", type=positive_int, default=5,
                         help="how many of the best to print (default 5)")
     parser.add_argument("--json", type=Path, help="write every candidate as JSON here")
+    parser.add_argument("--out", type=Path, metavar="PATH",
+                        help="write the best (layout, schedule)'s plan for a whole run here: "
+                        "`cocodiff simulate --plan PATH` and `cocodiff run --plan PATH` "
+                        "execute it")
 
 
 def collective_arg(name: str):
@@ -94,24 +187,33 @@ def plan_command(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from cocodiff.atomic import atomic_write_text, check_output_paths
-    from cocodiff.models import load_model_spec, parse_resolution
+    from cocodiff.models import parse_resolution
+    from cocodiff.plan_file import build_run_plan
     from cocodiff.planner import rank_layouts
-    from cocodiff.schedules import get_schedule
-    from topology import build_topology, resolve_topology
+    from cocodiff.schedules import RankGrid
+    from topology import Placement, build_topology, resolve_topology
 
-    check_output_paths((args.json,))
-    names = [name.strip() for name in args.schedule.split(",") if name.strip()]
-    if not names:
-        raise CocodiffError("--schedule names no schedule")
-    for name in names:
-        get_schedule(name)
+    check_output_paths((args.json, args.out))
+    if args.out is not None and args.json is not None \
+            and args.out.resolve() == args.json.resolve():
+        raise CocodiffError(f"--json and --out name the same file: {args.out}")
+    if args.steps > MAX_STEPS:
+        raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
+    names = schedule_names(args.schedule)
     collective = collective_arg(args.collective)
-    topology = build_topology(resolve_topology(args.topology, args.nodes))
-    model = load_model_spec(args.model)
+    options = plan_options(args)
+    described = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
+    topology = build_topology(described)
+    model = load_spec(args.model)
     width, height = parse_resolution(args.resolution)
     model.check_resolution(width, height)
     streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
-    result = rank_layouts(model, topology, streams, names, args.batch_size, collective)
+    # --ulysses/--ring/--batch: rank that layout only (the schedules still compete).
+    forced = explicit_layout(args, len(topology.tiles))
+    if forced is not None:
+        forced.check(len(topology.tiles), model.num_heads, options.batch)
+    result = rank_layouts(model, topology, streams, names, options, collective,
+                          layouts=None if forced is None else [forced])
     if not result.candidates:
         raise CocodiffError(f"no valid layout of {len(topology.tiles)} ranks for "
                             f"{model.name} with batch size {args.batch_size}")
@@ -139,10 +241,23 @@ def plan_command(args: argparse.Namespace) -> int:
           + (" --ring-inner" if result.best.layout.order == RING_INNER_ORDER
              and result.best.layout.ring > 1 and result.best.layout.ulysses > 1 else "")
           + f" --schedule {result.best.schedule}")
+    run_plan = None
+    if args.out:
+        best = result.best
+        grid = RankGrid.from_placement(topology, Placement.node_major(topology))
+        run_plan = build_run_plan(
+            best.schedule, model, grid, streams, args.steps, options,
+            parallel=best.layout, resolution=(width, height), frames=args.frames,
+            machine={"topology": args.topology or DEFAULT_TOPOLOGY,
+                     "nodes": described.num_nodes})
+        print(f"note: wrote the plan of {best.layout.name} {best.schedule} for {args.steps} "
+              f"steps to {args.out} (sha256 {run_plan.sha256[:12]})")
     if args.json:
         atomic_write_text(args.json, json.dumps({
             "model": model.name, "topology": spec.name, "num_nodes": spec.num_nodes,
             "num_ranks": num_ranks, "resolution": [width, height], "frames": args.frames,
             "batch_size": args.batch_size, "planner_wall_s": result.wall_s,
             "candidates": [c.to_json() for c in result.candidates]}, indent=2))
+    if run_plan is not None:
+        atomic_write_text(args.out, run_plan.to_json())
     return 0

@@ -26,14 +26,20 @@ from cocodiff.bounds import plan_bound_s
 from cocodiff.layout import AXES, ParallelLayout
 from cocodiff.models import ModelSpec
 from cocodiff.plan import Plan, RankProgram
-from cocodiff.schedules.grid import RankGrid
-from cocodiff.schedules.hybrid import plan_hybrid
+from cocodiff.schedules import (
+    DEFAULT_OPTIONS,
+    EXACT,
+    PlanOptions,
+    RankGrid,
+    get_schedule,
+    plan_hybrid,
+)
 from cocodiff.simulate import simulate_plan
 from topology import Placement, Topology
 from transports.sim import CollectiveModel
 
 # Schedules the planner ranks by default: the exact ones (V-Major is lossy).
-DEFAULT_SCHEDULES = ("flat", "tapa", "vfirst")
+DEFAULT_SCHEDULES = EXACT
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +124,10 @@ def simulate_step(plan: Plan, topology: Topology, placement: Placement,
 
 
 def rank_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
-                 schedules: Sequence[str] = DEFAULT_SCHEDULES, batch_size: int = 1,
+                 schedules: Sequence[str] = DEFAULT_SCHEDULES,
+                 options: PlanOptions = DEFAULT_OPTIONS,
                  collective: CollectiveModel | None = None,
-                 layouts: Sequence[ParallelLayout] | None = None,
-                 chunks: int | None = None) -> PlanResult:
+                 layouts: Sequence[ParallelLayout] | None = None) -> PlanResult:
     """Simulate every valid layout under every schedule on all of ``topology``'s tiles
     and rank them by step time.
 
@@ -129,25 +135,24 @@ def rank_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[in
         spec: the model.
         topology: the machine (one rank per tile, node-major).
         stream_tokens: tokens of each stream of one sample.
-        schedules: Ulysses schedules to try inside the Ulysses groups.
-        batch_size: samples per step (2 for a classifier-free-guidance batch).
+        schedules: Ulysses schedules to try inside the Ulysses groups (each is ranked as
+            its registry entry's ``ranked_as``, at its first step).
+        options: dtype, samples per step (``batch``: 2 for a classifier-free-guidance
+            batch), chunks of phased exchanges.
         collective: the collective model (default: the topology preset's).
         layouts: the layouts to rank (default: :func:`candidate_layouts`).
-        chunks: pipeline chunks of phased exchanges (default: the schedules').
     """
     start = time.perf_counter()
     placement = Placement.node_major(topology)
     grid = RankGrid.from_placement(topology, placement)
     if layouts is None:
-        layouts = candidate_layouts(placement.num_ranks, spec.num_heads, batch_size)
+        layouts = candidate_layouts(placement.num_ranks, spec.num_heads, options.batch)
     candidates = []
     for layout in layouts:
         # Without a Ulysses exchange every schedule makes the same plan.
         names = schedules[:1] if layout.ulysses == 1 else schedules
         for name in names:
-            options = {} if chunks is None or name == "flat" else {"chunks": chunks}
-            plan = plan_hybrid(name, spec, grid, stream_tokens, layout, batch=batch_size,
-                               **options)
+            plan = plan_hybrid(name, spec, grid, stream_tokens, layout, options)
             step_s, compute_s = simulate_step(plan, topology, placement, collective)
             candidates.append(Candidate(layout, name, step_s, compute_s,
                                         plan_bound_s(plan, topology, placement)))
@@ -156,12 +161,13 @@ def rank_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[in
 
 
 def best_layout(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
-                schedule: str, batch_size: int = 1,
+                schedule: str, options: PlanOptions = DEFAULT_OPTIONS,
                 collective: CollectiveModel | None = None) -> ParallelLayout:
-    """The planner's layout for one schedule (V-Major's ``cocodiff`` is ranked as its
-    exact twin ``vfirst``: the same exchanges before V-Major trims them)."""
-    ranked_as = "vfirst" if schedule == "cocodiff" else schedule
-    return rank_layouts(spec, topology, stream_tokens, (ranked_as,), batch_size,
+    """The planner's layout for one schedule, ranked as its registry entry says (V-Major's
+    ``cocodiff`` as its exact twin ``vfirst``: the same exchanges before V-Major trims
+    them)."""
+    ranked_as = get_schedule(schedule).ranked_as
+    return rank_layouts(spec, topology, stream_tokens, (ranked_as,), options,
                         collective).best.layout
 
 

@@ -11,25 +11,24 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
-
-import simpy
+from typing import TYPE_CHECKING
 
 from cocodiff.bounds import plan_bound_s
 from cocodiff.cost import roofline_seconds
 from cocodiff.executor import Execution, run_program
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec
+from cocodiff.phasing import ChunkPipeline, member_bytes
 from cocodiff.plan import Compute, Exchange, Phase, Plan
 from cocodiff.schedules import (
-    STEP_DEPENDENT,
+    BASELINE,
+    DEFAULT_OPTIONS,
+    PlanOptions,
     RankGrid,
-    VMajorOptions,
     get_schedule,
+    plan_for_step,
 )
-from cocodiff.schedules.activity import ActivityTrace, plan_from_activity
-from cocodiff.schedules.hybrid import plan_hybrid
-from cocodiff.schedules.vmajor import message_bytes
+from cocodiff.schedules.activity import ActivityTrace
 from sim import Simulation
 from sim.timeline import merged_length
 from topology import TIERS, Placement, Topology
@@ -41,6 +40,9 @@ from transports.sim import (
     SimWorld,
     collective_model_for,
 )
+
+if TYPE_CHECKING:
+    from cocodiff.plan_file import RunPlan
 
 
 class SimBackend:
@@ -59,6 +61,7 @@ class SimBackend:
         self._started: dict[str, float] = {}
         self._splits: dict[tuple, tuple] = {}
         self.compute_s = 0.0
+        self.exchanges_started = 0
         self.exchange_intervals: list[tuple[float, float]] = []  # start -> arrival
 
     def compute(self, step: Compute) -> SimHandle:
@@ -78,6 +81,7 @@ class SimBackend:
 
     def start_exchange(self, step: Exchange) -> SimHandle:
         self._started[step.tensor] = self.simulation.now
+        self.exchanges_started += 1
         if step.phases:
             env = self.simulation.env
             return SimHandle(env.process(self._phased(step)))
@@ -85,41 +89,44 @@ class SimBackend:
         return self.transport.all_to_all(send, step.send_rows, step.recv_rows,
                                          self._group(step.group), tag=step.tensor)
 
-    def _chunk_splits(self, step: Exchange, phase, chunk: int) -> tuple[list[int], list[int]]:
+    def _chunk_splits(self, step: Exchange, phase: Phase, chunk: int
+                      ) -> tuple[list[int], list[int]]:
         """Bytes to and from each member for one chunk of one phase (layers repeat the
         same phase objects, so this is computed once per phase and chunk)."""
-        key = (id(phase), chunk, step.chunks, step.row_bytes)
+        key = (id(phase), chunk, step.row_bytes)
         cached = self._splits.get(key)
         if cached is None:
-            def split(rows_per_member):
-                return [_chunk_bytes(rows, chunk, step.chunks, step.row_bytes, phase)
-                        for rows in rows_per_member]
-
-            send, recv = split(phase.send_rows), split(phase.recv_rows)
+            send_rows, recv_rows = phase.chunk_rows(chunk, step.chunks)
+            send = [member_bytes(phase, rows, step.row_bytes) for rows in send_rows]
+            recv = [member_bytes(phase, rows, step.row_bytes) for rows in recv_rows]
             cached = self._splits[key] = (phase, send, recv)  # keeps the phase alive
         return cached[1], cached[2]
 
     def _phased(self, step: Exchange):
-        """The phases of a TAPA exchange, the rows cut into chunks that flow through
-        the phases as a pipeline: chunk c enters phase p once it has left phase p-1
-        and chunk c-1 has left phase p."""
+        """The phases of a TAPA exchange, its chunks pipelined through them as
+        :class:`~cocodiff.phasing.ChunkPipeline` orders them (the runtime's order): each
+        (chunk, phase) is posted as soon as the pipeline allows, event by event."""
         env = self.simulation.env
-        left = {(c, p): env.event() for c in range(step.chunks) for p in range(len(step.phases))}
+        pipeline = ChunkPipeline(step.chunks, len(step.phases))
+        done = env.event()
 
-        def chunk(c: int):
-            for p, phase in enumerate(step.phases):
-                if c > 0:
-                    yield left[(c - 1, p)]
-                send, recv = self._chunk_splits(step, phase, c)
-                handle = self.transport.all_to_all(
-                    VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
-                    tag=(step.tensor, c, p),
-                )
-                yield handle.event
-                handle.wait()
-                left[(c, p)].succeed()
+        def carry(chunk: int, p: int):
+            phase = step.phases[p]
+            send, recv = self._chunk_splits(step, phase, chunk)
+            handle = self.transport.all_to_all(
+                VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
+                tag=(step.tensor, chunk, p),
+            )
+            yield handle.event
+            handle.wait()
+            for posting in pipeline.landed(chunk, p):
+                env.process(carry(*posting))
+            if pipeline.finished:
+                done.succeed()
 
-        yield simpy.AllOf(env, [env.process(chunk(c)) for c in range(step.chunks)])
+        for posting in pipeline.first():
+            env.process(carry(*posting))
+        yield done
 
     def finish_exchange(self, step: Exchange, received: VirtualBuffer) -> None:
         start = self._started[step.tensor]
@@ -156,6 +163,8 @@ class SimResult:
     exchange_s: float = 0.0  # time the slowest rank has an exchange in flight
     bound_s: float = 0.0  # the topology's lower bound for the same exchanges
     step_times_s: list[float] = field(default_factory=list)  # per denoising step
+    # Exchanges (all-to-alls and Ring passes) all ranks start, per denoising step.
+    exchanges_per_step: list[int] = field(default_factory=list)
     simulation: Simulation | None = field(default=None, repr=False)
 
     @property
@@ -188,6 +197,7 @@ class SimResult:
             "bound_s": self.bound_s,
             "efficiency": self.efficiency,
             "step_times_s": self.step_times_s or [self.step_time_s],
+            "exchanges_per_step": self.exchanges_per_step,
             "simulated_ranks": self.simulated_ranks,
             "folded": self.folded,
             "sim_wall_s": self.wall_s,
@@ -265,6 +275,9 @@ def simulate_plan(
         num_events=simulation.env.events_processed,
         # Concurrent exchanges (V-First) count once: the time any exchange is in flight.
         exchange_s=merged_length(backends[slowest].exchange_intervals),
+        # Folding simulates one period of node-symmetric ranks: the others start as many.
+        exchanges_per_step=[sum(b.exchanges_started for b in backends.values())
+                            * plan.num_ranks // len(world.simulated_ranks)],
         simulation=simulation,
     )
 
@@ -277,61 +290,69 @@ def simulate_schedule(
     stream_tokens: Sequence[int],
     num_steps: int,
     *,
-    chunks: int | None = None,
-    vmajor: VMajorOptions | None = None,
+    options: PlanOptions = DEFAULT_OPTIONS,
     collective: CollectiveModel | None = None,
     record_spans: bool = False,
     with_bound: bool = True,
     activity: ActivityTrace | None = None,
     parallel: ParallelLayout | None = None,
-    batch: int = 1,
 ) -> SimResult:
-    """Simulate a schedule over a whole generation of ``num_steps`` denoising steps.
+    """Simulate a schedule over a whole generation of ``num_steps`` denoising steps: the
+    run's plan (:func:`cocodiff.plan_file.build_run_plan`, as ``cocodiff plan`` and
+    ``cocodiff run`` make it) through :func:`simulate_run_plan`."""
+    from cocodiff.plan_file import build_run_plan
 
-    Most schedules do the same thing every step, so one step is simulated. V-Major's
-    plan changes with the step's cache ratio: ratios are rounded to multiples of
-    :data:`RATIO_RESOLUTION`, each distinct one is simulated once, and the step times
-    are averaged over the steps (``step_times_s`` lists them all). With an ``activity``
-    trace, V-Major's selection is the recorded one, step by step. With ``parallel`` (a
-    Ulysses x Ring x batch layout) the schedule runs inside each Ulysses group
-    (:func:`cocodiff.schedules.hybrid.plan_hybrid`); ``batch`` is the samples per step.
-    """
-    wall_start = time.perf_counter()
     grid = RankGrid.from_placement(topology, placement)
-    kwargs = {} if name == "flat" or chunks is None else {"chunks": chunks}
-    by_plan: dict[float, SimResult] = {}
-    per_step: list[SimResult] = []
-    if parallel is not None:
-        if activity is not None:
-            raise ValueError("an activity trace replays a pure-Ulysses run; it cannot drive "
-                             "a parallel layout")
-        scheduler = partial(plan_hybrid, name, parallel=parallel, batch=batch)
-        flat_scheduler = partial(plan_hybrid, "flat", parallel=parallel, batch=batch)
-    else:
-        scheduler = partial(get_schedule(name), batch=batch)
-        flat_scheduler = partial(get_schedule("flat"), batch=batch)
-    if activity is not None and name in STEP_DEPENDENT:
-        for step in range(activity.num_steps):
-            plan = plan_from_activity(spec, grid, stream_tokens, activity, step,
-                                      chunks=chunks or 1)
-            by_plan[float(step)] = simulate_plan(plan, topology, placement,
-                                                 collective=collective)
-            per_step.append(by_plan[float(step)])
-    for step in range(num_steps if name in STEP_DEPENDENT and activity is None else
-                      0 if per_step else 1):
-        ratio = (vmajor or VMajorOptions()).cache_ratio(step, num_steps)
-        key = round(ratio / RATIO_RESOLUTION) * RATIO_RESOLUTION
-        if key not in by_plan:
-            if name in STEP_DEPENDENT:
-                kwargs |= {"cache_ratio": key,
-                           "slow_levels": (vmajor or VMajorOptions()).slow_levels}
-            plan = scheduler(spec, grid, stream_tokens, **kwargs)
-            by_plan[key] = simulate_plan(plan, topology, placement, collective=collective,
-                                         record_spans=record_spans and not by_plan)
-        per_step.append(by_plan[key])
+    run_plan = build_run_plan(name, spec, grid, stream_tokens, num_steps, options,
+                              parallel=parallel, activity=activity)
+    return simulate_run_plan(run_plan, topology, placement, collective=collective,
+                             record_spans=record_spans, with_bound=with_bound)
+
+
+def simulate_run_plan(
+    run_plan: RunPlan,
+    topology: Topology,
+    placement: Placement | None = None,
+    *,
+    collective: CollectiveModel | None = None,
+    record_spans: bool = False,
+    with_bound: bool = True,
+) -> SimResult:
+    """Simulate every step of a run's plan.
+
+    Steps that share a plan share one simulation (a schedule that does the same thing
+    every step is simulated once; V-Major's, once per distinct cache ratio or recorded
+    step); step times are averaged over the steps (``step_times_s`` lists them all).
+
+    Raises:
+        PlanFileError: the plan's rank grid is not where ``placement`` puts the ranks on
+            ``topology``.
+    """
+    from cocodiff.plan_file import PlanFileError
+
+    wall_start = time.perf_counter()
+    placement = placement or Placement.node_major(topology, run_plan.num_ranks)
+    if placement.num_ranks != run_plan.num_ranks:
+        raise PlanFileError(f"the plan has {run_plan.num_ranks} ranks, the machine "
+                            f"{topology.spec.name} with {topology.spec.num_nodes} node(s) "
+                            f"{placement.num_ranks}")
+    grid = RankGrid.from_placement(topology, placement)
+    if grid != run_plan.grid:
+        raise PlanFileError(f"the plan's ranks sit as {_shape(run_plan.grid)} (nodes x GPUs "
+                            f"x tiles), the machine's as {_shape(grid)}")
+    by_plan: dict[int, SimResult] = {}
+    for index in dict.fromkeys(run_plan.step_plans):
+        by_plan[index] = simulate_plan(run_plan.plans[index], topology, placement,
+                                       collective=collective,
+                                       record_spans=record_spans and not by_plan)
+    per_step = [by_plan[index] for index in run_plan.step_plans]
+    # A schedule that does the same every step reports (and averages) that step once, as
+    # it always has.
+    if not get_schedule(run_plan.schedule).step_dependent and len(by_plan) == 1:
+        per_step = per_step[:1]
     first = per_step[0]
     result = SimResult(
-        schedule=name,
+        schedule=run_plan.schedule,
         num_ranks=first.num_ranks,
         step_time_s=_mean(r.step_time_s for r in per_step),
         compute_s=_mean(r.compute_s for r in per_step),
@@ -345,17 +366,20 @@ def simulate_schedule(
         num_events=sum(r.num_events for r in by_plan.values()),
         exchange_s=_mean(r.exchange_s for r in per_step),
         step_times_s=[r.step_time_s for r in per_step],
+        exchanges_per_step=[r.exchanges_per_step[0] for r in per_step],
         simulation=first.simulation,
     )
     if with_bound:
-        flat = flat_scheduler(spec, grid, stream_tokens)
+        # The links' lower bound for the flat baseline's exchanges on the same layout.
+        flat = plan_for_step(BASELINE, run_plan.spec, grid, run_plan.stream_tokens,
+                             run_plan.options, parallel=run_plan.parallel)
         result.bound_s = plan_bound_s(flat, topology, placement)
     result.wall_s = time.perf_counter() - wall_start
     return result
 
 
-# V-Major's cache ratios are simulated at this resolution (5 distinct plans at most).
-RATIO_RESOLUTION = 1 / 4
+def _shape(grid: RankGrid) -> str:
+    return "x".join(map(str, grid.shape))
 
 
 def _mean(values) -> float:
@@ -375,17 +399,6 @@ def _fold_period_nodes(plan: Plan, topology: Topology, placement: Placement) -> 
     if period_nodes >= nodes or nodes % period_nodes:
         return None
     return period_nodes
-
-
-def _chunk_bytes(rows: int, chunk: int, chunks: int, row_bytes: int, phase: Phase) -> int:
-    """Bytes of chunk ``chunk`` of ``rows`` rows (rows split as evenly as possible) in
-    ``phase``: all of them, or a selective (V-Major) phase's message."""
-    base, extra = divmod(rows, chunks)
-    chunk_rows = base + (1 if chunk < extra else 0)
-    if not phase.selective:
-        return chunk_rows * row_bytes
-    per_row = phase.blocks_per_row
-    return message_bytes(chunk_rows * per_row, row_bytes // per_row, phase.sent_fraction)
 
 
 def _rank_process(simulation: Simulation, execution: Execution, rank: int,

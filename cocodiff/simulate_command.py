@@ -12,15 +12,22 @@ from pathlib import Path
 
 from cocodiff.errors import CocodiffError
 from cocodiff.plan_command import (
+    DEFAULT_TOPOLOGY,
+    MAX_STEPS,
     add_degree_arguments,
     add_machine_arguments,
+    add_schedule_option_arguments,
     collective_arg,
     explicit_layout,
+    load_spec,
+    plan_options,
+    schedule_names,
 )
-from cocodiff.schedules.vmajor import add_vmajor_arguments, vmajor_from_arguments
+from cocodiff.schedules.registry import BASELINE
 
-# Denoising steps beyond any real sampler (V-Major plans are made per step).
-MAX_STEPS = 10_000
+PLAN_FIXES = ("model", "resolution", "frames", "steps", "schedule", "dtype", "batch_size",
+              "chunks", "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh",
+              "activity_trace", "layout", "ulysses", "ring", "batch", "ring_inner", "sweep")
 
 # The paper's grid (arXiv 2604.14561): models x resolutions x Aurora nodes.
 SWEEP = {
@@ -37,9 +44,11 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
     parser.add_argument("--schedule", default="flat,tapa,vfirst,cocodiff",
                         help="schedule(s), comma-separated: flat, tapa, vfirst (TAPA + V-First), "
                         "cocodiff (TAPA + V-First + V-Major); default: all four")
-    parser.add_argument("--chunks", type=positive_int, default=None,
-                        help="pipeline chunks of TAPA exchanges (default: 1)")
-    add_vmajor_arguments(parser)
+    add_schedule_option_arguments(parser, positive_int)
+    parser.add_argument("--plan", type=Path, default=None, metavar="PATH",
+                        help="simulate this plan file (`cocodiff plan ... --out PATH`) on "
+                        "--topology/--nodes (default: the machine it was made for); it fixes "
+                        "the model, resolution, schedule, steps and layout")
     parser.add_argument("--activity-trace", type=Path, default=None,
                         help="replay a recorded V-Major activity trace (JSON, "
                         "cocodiff-activity/1) in the cocodiff schedule")
@@ -48,9 +57,6 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
                         "layout (`cocodiff plan`); default: pure Ulysses over every rank, or "
                         "the layout --ulysses/--ring/--batch give")
     add_degree_arguments(parser, positive_int)
-    parser.add_argument("--batch-size", type=positive_int, default=1,
-                        help="samples per denoising step (2: a classifier-free-guidance "
-                        "batch; default 1)")
     parser.add_argument("--sweep", action="store_true",
                         help="run the paper's grid (models flux1-dev, qwen-image, sd35-large, "
                         "flux2-dev; 768/1536/2304 px; 1/2/4/8 Aurora nodes); where there are "
@@ -64,21 +70,21 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
     parser.add_argument("--plot", type=Path,
                         help="write a PNG: a Gantt chart of one layer, or with --sweep the "
                         "speedup over flat against nodes per model")
+    # The flags a plan file fixes, with their defaults: given otherwise beside --plan,
+    # they are refused rather than silently overridden.
+    parser.set_defaults(plan_fixed={name: parser.get_default(name) for name in PLAN_FIXES})
 
 
 def simulate_command(args: argparse.Namespace) -> int:
     from cocodiff.atomic import check_output_paths
-    from cocodiff.schedules import VMajorOptions, get_schedule
 
     check_output_paths((args.json, args.trace, args.plot))
+    if args.plan is not None:
+        return _from_plan_file(args)
     if args.steps > MAX_STEPS:
         raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
-    names = [name.strip() for name in args.schedule.split(",") if name.strip()]
-    if not names:
-        raise CocodiffError("--schedule names no schedule")
-    for name in names:
-        get_schedule(name)
-    vmajor = vmajor_from_arguments(args) or VMajorOptions()
+    names = schedule_names(args.schedule)
+    options = plan_options(args)
     collective = collective_arg(args.collective)
     if args.activity_trace is not None:
         from cocodiff.schedules.activity import load_activity
@@ -94,19 +100,54 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise CocodiffError("--sweep chooses its own layouts (the planner's where pure Ulysses "
                             "cannot run); drop --layout, --ulysses/--ring/--batch, --batch-size")
     if args.sweep:
-        return _sweep(args, names, vmajor, collective)
-    return _single(args, names, vmajor, collective)
+        return _sweep(args, names, options, collective)
+    return _single(args, names, options, collective)
 
 
-def _single(args, names, vmajor, collective) -> int:
-    from cocodiff.atomic import atomic_write_text
-    from cocodiff.models import load_model_spec, parse_resolution
-    from cocodiff.report import plot_layer_gantt, print_results
+def _from_plan_file(args) -> int:
+    """``--plan``: simulate exactly the file's steps on the machine."""
+    from cocodiff.plan_file import load_run_plan
+    from cocodiff.simulate import simulate_run_plan
+    from topology import Placement, build_topology, resolve_topology
+
+    given = [name for name, default in args.plan_fixed.items() if getattr(args, name) != default]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise CocodiffError(f"--plan fixes {flags}: drop {'it' if len(given) == 1 else 'them'}"
+                            " (or make another plan)")
+    collective = collective_arg(args.collective)
+    run_plan = load_run_plan(args.plan)
+    machine = run_plan.machine or {}
+    name = args.topology or machine.get("topology") or DEFAULT_TOPOLOGY
+    nodes = args.nodes or (machine.get("nodes") if args.topology is None else None)
+    topology = build_topology(resolve_topology(name, nodes))
+    placement = Placement.node_major(topology)
+    record = args.trace is not None or args.plot is not None
+    result = simulate_run_plan(run_plan, topology, placement, collective=collective,
+                               record_spans=record)
+    model = run_plan.spec
+    width, height = run_plan.resolution
+    layouts = {run_plan.schedule: run_plan.parallel}
+    title = (f"{model.name} {width}x{height}" + (f"x{run_plan.frames}f" if run_plan.frames > 1
+                                                  else "")
+             + f": plan {args.plan} ({run_plan.sha256[:12]}) on {topology.spec.name}, "
+             f"{topology.spec.num_nodes} node(s), {placement.num_ranks} ranks; "
+             f"{run_plan.num_steps} steps")
+    return _report(args, [result], title, model, topology, placement, layouts, collective,
+                   run_plan.num_steps, {
+                       "plan": str(args.plan), "plan_sha256": run_plan.sha256,
+                       "resolution": [width, height], "frames": run_plan.frames,
+                       "sequence_tokens": sum(run_plan.stream_tokens),
+                       "batch_size": run_plan.options.batch, "dtype": run_plan.options.dtype})
+
+
+def _single(args, names, options, collective) -> int:
+    from cocodiff.models import parse_resolution
     from cocodiff.simulate import simulate_schedule
     from topology import Placement, build_topology, resolve_topology
 
-    topology = build_topology(resolve_topology(args.topology, args.nodes))
-    model = load_model_spec(args.model)
+    topology = build_topology(resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes))
+    model = load_spec(args.model)
     width, height = parse_resolution(args.resolution)
     model.check_resolution(width, height)
     tokens = model.sequence_tokens(width, height, args.frames)
@@ -116,9 +157,8 @@ def _single(args, names, vmajor, collective) -> int:
     layouts = _layouts(args, names, model, topology, streams, collective, placement.num_ranks)
     results = [
         simulate_schedule(name, model, topology, placement, streams, args.steps,
-                          chunks=args.chunks, vmajor=vmajor, collective=collective,
-                          record_spans=record, activity=args.activity,
-                          parallel=layouts[name], batch=args.batch_size)
+                          options=options, collective=collective, record_spans=record,
+                          activity=args.activity, parallel=layouts[name])
         for name in names
     ]
     spec = topology.spec
@@ -127,7 +167,20 @@ def _single(args, names, vmajor, collective) -> int:
         + f": {tokens} tokens on {spec.name}, {spec.num_nodes} node(s), "
         f"{placement.num_ranks} ranks; {args.steps} steps"
     )
-    notes = _notes(results, args.steps, collective, topology, model, placement, layouts)
+    return _report(args, results, title, model, topology, placement, layouts, collective,
+                   args.steps, {"resolution": [width, height], "frames": args.frames,
+                                "sequence_tokens": tokens, "batch_size": args.batch_size,
+                                "dtype": args.dtype})
+
+
+def _report(args, results, title, model, topology, placement, layouts, collective, steps,
+            fields) -> int:
+    """Print the table and notes, and write what was asked for."""
+    from cocodiff.atomic import atomic_write_text
+    from cocodiff.report import plot_layer_gantt, print_results
+
+    spec = topology.spec
+    notes = _notes(results, steps, collective, topology, model, placement, layouts)
     print_results(results, title, notes)
     if args.json:
         atomic_write_text(args.json, json.dumps({
@@ -135,11 +188,8 @@ def _single(args, names, vmajor, collective) -> int:
             "topology": spec.name,
             "num_nodes": spec.num_nodes,
             "num_ranks": placement.num_ranks,
-            "resolution": [width, height],
-            "frames": args.frames,
-            "steps": args.steps,
-            "sequence_tokens": tokens,
-            "batch_size": args.batch_size,
+            "steps": steps,
+            **fields,
             "results": [{**r.to_json(), "layout": _layout_json(layouts[r.schedule])}
                         for r in results],
         }, indent=2))
@@ -166,7 +216,8 @@ def _layouts(args, names, model, topology, streams, collective, num_ranks) -> di
                                 "--layout auto")
         from cocodiff.planner import best_layout
 
-        return {name: best_layout(model, topology, streams, name, args.batch_size, collective)
+        return {name: best_layout(model, topology, streams, name, plan_options(args),
+                                  collective)
                 for name in names}
     return dict.fromkeys(names)
 
@@ -184,7 +235,7 @@ def _notes(results, steps, collective, topology, model, placement, layouts=None)
     model_used = collective or collective_model_for(topology.spec.name)
     notes = [f"collective model: {model_used.name} (per-transfer set-up "
              f"{model_used.startup_us:g} us, {model_used.engines} engine(s)); bound = links only"]
-    flat = next((r for r in results if r.schedule == "flat"), None)
+    flat = next((r for r in results if r.schedule == BASELINE), None)
     for r in results:
         speedup = f", {flat.step_time_s / r.step_time_s:.2f}x over flat" if flat else ""
         notes.append(
@@ -205,7 +256,7 @@ def _notes(results, steps, collective, topology, model, placement, layouts=None)
     return notes
 
 
-def _sweep(args, names, vmajor, collective) -> int:
+def _sweep(args, names, options, collective) -> int:
     from rich.console import Console
     from rich.table import Table
 
@@ -218,8 +269,8 @@ def _sweep(args, names, vmajor, collective) -> int:
     resolutions = _sweep_values(args.sweep_resolutions, SWEEP["resolutions"], int, "resolution")
     nodes_list = _sweep_values(args.sweep_nodes, SWEEP["nodes"], int, "node count")
     specs = {name: load_model_spec(name) for name in models}
-    if "flat" not in names:
-        names = ["flat", *names]
+    if BASELINE not in names:
+        names = [BASELINE, *names]
     rows = []
     for model_name in models:
         model = specs[model_name]
@@ -231,14 +282,15 @@ def _sweep(args, names, vmajor, collective) -> int:
                 placement = Placement.node_major(topology)
                 # Past the head count pure Ulysses leaves ranks idle: every schedule then
                 # runs on the planner's best layout for it (flat included: USP's baseline).
-                layouts = (_planned_layouts(model, topology, streams, names, collective)
+                layouts = (_planned_layouts(model, topology, streams, names, options,
+                                            collective)
                            if placement.num_ranks > model.num_heads else dict.fromkeys(names))
                 results = {name: simulate_schedule(name, model, topology, placement, streams,
-                                                   args.steps, chunks=args.chunks,
-                                                   vmajor=vmajor, collective=collective,
+                                                   args.steps, options=options,
+                                                   collective=collective,
                                                    parallel=layouts[name])
                            for name in names}
-                flat = results["flat"].step_time_s
+                flat = results[BASELINE].step_time_s
                 rows.append({
                     "model": model_name, "resolution": resolution, "nodes": nodes,
                     "num_ranks": placement.num_ranks,
@@ -255,7 +307,7 @@ def _sweep(args, names, vmajor, collective) -> int:
     for row in rows:
         table.add_row(row["model"], str(row["resolution"]), str(row["nodes"]),
                       *(f"{row['speedup'][name]:.2f}x" for name in names),
-                      f"{row['layouts']['flat']} / {row['layouts'][names[-1]]}")
+                      f"{row['layouts'][BASELINE]} / {row['layouts'][names[-1]]}")
     Console(width=200).print(table)
     best = names[-1]
     speedups = [row["speedup"][best] for row in rows]
@@ -273,14 +325,16 @@ def _sweep(args, names, vmajor, collective) -> int:
     return 0
 
 
-def _planned_layouts(model, topology, streams, names, collective) -> dict:
-    """The planner's best layout for each schedule, from one ranking (V-Major's
-    ``cocodiff`` takes ``vfirst``'s: the same exchanges before V-Major trims them)."""
+def _planned_layouts(model, topology, streams, names, options, collective) -> dict:
+    """The planner's best layout for each schedule, from one ranking (each schedule as its
+    registry entry's ``ranked_as``: V-Major's ``cocodiff`` takes ``vfirst``'s, the same
+    exchanges before V-Major trims them)."""
     from cocodiff.planner import rank_layouts
+    from cocodiff.schedules import get_schedule
 
-    ranked_as = {name: "vfirst" if name == "cocodiff" else name for name in names}
+    ranked_as = {name: get_schedule(name).ranked_as for name in names}
     ranking = rank_layouts(model, topology, streams, tuple(dict.fromkeys(ranked_as.values())),
-                           collective=collective)
+                           options, collective=collective)
     return {name: next(c.layout for c in ranking.candidates if c.schedule == ranked_as[name])
             for name in names}
 

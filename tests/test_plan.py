@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from cocodiff.errors import ScheduleError
 from cocodiff.models import REGISTRY
 from cocodiff.plan import Compute, Exchange
-from cocodiff.schedules import RankGrid, get_schedule, plan_flat
+from cocodiff.schedules import PlanOptions, RankGrid, get_schedule, plan_flat
 from cocodiff.schedules.ulysses import split_heads
 
 FLUX = REGISTRY["flux1-dev"]
@@ -30,7 +30,8 @@ def test_split_heads_is_contiguous_balanced_and_complete(num_heads, num_ranks):
     batch=st.integers(1, 2),
 )
 def test_every_exchange_is_matched_by_its_peers(num_ranks, image_tokens, text_tokens, batch):
-    plan = plan_flat(FLUX, RankGrid.line(num_ranks), (image_tokens, text_tokens), batch=batch)
+    plan = plan_flat(FLUX, RankGrid.line(num_ranks), (image_tokens, text_tokens),
+                     PlanOptions(batch=batch))
     layout = plan.layout
     assert layout.padded_tokens % num_ranks == 0
     assert layout.padded_tokens >= image_tokens + text_tokens

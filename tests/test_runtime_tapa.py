@@ -16,7 +16,7 @@ import torch
 from cocodiff.executor import PlanError
 from cocodiff.models import REGISTRY
 from cocodiff.runtime.tapa import PhasedHandle, chunk_rows, plan_route
-from cocodiff.schedules import RankGrid, plan_tapa
+from cocodiff.schedules import PlanOptions, RankGrid, plan_tapa
 from transports.base import Group, TransportError
 
 FLUX = REGISTRY["flux1-dev"]
@@ -144,7 +144,7 @@ def phased(transport, plan, grid, tensors: Sequence[str]) -> dict[str, torch.Ten
 def test_phases_deliver_the_flat_all_to_all(shape, ranks, num_heads, chunks):
     num_ranks = shape[0] * shape[1] * shape[2]
     grid = RankGrid(shape, ranks or tuple(range(num_ranks)))
-    plan = plan_tapa(heads_spec(num_heads), grid, (13, 5), chunks=chunks)
+    plan = plan_tapa(heads_spec(num_heads), grid, (13, 5), PlanOptions(chunks=chunks))
     # q and k in flight together, then v, then the output (gather_heads).
     results = run_ranks(num_ranks, lambda t: phased(t, plan, grid, ("q", "k"))
                         | phased(t, plan, grid, ("v", "out")))

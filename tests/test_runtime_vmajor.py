@@ -23,7 +23,7 @@ from cocodiff.runtime.families import FAMILIES
 from cocodiff.runtime.tapa import PhasedHandle, plan_route
 from cocodiff.runtime.tiny import TINY_DEFAULTS, build_tiny, default_resolution
 from cocodiff.runtime.vmajor import VMajorCache, cache_bytes_bound, local_activity
-from cocodiff.schedules import RankGrid, plan_cocodiff
+from cocodiff.schedules import PlanOptions, RankGrid, plan_cocodiff
 from cocodiff.schedules.activity import load_activity, plan_from_activity
 from cocodiff.schedules.vmajor import block_tokens, blocks_sent, message_bytes
 from cocodiff.simulate import simulate_plan
@@ -134,8 +134,10 @@ def exact_v(plan, rank: int, step_of_source) -> torch.Tensor:
 @pytest.mark.parametrize("chunks", [1, 2])
 def test_ratio_zero_is_exact_and_ratio_one_keeps_the_first_steps_v_from_other_nodes(chunks):
     spec = heads_spec(4)
-    exact_plans = [plan_cocodiff(spec, GRID, STREAMS, 8, chunks=chunks, cache_ratio=0.0)] * 3
-    frozen = [plan_cocodiff(spec, GRID, STREAMS, 8, chunks=chunks, cache_ratio=r)
+    exact_plans = [plan_cocodiff(spec, GRID, STREAMS, PlanOptions(dtype="float64", chunks=chunks),
+                                 cache_ratio=0.0)] * 3
+    frozen = [plan_cocodiff(spec, GRID, STREAMS, PlanOptions(dtype="float64", chunks=chunks),
+                            cache_ratio=r)
               for r in (0.0, 1.0, 1.0)]
     for plans, stale in ((exact_plans, False), (frozen, True)):
         caches = [VMajorCache() for _ in range(4)]
@@ -153,7 +155,7 @@ def test_ratio_zero_is_exact_and_ratio_one_keeps_the_first_steps_v_from_other_no
 
 def test_unchanged_v_arrives_exactly_with_a_partial_phase():
     spec = heads_spec(4)
-    plans = [plan_cocodiff(spec, GRID, STREAMS, dtype_bytes=8, cache_ratio=r)
+    plans = [plan_cocodiff(spec, GRID, STREAMS, PlanOptions(dtype="float64"), cache_ratio=r)
              for r in (0.0, 0.5, 0.75)]
     caches = [VMajorCache() for _ in range(4)]
     results = run_ranks(4, lambda t: exchange_v(t, plans, "none", caches[t.rank]))
@@ -224,7 +226,8 @@ def replayed_bytes_by_tier(model: str, trace) -> dict[str, int]:
     total: dict[str, int] = {"inter-node": 0, "intra-node": 0}
     batch = 2 if model == "tiny-wan" else 1
     for step in range(trace.num_steps):
-        plan = plan_from_activity(spec, GRID, streams, trace, step, dtype_bytes=4, batch=batch)
+        plan = plan_from_activity(spec, GRID, streams, trace, step,
+                                  PlanOptions(dtype="float32", batch=batch))
         result = simulate_plan(plan, topology, placement)
         for tier in total:
             total[tier] += round(result.bytes_by_tier[tier])

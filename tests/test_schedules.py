@@ -12,6 +12,8 @@ from cocodiff.errors import ScheduleError
 from cocodiff.models import REGISTRY
 from cocodiff.plan import Compute
 from cocodiff.schedules import (
+    SCHEDULES,
+    PlanOptions,
     RankGrid,
     VMajorOptions,
     plan_cocodiff,
@@ -231,3 +233,31 @@ def test_a_trace_for_another_shape_is_refused_by_the_cli(tmp_path, capsys):
     )
     assert code == 2
     assert "activity trace is for 4 ranks x 2 layers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_each_registry_entry_says_what_its_plans_are(name):
+    entry = SCHEDULES[name]
+    grid = RankGrid((2, 2, 1), tuple(range(4)))
+    options = PlanOptions(chunks=2)
+    plans = [entry.plan(FLUX, grid, (64, 8), options, ratio) for ratio in (0.0, 0.5)]
+    exchanges = plans[0].program(0).layers[0].exchanges
+    assert plans[0].schedule == name
+    assert all(bool(e.phases) == entry.phased for e in exchanges)
+    assert all(e.chunks == (2 if entry.phased else 1) for e in exchanges)
+    assert (plans[0] != plans[1]) == entry.step_dependent
+    assert SCHEDULES[entry.ranked_as].exact
+    # The ranked-as twin moves the same exchanges before V-Major trims any.
+    twin = SCHEDULES[entry.ranked_as].plan(FLUX, grid, (64, 8), options)
+    assert [(e.tensor, e.group, e.send_rows) for e in twin.program(0).layers[0].exchanges] \
+        == [(e.tensor, e.group, e.send_rows) for e in exchanges]
+
+
+def test_plan_options_are_keyword_only_and_checked():
+    with pytest.raises(TypeError):
+        PlanOptions("float32")  # type: ignore[misc]
+    with pytest.raises(ScheduleError, match="unknown dtype 'int8'"):
+        PlanOptions(dtype="int8")
+    with pytest.raises(ScheduleError, match="chunks must be a positive integer"):
+        PlanOptions(chunks=0)
+    assert PlanOptions(dtype="float32").dtype_bytes == 4

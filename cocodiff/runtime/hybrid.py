@@ -30,6 +30,7 @@ import torch
 
 from cocodiff.layout import LayoutError, ParallelLayout
 from cocodiff.plan import Exchange
+from cocodiff.plan_file import RunPlan
 from cocodiff.runtime.exchange import all_gather_rows
 from cocodiff.runtime.parallel import (
     TensorBackend,
@@ -40,8 +41,8 @@ from cocodiff.runtime.parallel import (
     family_of,
 )
 from cocodiff.runtime.tapa import Route, plan_route
-from cocodiff.schedules import RankGrid
-from cocodiff.schedules.hybrid import plan_hybrid, ulysses_grids
+from cocodiff.schedules import PlanOptions, RankGrid
+from cocodiff.schedules.hybrid import ulysses_grids
 from transports.base import Group, Handle, Transport
 
 # Arguments of each transformer's forward that carry the batch in dim 0 (a tensor whose
@@ -125,10 +126,9 @@ class HybridRuntime(UlyssesRuntime):
 
     def __init__(self, transformer: torch.nn.Module, transport: Transport, family: Any,
                  schedule: str, parallel: ParallelLayout, grid: RankGrid | None = None,
-                 chunks: int | None = None, **options: Any) -> None:
+                 options: PlanOptions | None = None, run_plan: RunPlan | None = None) -> None:
         self.parallel = parallel
-        super().__init__(transformer, transport, family, schedule, grid=grid, chunks=chunks,
-                         **options)
+        super().__init__(transformer, transport, family, schedule, grid, options, run_plan)
         me = self.grid.position(transport.rank)
         self.position = me
         self.ring_index = parallel.coords(me)[1]
@@ -148,15 +148,11 @@ class HybridRuntime(UlyssesRuntime):
         self.batch_group = make(parallel.batch_group)
         self.ulysses_grid = next(g for g in ulysses_grids(self.grid, parallel).values()
                                  if transport.rank in g.ranks)
-        local_batches = parallel.batch
-
-        def scheduler(spec, grid, stream_tokens, dtype_bytes=2, batch=1, **kwargs):
-            # The attention call sees this batch group's samples; the plan wants them all.
-            return plan_hybrid(schedule, spec, grid, stream_tokens, parallel, dtype_bytes,
-                               batch * local_batches, **kwargs)
-
-        self.scheduler = scheduler
         self._blocks: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def plan_batch(self, batch: int) -> int:
+        # The attention call sees this batch group's samples; the plan counts them all.
+        return batch * self.parallel.batch
 
     def ulysses_ranks(self, transport: Transport) -> int:
         self.parallel.check(transport.world_size, self.spec.num_heads, self.parallel.batch)
@@ -258,6 +254,7 @@ class RingBackend(TensorBackend):
             raise LayoutError(f"Ring pass: the plan moves a block of {step.row_bytes} B, the "
                               f"model has {row_bytes} B")
         self._record("exchange", step.tensor, row_bytes)
+        runtime.exchanges_started += 1
         for member, rows in zip(step.group, step.send_rows, strict=True):
             if rows and member != runtime.transport.rank:
                 runtime.count_sent(runtime.tier_to(member), rows * row_bytes)
@@ -319,8 +316,9 @@ def _install_batch_split(runtime: HybridRuntime) -> None:
 
 
 def parallelize_hybrid(model: Any, transport: Transport, schedule: str,
-                       parallel: ParallelLayout, grid: RankGrid | None = None,
-                       chunks: int | None = None, **options: Any) -> HybridRuntime:
+                       parallel: ParallelLayout, grid: RankGrid | None = None, *,
+                       options: PlanOptions | None = None,
+                       run_plan: RunPlan | None = None) -> HybridRuntime:
     """:func:`~cocodiff.runtime.parallel.parallelize` with a Ulysses x Ring x batch
     layout. Every rank calls it with the same arguments.
 
@@ -330,8 +328,8 @@ def parallelize_hybrid(model: Any, transport: Transport, schedule: str,
         schedule: the Ulysses schedule inside each Ulysses group.
         parallel: the layout; its degrees must multiply to the rank count.
         grid: where the ranks sit (None: one node of P GPUs).
-        chunks: pipeline chunks of phased exchanges.
-        options: the remaining :class:`UlyssesRuntime` options (V-Major's).
+        options: chunks and V-Major's options (as :func:`parallelize`).
+        run_plan: a plan file's plan to execute instead (as :func:`parallelize`).
 
     Raises:
         LayoutError: the layout does not fit the job or the model.
@@ -340,7 +338,7 @@ def parallelize_hybrid(model: Any, transport: Transport, schedule: str,
     if type(transformer).__name__ not in BATCH_ARGUMENTS:
         family_of(transformer)  # an unsupported class gets the family registry's message
     runtime = HybridRuntime(transformer, transport, family_of(transformer), schedule,
-                            parallel, grid, chunks, **options)
+                            parallel, grid, options, run_plan)
     _install_batch_split(runtime)
     _install_splits(runtime)
     _install_processors(runtime)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -28,8 +28,10 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 
 from cocodiff.errors import CocodiffError, ScheduleError
 from cocodiff.executor import PlanError, drive_blocking, run_steps
+from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec, spec_from_config
 from cocodiff.plan import Compute, Exchange, LayerPlan, Plan
+from cocodiff.plan_file import RunPlan, build_run_plan, check_plan_fits_call, check_plan_fits_model
 from cocodiff.runtime.exchange import (
     all_gather_rows,
     pack_gather_heads,
@@ -48,7 +50,7 @@ from cocodiff.runtime.families.base import (
 from cocodiff.runtime.sharding import TokenLayout, TokenShard
 from cocodiff.runtime.tapa import PhasedHandle, Route, plan_route
 from cocodiff.runtime.vmajor import VMajorCache
-from cocodiff.schedules import STEP_DEPENDENT, RankGrid, VMajorOptions, get_schedule
+from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, get_schedule
 from cocodiff.schedules.grid import LEVELS
 from transports.base import CompletedHandle, Group, Handle, Transport
 
@@ -74,10 +76,13 @@ class StepRecord:
 class UlyssesRuntime:
     """Shared state of one parallelised transformer on one rank."""
 
+    # The Ulysses x Ring x batch layout; None: pure Ulysses (HybridRuntime sets one).
+    parallel: ParallelLayout | None = None
+
     def __init__(
         self, transformer: torch.nn.Module, transport: Transport, family: Family, schedule: str,
-        grid: RankGrid | None = None, chunks: int | None = None,
-        vmajor: VMajorOptions | None = None,
+        grid: RankGrid | None = None, options: PlanOptions | None = None,
+        run_plan: RunPlan | None = None,
     ) -> None:
         self.transformer = transformer
         self.transport = transport
@@ -85,6 +90,9 @@ class UlyssesRuntime:
         # An in-memory config lacks the "_class_name" a saved config.json has.
         config = {"_class_name": type(transformer).__name__, **dict(transformer.config)}
         self.spec: ModelSpec = spec_from_config(config, name=type(transformer).__name__)
+        if run_plan is not None:
+            check_plan_fits_model(run_plan, self.spec, transport.world_size, self.parallel)
+            schedule, grid, options = run_plan.schedule, run_plan.grid, run_plan.options
         if self.ulysses_ranks(transport) > self.spec.num_heads:
             raise UnsupportedModelError(
                 f"{transport.world_size} ranks cannot split the {self.spec.num_heads} attention "
@@ -104,33 +112,50 @@ class UlyssesRuntime:
                 f"{self.grid.ranks}; the runtime needs ranks 0..{transport.world_size - 1} "
                 "in (node, gpu, tile) order"
             )
-        if chunks is not None and (schedule == "flat" or chunks < 1):
-            raise ScheduleError(f"chunks={chunks}: a positive number of pipeline chunks, for "
-                                "the phased schedules (tapa, vfirst, cocodiff) only")
-        if vmajor is not None and schedule not in STEP_DEPENDENT:
-            raise ScheduleError(f"V-Major options apply to the cocodiff schedule, not "
-                                f"{schedule!r}")
-        self.scheduler = get_schedule(schedule)
+        self.entry = get_schedule(schedule)
         self.schedule = schedule
-        # V-Major (cocodiff): the options, None for the exact plan (TAPA + V-First).
-        self.vmajor = (vmajor or VMajorOptions()) if schedule in STEP_DEPENDENT else None
+        # dtype and batch are the model's, taken at each forward call.
+        self.options = options or PlanOptions()
+        # The plan file this run executes, or None: plans are built as the token counts
+        # become known (by the same function ``cocodiff plan`` uses).
+        self.plan_file = run_plan
+        self._follow_file = run_plan is not None
         self.vcache = VMajorCache()
         self.num_steps: int | None = None
         self.step = -1  # denoising step of the current forward call (0-based)
         self.call = 0  # forward call within the step
         self.calls_per_step = 1
         self._timestep: float | None = None
-        # Bytes this rank's attention exchanges sent to other ranks, by tier.
+        # Bytes this rank's attention exchanges sent to other ranks, by tier, and the
+        # exchanges it started (all-to-alls and Ring passes).
         self.bytes_by_tier: dict[str, int] = dict.fromkeys(LEVEL_TIERS.values(), 0)
-        self._options = {} if chunks is None else {"chunks": chunks}
+        self.exchanges_started = 0
         self.shards: dict[str, TokenShard] = {}
-        self._plans: dict[tuple, Plan] = {}
+        self._run_plans: dict[tuple, RunPlan] = {}
         self._groups: dict[tuple[int, ...], Group] = {transport.world.ranks: transport.world}
         self._routes: dict[Exchange, Route] = {}
         self._layouts: dict[tuple, tuple[TokenLayout, torch.Tensor]] = {}
         self.records: list[StepRecord] | None = None  # set to [] to record
-        self.plan: Plan | None = None
+        self.run_plan: RunPlan | None = None  # the run's plan, once the first call made it
+        self.plan: Plan | None = None  # the current step's
         self.comm_s = 0.0  # time spent waiting for exchanges and gathers
+
+    @property
+    def vmajor(self) -> VMajorOptions | None:
+        """V-Major's options (step-dependent schedules), None when off: set it to None to
+        run the cocodiff schedule exactly (TAPA + V-First), e.g. for a reference."""
+        return self.options.vmajor if self.entry.step_dependent else None
+
+    @vmajor.setter
+    def vmajor(self, value: VMajorOptions | None) -> None:
+        self.options = replace(self.options, vmajor=value)
+        self._run_plans.clear()
+        # An exact reference is not the plan file's run: it is built, the file set aside.
+        self._follow_file = self.plan_file is not None and value == self.plan_file.options.vmajor
+
+    def plan_batch(self, batch: int) -> int:
+        """The samples a plan counts when one attention call sees ``batch``."""
+        return batch
 
     # -- hooks a hybrid layout (cocodiff.runtime.hybrid) overrides ----------------------
 
@@ -196,30 +221,31 @@ class UlyssesRuntime:
 
     def layer_plan(self, layer_index: int, streams: tuple[str, ...], batch: int,
                    dtype: torch.dtype) -> LayerPlan:
-        dtype_bytes = torch.finfo(dtype).bits // 8
         stream_tokens = tuple(self.shards[name].total for name in streams)
-        options = dict(self._options)
-        if self.schedule in STEP_DEPENDENT:
-            options |= self._vmajor_options()
-        key = (stream_tokens, batch, dtype_bytes, tuple(sorted(options.items())))
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self.scheduler(self.spec, self.grid, stream_tokens,
-                                  dtype_bytes=dtype_bytes, batch=batch, **options)
-            self._create_groups(plan)
-            self._plans[key] = plan
-        self.plan = plan
-        return plan.program(self.transport.rank).layers[layer_index]
-
-    def _vmajor_options(self) -> dict[str, Any]:
-        """This step's V-Major arguments of the cocodiff scheduler."""
-        if self.vmajor is None:
-            return {"cache_ratio": 0.0, "slow_levels": ()}  # exact
-        if self.num_steps is None:
+        dtype_name = str(dtype).removeprefix("torch.")
+        step_dependent = self.entry.step_dependent and self.vmajor is not None
+        if step_dependent and self.num_steps is None:
             raise PlanError("the cocodiff schedule follows a ratio schedule over the "
                             "denoising steps: call runtime.start_generation(num_steps) first")
-        ratio = self.vmajor.cache_ratio(self.step, self.num_steps)
-        return {"cache_ratio": ratio, "slow_levels": self.vmajor.slow_levels}
+        key = (stream_tokens, batch, dtype_name, self.num_steps)
+        run_plan = self._run_plans.get(key)
+        if run_plan is None:
+            if self._follow_file:
+                assert self.plan_file is not None
+                check_plan_fits_call(self.plan_file, stream_tokens, self.plan_batch(batch),
+                                     dtype_name, self.num_steps)
+                run_plan = self.plan_file
+            else:
+                options = replace(self.options, dtype=dtype_name, batch=self.plan_batch(batch))
+                run_plan = build_run_plan(self.schedule, self.spec, self.grid, stream_tokens,
+                                          self.num_steps or 1, options, parallel=self.parallel)
+            for plan in run_plan.plans:
+                self._create_groups(plan)
+            self._run_plans[key] = run_plan
+        self.run_plan = run_plan
+        # A schedule that does the same every step has one plan, whatever the step count.
+        self.plan = run_plan.plan_at(self.step if self.entry.step_dependent else 0)
+        return self.plan.program(self.transport.rank).layers[layer_index]
 
     def count_sent(self, tier: str, num_bytes: int) -> None:
         self.bytes_by_tier[tier] += num_bytes
@@ -313,6 +339,7 @@ class TensorBackend:
         tensors["out"] = gathered
 
     def start_exchange(self, step: Exchange) -> Handle:
+        self.runtime.exchanges_started += 1
         x = self.state.tensors[step.tensor]
         group = self.runtime.group(step.group)
         if step.direction == "scatter_heads":
@@ -402,8 +429,8 @@ def family_of(transformer: torch.nn.Module) -> Family:
 
 
 def parallelize(model: Any, transport: Transport, schedule: str = "flat",
-                grid: RankGrid | None = None, chunks: int | None = None,
-                vmajor: VMajorOptions | None = None) -> UlyssesRuntime:
+                grid: RankGrid | None = None, *, options: PlanOptions | None = None,
+                run_plan: RunPlan | None = None) -> UlyssesRuntime:
     """Make a diffusers pipeline (or its transformer) run Ulysses-parallel over
     ``transport``. Every rank calls this and then runs the pipeline as usual, with the
     same inputs; every rank gets the full output.
@@ -411,16 +438,19 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat",
     Args:
         model: a diffusers pipeline or transformer.
         transport: the transport over every rank of the job.
-        schedule: a name in :data:`cocodiff.schedules.SCHEDULES`. With "cocodiff", call
-            ``runtime.start_generation(num_steps)`` before each generation.
+        schedule: a name in :data:`cocodiff.schedules.SCHEDULES`. For a step-dependent
+            one (cocodiff), call ``runtime.start_generation(num_steps)`` before each
+            generation.
         grid: where the ranks sit (nodes x GPUs x tiles, ranks 0..P-1 in order); the
-            topology-aligned schedules (tapa, vfirst, cocodiff) cut each exchange into one phase
-            per level with more than one member. None: one node of P GPUs, where they
-            carry each exchange as one flat all-to-all.
-        chunks: pieces the rows of a phased exchange are cut into and pipelined through
-            the phases (tapa, vfirst, cocodiff); None: the scheduler's default (1).
-        vmajor: V-Major's ratio schedule (cocodiff only; None: its defaults). Set
-            ``runtime.vmajor = None`` to run cocodiff exactly (TAPA + V-First).
+            phased schedules (tapa, vfirst, cocodiff) cut each exchange into one phase per
+            level with more than one member. None: one node of P GPUs, where they carry
+            each exchange as one flat all-to-all.
+        options: chunks and V-Major's ratio schedule (:class:`PlanOptions`; its dtype and
+            batch are taken from the model's calls). Set ``runtime.vmajor = None`` to run
+            cocodiff exactly (TAPA + V-First).
+        run_plan: a plan file's plan (:mod:`cocodiff.plan_file`) to execute instead; it
+            fixes the schedule, the grid and the options, and the first call checks that
+            the model's tokens, batch and dtype are the plan's.
 
     Returns:
         The runtime state (its ``plan`` and, when ``records`` is set to a list, what
@@ -428,7 +458,7 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat",
     """
     transformer = getattr(model, "transformer", model)
     family = family_of(transformer)
-    runtime = UlyssesRuntime(transformer, transport, family, schedule, grid, chunks, vmajor)
+    runtime = UlyssesRuntime(transformer, transport, family, schedule, grid, options, run_plan)
     _install_splits(runtime)
     _install_processors(runtime)
     return runtime

@@ -36,10 +36,20 @@ from pathlib import Path
 from typing import Any
 
 from cocodiff.errors import CocodiffError, one_line
-from cocodiff.plan_command import AUTO, add_degree_arguments, explicit_layout
-from cocodiff.schedules.vmajor import add_vmajor_arguments, vmajor_from_arguments
+from cocodiff.plan_command import (
+    AUTO,
+    add_degree_arguments,
+    add_vmajor_arguments,
+    explicit_layout,
+    vmajor_from_arguments,
+)
 
 DTYPES = ("float32", "bfloat16")
+# Defaults of the flags a plan file fixes (None on the parser: "given" is then visible).
+DEFAULTS = {"model": "tiny-flux", "schedule": "flat", "steps": 4, "dtype": "float32"}
+# Flags that say what a plan file already says: refused beside --plan.
+PLAN_FIXES = ("schedule", "steps", "dtype", "resolution", "frames", "layout", "ulysses", "ring",
+              "batch", "chunks", "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh")
 # --timeout above this is a typo, not a wish: gloo's timeout is in int milliseconds.
 MAX_TIMEOUT_S = 1e6
 # torch.Generator.manual_seed accepts [-2**63, 2**64).
@@ -66,18 +76,23 @@ class Interrupted(KeyboardInterrupt):
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
-    parser.add_argument("--model", default="tiny-flux",
+    parser.add_argument("--plan", type=Path, default=None, metavar="PATH",
+                        help="execute this plan file (`cocodiff plan ... --out PATH`): it fixes "
+                        "the schedule, steps, dtype, resolution, rank grid and layout; the "
+                        "launch must have its rank count")
+    parser.add_argument("--model", default=None,
                         help="tiny-flux, tiny-sd3, tiny-qwen, tiny-wan, tiny-pixart, or a local "
-                        "diffusers pipeline directory (default: tiny-flux)")
+                        "diffusers pipeline directory (default: tiny-flux, or the plan's model)")
     parser.add_argument("--prompt", default="a lighthouse on a cliff at dawn",
                         help="the text prompt")
-    parser.add_argument("--steps", type=positive_int, default=4, help="denoising steps (default 4)")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="denoising steps (default 4)")
     parser.add_argument("--resolution", default=None,
                         help="PIXELS or WIDTHxHEIGHT (default: the model's)")
     parser.add_argument("--frames", type=positive_int, default=None,
                         help="video frames (video models; default: the model's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
-    parser.add_argument("--schedule", default="flat",
+    parser.add_argument("--schedule", default=None,
                         help="plan schedule: flat, tapa, vfirst or cocodiff; or diffusers: "
                         "diffusers' own Ulysses context parallelism, torch transport only "
                         "(default: flat)")
@@ -104,7 +119,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--transport", default="auto",
                         help="auto, torch or mpi (auto: mpi under mpiexec when mpi4py is "
                         "installed, else torch)")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument("--dtype", default=None, choices=DTYPES,
+                        help="activation dtype (default float32)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds a rank waits for its peers before giving up (default 60)")
     parser.add_argument("--output", type=Path, default=None, help="write the image here (PNG)")
@@ -224,7 +240,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     from cocodiff.atomic import check_output_paths
     from cocodiff.models import parse_resolution
     from cocodiff.runtime.baseline import BASELINES
-    from cocodiff.schedules import STEP_DEPENDENT, get_schedule
+    from cocodiff.schedules import get_schedule
     from transports.registry import AUTO, TRANSPORTS, create_transport
 
     if args.schedule not in BASELINES:  # a baseline is not a plan schedule
@@ -241,7 +257,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
     lossy_only = [flag for flag, given in (("--vmajor-*", vmajor is not None),
                                            ("--record-activity", args.record_activity),
                                            ("--reference", args.reference)) if given]
-    if lossy_only and args.schedule not in STEP_DEPENDENT:
+    if lossy_only and (args.schedule in BASELINES
+                       or not get_schedule(args.schedule).step_dependent):
         raise CocodiffError(f"{', '.join(lossy_only)}: V-Major options, for --schedule "
                             f"cocodiff (the {args.schedule} schedule is exact)")
     if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
@@ -251,9 +268,48 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise CocodiffError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
     if args.resolution is not None:
         parse_resolution(args.resolution)
-    if args.chunks is not None and args.schedule in ("flat", *BASELINES):
+    if args.chunks is not None and (args.schedule in BASELINES
+                                    or not get_schedule(args.schedule).phased):
         raise CocodiffError("--chunks pipelines the phases of tapa and vfirst exchanges; "
                             f"{args.schedule} has none")
+
+
+def _apply_plan_file(args: argparse.Namespace, world_size: int):
+    """``--plan``: read the plan file and take from it what the flags would say (refusing
+    the flags it fixes); without it, the flags' defaults. Returns the plan, or None.
+
+    Raises:
+        CocodiffError: the file is unreadable or malformed, a flag it fixes was given,
+            or it is for another rank count.
+    """
+    if args.plan is None:
+        for name, value in DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        return None
+    from cocodiff.plan_file import load_run_plan
+
+    given = [name for name in PLAN_FIXES if getattr(args, name) not in (None, False)]
+    if args.ring_inner:
+        given.append("ring_inner")
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise CocodiffError(f"--plan fixes {flags}: drop {'it' if len(given) == 1 else 'them'}"
+                            " (or make another plan)")
+    run_plan = load_run_plan(args.plan)
+    if run_plan.num_ranks != world_size:
+        raise CocodiffError(f"the plan {args.plan} is for {run_plan.num_ranks} ranks, the "
+                            f"launch has {world_size}")
+    if run_plan.options.dtype not in DTYPES:
+        raise CocodiffError(f"the plan's dtype {run_plan.options.dtype} does not run here; "
+                            f"valid: {', '.join(DTYPES)}")
+    args.model = args.model or run_plan.spec.name
+    args.schedule = run_plan.schedule
+    args.steps = run_plan.num_steps
+    args.dtype = run_plan.options.dtype
+    width, height = run_plan.resolution
+    args.resolution, args.frames = f"{width}x{height}", run_plan.frames
+    return run_plan
 
 
 def parse_layout(text: str) -> tuple[int, int, int]:
@@ -342,10 +398,15 @@ def _run(args: argparse.Namespace, launch) -> int:
     from cocodiff.runtime.faults import fault_from_env, install_faults
 
     fault = fault_from_env()  # read once; None (and nothing installed) when unset
+    # Every rank checks the plan, the flags and the layout before any collective: all of
+    # them stop, none hangs.
+    run_plan = _apply_plan_file(args, launch.world_size)
     _check_arguments(args)
-    # Every rank checks the layout before any collective: all of them stop, none hangs.
-    grid = rank_grid(args.layout, launch.world_size)
-    parallel = _explicit_parallel(args, launch.world_size)
+    if run_plan is not None:
+        grid, parallel = run_plan.grid, run_plan.parallel
+    else:
+        grid = rank_grid(args.layout, launch.world_size)
+        parallel = _explicit_parallel(args, launch.world_size)
     if args.record_activity and (not launch.is_distributed
                                  or grid is not None and grid.shape[0] == 1):
         raise CocodiffError("--record-activity: V-Major acts on the inter-node tier; launch "
@@ -371,6 +432,7 @@ def _run(args: argparse.Namespace, launch) -> int:
     from cocodiff.runtime.pipelines import decode, load_pipeline, run_pipeline, tiny_name_of
     from cocodiff.runtime.tiny import TINY_DEFAULTS
     from cocodiff.runtime.vmajor import gather_activity
+    from cocodiff.schedules import DEFAULT_CHUNKS, PlanOptions, VMajorOptions
     from transports.registry import create_transport
 
     transport = None
@@ -379,7 +441,9 @@ def _run(args: argparse.Namespace, launch) -> int:
     try:
         transport, step_fault = install_faults(fault, transport, launch.rank)
         if transport is not None:
-            _agree_on_arguments(transport, sys.argv[1:])
+            # Ranks on other hosts may read another file of the same name: agree on content.
+            _agree_on_arguments(transport, [*sys.argv[1:]]
+                                + ([run_plan.sha256] if run_plan is not None else []))
             if grid is None:
                 grid = launched_grid(transport)
             if args.record_activity and grid is None:
@@ -398,17 +462,21 @@ def _run(args: argparse.Namespace, launch) -> int:
             if args.layout == AUTO:
                 parallel = _planned_parallel(pipe, grid, launch.world_size, width, height,
                                              frames)
+            options = PlanOptions(chunks=args.chunks or DEFAULT_CHUNKS,
+                                  vmajor=vmajor_from_arguments(args) or VMajorOptions())
             if parallel is not None and not parallel.is_pure_ulysses:
                 from cocodiff.runtime.hybrid import parallelize_hybrid
 
                 runtime = parallelize_hybrid(pipe, transport, args.schedule, parallel, grid,
-                                             args.chunks)
+                                             options=options, run_plan=run_plan)
             else:
-                runtime = parallelize(pipe, transport, args.schedule, grid, args.chunks,
-                                      vmajor_from_arguments(args))
+                runtime = parallelize(pipe, transport, args.schedule, grid, options=options,
+                                      run_plan=run_plan)
         ulysses = runtime if isinstance(runtime, UlyssesRuntime) else None
         guard = None if args.no_guards else NumericsGuard(launch.rank).install(pipe.transformer)
         step_times: list[float] = []
+        # This rank's traffic after each step: bytes sent per tier, exchanges started.
+        traffic: list[list[float]] = []
         with _progress(is_root=launch.rank == 0 and not args.quiet, steps=args.steps) as advance:
             last = time.perf_counter()
             started = last
@@ -420,6 +488,8 @@ def _run(args: argparse.Namespace, launch) -> int:
                 last = now
                 if guard is not None:
                     guard.end_step()
+                if ulysses is not None:
+                    traffic.append([*ulysses.bytes_by_tier.values(), ulysses.exchanges_started])
                 if step_fault is not None:
                     step_fault.after_step(done)
                 advance()
@@ -431,6 +501,7 @@ def _run(args: argparse.Namespace, launch) -> int:
             total_s = time.perf_counter() - started
         if guard is not None:
             guard.check_latents(latents)
+        traffic_record = _traffic_per_step(transport, ulysses, traffic)
         vmajor_report, activity = None, None
         if ulysses is not None and ulysses.vmajor is not None:
             vmajor_report, activity = gather_activity(ulysses)
@@ -466,6 +537,10 @@ def _run(args: argparse.Namespace, launch) -> int:
                 "step_times_s": step_times,
                 "total_s": total_s,
                 "comm_s": runtime.comm_s if runtime else 0.0,
+                "plan_sha256": (ulysses.run_plan.sha256 if ulysses is not None
+                                and ulysses.run_plan is not None
+                                else run_plan.sha256 if run_plan is not None else None),
+                **traffic_record,
                 "output": str(args.output) if args.output else None,
                 **record,
             })
@@ -475,6 +550,29 @@ def _run(args: argparse.Namespace, launch) -> int:
         if transport is not None:
             transport.close()
     return 0
+
+
+def _traffic_per_step(transport, runtime, traffic: list[list[float]]) -> dict[str, Any]:
+    """What every rank's exchanges moved, summed over the ranks: bytes sent to other ranks
+    per link tier (the mean of a denoising step) and exchanges started in each step, as
+    ``cocodiff simulate`` reports them for the same plan. Collective: every rank calls it."""
+    if runtime is None or not traffic:
+        return {}
+    import torch
+
+    from cocodiff.runtime.exchange import all_gather_rows
+
+    # (steps, tiers + 1), cumulative -> per step
+    mine = torch.tensor(traffic, dtype=torch.float64)
+    mine = torch.diff(mine, dim=0, prepend=torch.zeros_like(mine[:1]))
+    # (ranks, steps, tiers + 1) -> summed over the ranks
+    total = all_gather_rows(transport, mine.unsqueeze(0)).sum(dim=(0, 1))
+    tiers = list(runtime.bytes_by_tier)
+    steps = total.shape[0]
+    return {
+        "bytes_by_tier": {tier: float(total[:, i].sum()) / steps for i, tier in enumerate(tiers)},
+        "exchanges_per_step": [int(n) for n in total[:, len(tiers)].tolist()],
+    }
 
 
 def _exact_reference(args: argparse.Namespace, pipe, runtime, guard, is_root: bool,

@@ -15,9 +15,10 @@ know from the grid alone which blocks it carries. Blocks travel in canonical ord
 (sorted by (source, destination) position) and no index is sent.
 
 The rows may be cut into ``chunks`` (each block's rows split as evenly as possible)
-pipelined through the phases: chunk c enters phase p once it has left phase p-1 and
-chunk c-1 has left phase p, so the slow tier carries chunk c while a fast tier carries
-chunk c-1. After the last phase every block destined to this rank is here; they are
+pipelined through the phases as :mod:`cocodiff.phasing` orders them, for the simulator
+and here alike: chunk c enters phase p once it has left phase p-1 and chunk c-1 has
+left phase p, so the slow tier carries chunk c while a fast tier carries chunk c-1.
+After the last phase every block destined to this rank is here; they are
 assembled in source order, which is exactly the layout the flat all-to-all returns.
 
 A selective (V-Major) phase sends other members bytes chosen by a codec
@@ -36,6 +37,7 @@ from typing import Protocol
 import torch
 
 from cocodiff.executor import PlanError
+from cocodiff.phasing import ChunkPipeline, chunk_rows
 from cocodiff.plan import Exchange
 from cocodiff.runtime.vmajor import as_bytes, from_bytes
 from cocodiff.schedules.grid import LEVELS, RankGrid
@@ -144,6 +146,17 @@ def plan_route(step: Exchange, grid: RankGrid, heads: Sequence[int], rank: int) 
             if moved != planned:
                 raise PlanError(f"{where}: the plan {label} {planned} rows per member, the "
                                 f"blocks this rank holds make {moved}")
+        for chunk in range(step.chunks):
+            # Every block's rows are cut into chunks: the plan states each chunk's.
+            try:
+                planned_chunk = phase.chunk_rows(chunk, step.chunks)
+            except ValueError as err:
+                raise PlanError(f"{where}: {err}") from None
+            moved_chunk = tuple(tuple(sum(chunk_rows(rows(b), chunk, step.chunks) for b in m)
+                                      for m in blocks) for blocks in (send, recv))
+            if moved_chunk != planned_chunk:
+                raise PlanError(f"{where}, chunk {chunk}: the plan moves {planned_chunk} rows "
+                                f"per member (sent, received), the blocks make {moved_chunk}")
         phases.append(PhaseRoute(phase.group, send, recv))
         held = tuple(sorted(b for per_member in recv for b in per_member))
         done.append(axis)
@@ -173,13 +186,6 @@ def _held(grid: RankGrid, coords: list[tuple[int, int, int]], holder: int,
     sources = positions(set(done))
     destinations = positions({0, 1, 2} - set(done))
     return ((s, d) for s in sources for d in destinations)
-
-
-def chunk_rows(rows: int, chunk: int, chunks: int) -> int:
-    """Rows of chunk ``chunk`` of a block of ``rows`` rows (split as evenly as possible,
-    the first chunks one larger)."""
-    base, extra = divmod(rows, chunks)
-    return base + (1 if chunk < extra else 0)
 
 
 class PhaseCodec(Protocol):
@@ -220,8 +226,8 @@ class PhasedHandle:
         on_sent: called with (phase index, bytes sent to other members) per posting.
     """
 
-    __slots__ = ("_transport", "_groups", "_route", "_chunks", "_pieces", "_posted", "_done",
-                 "_empty", "_waited", "_codecs", "_on_sent")
+    __slots__ = ("_transport", "_groups", "_route", "_chunks", "_pieces", "_posted",
+                 "_pipeline", "_empty", "_waited", "_codecs", "_on_sent")
 
     def __init__(self, transport: Transport, groups: Sequence[Group], route: Route,
                  send: torch.Tensor, chunks: int, codecs: Mapping[int, PhaseCodec] | None = None,
@@ -241,9 +247,10 @@ class PhasedHandle:
         for block, rows in zip(route.sent, blocks, strict=True):
             self._split_block(block, rows)
         self._posted: dict[tuple[int, int], _Posted] = {}
-        self._done: set[tuple[int, int]] = set()
+        self._pipeline = ChunkPipeline(chunks, len(route.phases))
         self._waited = False
-        self._post(0, 0)
+        for posting in self._pipeline.first():
+            self._post(*posting)
 
     def _split_block(self, block: Block, rows: torch.Tensor) -> None:
         sizes = [chunk_rows(rows.shape[0], c, self._chunks) for c in range(self._chunks)]
@@ -310,22 +317,11 @@ class PhasedHandle:
         if self._waited:
             raise TransportError("wait() called twice on the same handle")
         self._waited = True
-        num_phases = len(self._route.phases)
-        # Wait in diagonal order (chunk + phase): whatever is waited on was posted by
-        # every rank, since its predecessors lie on earlier diagonals. Each phase's group
-        # sees its chunks posted in chunk order on every rank, as collectives require.
-        for diagonal in range(self._chunks + num_phases - 1):
-            for chunk in range(max(0, diagonal - num_phases + 1),
-                               min(self._chunks - 1, diagonal) + 1):
-                phase = diagonal - chunk
-                self._land(chunk, phase, self._posted.pop((chunk, phase)))
-                self._done.add((chunk, phase))
-                if phase + 1 < num_phases and (chunk == 0 or
-                                               (chunk - 1, phase + 1) in self._done):
-                    self._post(chunk, phase + 1)
-                if chunk + 1 < self._chunks and (phase == 0 or
-                                                 (chunk + 1, phase - 1) in self._done):
-                    self._post(chunk + 1, phase)
+        # The pipeline's order (cocodiff.phasing), waited one at a time.
+        for chunk, phase in self._pipeline.wait_order():
+            self._land(chunk, phase, self._posted.pop((chunk, phase)))
+            for posting in self._pipeline.landed(chunk, phase):
+                self._post(*posting)
         pieces = [self._pieces.pop((b, c)) for b in self._route.delivered
                   for c in range(self._chunks)]
         # (rows from every source, B, s, D), grouped by source in group order

@@ -152,12 +152,17 @@ def _rank_layers(layers: object, num_layers: int, blocks: int, where: str, step:
 
 
 def plan_from_activity(spec, grid, stream_tokens: Sequence[int], trace: ActivityTrace,
-                       step: int, dtype_bytes: int = 2, batch: int = 1, chunks: int = 1,
-                       slow_levels: Sequence[str] = ("node",)):
+                       step: int, options=None):
     """The ``cocodiff`` plan of ``step`` with each rank's and layer's V-Major fraction
-    taken from the trace instead of the ratio schedule."""
+    taken from the trace instead of the ratio schedule (``options``: a
+    :class:`~cocodiff.schedules.options.PlanOptions`; its V-Major slow levels apply)."""
     from cocodiff.plan import Plan, RankProgram
     from cocodiff.schedules.flat import plan_phased
+    from cocodiff.schedules.options import DEFAULT_OPTIONS
+    from cocodiff.schedules.vmajor import VMajorOptions
+
+    options = options or DEFAULT_OPTIONS
+    slow_levels = (options.vmajor or VMajorOptions()).slow_levels
 
     trace.check_matches(grid.num_ranks, spec.num_layers)
     if not 0 <= step < trace.num_steps:
@@ -168,7 +173,7 @@ def plan_from_activity(spec, grid, stream_tokens: Sequence[int], trace: Activity
         key = round(fraction, 6)
         if key not in cache:
             cache[key] = plan_phased(
-                "cocodiff", spec, grid, stream_tokens, dtype_bytes, batch, chunks, v_first=True,
+                "cocodiff", spec, grid, stream_tokens, options, v_first=True,
                 sent_fraction={"v": {level: fraction for level in slow_levels}},
             )
         return cache[key]

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 
+from cocodiff.errors import ScheduleError
 from cocodiff.models import ModelSpec
 from cocodiff.plan import Exchange, LayerPlan, Plan, RankProgram, Step, Tensor, UlyssesLayout, Wait
 from cocodiff.schedules.grid import RankGrid
-from cocodiff.schedules.tapa import DEFAULT_CHUNKS, TapaRows
+from cocodiff.schedules.options import DEFAULT_OPTIONS, PlanOptions
+from cocodiff.schedules.tapa import TapaRows
 from cocodiff.schedules.ulysses import (
     compute,
     head_exchange,
@@ -41,7 +43,7 @@ ExchangeFor = Callable[[Tensor, int], Exchange]
 
 
 def plan_flat(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
-              dtype_bytes: int = 2, batch: int = 1) -> Plan:
+              options: PlanOptions = DEFAULT_OPTIONS) -> Plan:
     """Flat Ulysses over every rank of ``grid``.
 
     Args:
@@ -49,10 +51,10 @@ def plan_flat(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
         grid: the ranks (only their number matters here).
         stream_tokens: tokens of each stream one sample attends over jointly (image,
             joint-attention text); each is split over the ranks separately.
-        dtype_bytes: bytes per activation value (bf16: 2).
-        batch: samples per step.
+        options: dtype and batch (flat has no phases: ``chunks`` does not apply).
     """
-    layout = ulysses_layout(spec, grid.num_ranks, stream_tokens, batch)
+    layout = ulysses_layout(spec, grid.num_ranks, stream_tokens, options.batch)
+    dtype_bytes = options.dtype_bytes
 
     def exchange(tensor: Tensor, rank: int) -> Exchange:
         return head_exchange(tensor, layout, grid.ranks, grid.position(rank), dtype_bytes)
@@ -62,31 +64,43 @@ def plan_flat(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
 
 
 def plan_tapa(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
-              dtype_bytes: int = 2, batch: int = 1, chunks: int = DEFAULT_CHUNKS) -> Plan:
+              options: PlanOptions = DEFAULT_OPTIONS) -> Plan:
     """Flat Ulysses order, every all-to-all as TAPA phases."""
-    return plan_phased("tapa", spec, grid, stream_tokens, dtype_bytes, batch, chunks,
-                       v_first=False)
+    return plan_phased("tapa", spec, grid, stream_tokens, options, v_first=False)
 
 
 def plan_vfirst(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
-                dtype_bytes: int = 2, batch: int = 1, chunks: int = DEFAULT_CHUNKS) -> Plan:
+                options: PlanOptions = DEFAULT_OPTIONS) -> Plan:
     """TAPA phases with V's exchange started first."""
-    return plan_phased("vfirst", spec, grid, stream_tokens, dtype_bytes, batch, chunks,
-                       v_first=True)
+    return plan_phased("vfirst", spec, grid, stream_tokens, options, v_first=True)
+
+
+def plan_cocodiff(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
+                  options: PlanOptions = DEFAULT_OPTIONS, cache_ratio: float = 0.0) -> Plan:
+    """TAPA + V-First + V-Major at one step's cache ratio: V's phases on
+    ``options.vmajor.slow_levels`` send ``1 - cache_ratio`` of their blocks. With
+    ``options.vmajor`` None no phase is selective (the exact plan)."""
+    if not 0.0 <= cache_ratio <= 1.0:
+        raise ScheduleError(f"V-Major ratio {cache_ratio} is outside [0, 1]")
+    levels = options.vmajor.slow_levels if options.vmajor is not None else ()
+    fraction = {"v": {level: 1.0 - cache_ratio for level in levels}}
+    return plan_phased("cocodiff", spec, grid, stream_tokens, options, v_first=True,
+                       sent_fraction=fraction)
 
 
 def plan_phased(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
-                dtype_bytes: int, batch: int, chunks: int, v_first: bool,
+                options: PlanOptions, v_first: bool,
                 sent_fraction: dict[Tensor, dict[str, float]] | None = None) -> Plan:
     """A TAPA plan; ``sent_fraction[tensor][level]`` makes a phase partial (V-Major)."""
-    layout = ulysses_layout(spec, grid.num_ranks, stream_tokens, batch)
+    layout = ulysses_layout(spec, grid.num_ranks, stream_tokens, options.batch)
+    dtype_bytes = options.dtype_bytes
     rows = {tensor: TapaRows(grid, layout.heads, "gather_heads" if tensor == "out"
                              else "scatter_heads") for tensor in ("q", "k", "v", "out")}
 
     def exchange(tensor: Tensor, rank: int) -> Exchange:
         flat = head_exchange(tensor, layout, grid.ranks, grid.position(rank), dtype_bytes)
-        return rows[tensor].exchange(flat, rank, chunks, (sent_fraction or {}).get(tensor),
-                                     blocks_per_row(layout))
+        return rows[tensor].exchange(flat, rank, options.chunks,
+                                     (sent_fraction or {}).get(tensor), blocks_per_row(layout))
 
     return build_plan(name, spec, layout, grid, dtype_bytes, exchange, v_first,
                       share_key=None)

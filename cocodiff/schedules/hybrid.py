@@ -30,6 +30,8 @@ from cocodiff.layout import LayoutError, ParallelLayout
 from cocodiff.models import ModelSpec
 from cocodiff.plan import Compute, Exchange, LayerPlan, Plan, RankProgram, Step, Wait
 from cocodiff.schedules.grid import RankGrid
+from cocodiff.schedules.options import DEFAULT_OPTIONS, PlanOptions
+from cocodiff.schedules.registry import get_schedule
 
 
 def group_grid(grid: RankGrid, positions: Sequence[int]) -> RankGrid:
@@ -104,8 +106,8 @@ def splice_ring(layer: LayerPlan, kv_pass: Exchange, ring: int) -> LayerPlan:
 
 
 def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
-                parallel: ParallelLayout, dtype_bytes: int = 2, batch: int = 1,
-                **options) -> Plan:
+                parallel: ParallelLayout, options: PlanOptions = DEFAULT_OPTIONS,
+                cache_ratio: float = 0.0) -> Plan:
     """Schedule ``name`` inside every Ulysses group of ``parallel``, Ring across them.
 
     Args:
@@ -113,21 +115,19 @@ def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
         spec: the model.
         grid: every rank of the run, where it sits; the layout's grid positions index it.
         stream_tokens: tokens of each stream of one sample (image, joint text).
-        parallel: the layout; checked against the grid, the heads and ``batch``.
-        dtype_bytes: bytes per activation value.
-        batch: samples per step (all batch groups together).
-        options: the schedule's own options (``chunks``, V-Major's ``cache_ratio``...).
+        parallel: the layout; checked against the grid, the heads and ``options.batch``.
+        options: the schedule's options; ``batch`` counts the samples of all batch
+            groups together.
+        cache_ratio: V-Major's cached fraction (step-dependent schedules).
 
     Raises:
         LayoutError: the layout does not fit the ranks, the heads or the batch.
     """
-    from cocodiff.schedules import get_schedule
-
-    scheduler = get_schedule(name)
-    parallel.check(grid.num_ranks, spec.num_heads, batch)
+    schedule = get_schedule(name)
+    parallel.check(grid.num_ranks, spec.num_heads, options.batch)
     if parallel.is_pure_ulysses:
-        return replace(scheduler(spec, grid, stream_tokens, dtype_bytes=dtype_bytes,
-                                 batch=batch, **options), parallel=parallel)
+        return replace(schedule.plan(spec, grid, stream_tokens, options, cache_ratio),
+                       parallel=parallel)
     ulysses, ring = parallel.ulysses, parallel.ring
     streams = tuple(int(t) for t in stream_tokens if t > 0)
     if not streams:
@@ -136,8 +136,9 @@ def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
     group_streams = tuple(-(-t // parallel.sequence_ranks) * ulysses for t in streams)
     groups = ulysses_grids(grid, parallel)
     local = RankGrid(groups[0].shape, tuple(range(ulysses)))
-    sub = scheduler(spec, local, group_streams, dtype_bytes=dtype_bytes,
-                    batch=batch // parallel.batch, **options)
+    sub = schedule.plan(spec, local, group_streams,
+                        replace(options, batch=options.batch // parallel.batch), cache_ratio)
+    dtype_bytes = options.dtype_bytes
     layout = sub.layout
     programs: list[RankProgram | None] = [None] * grid.num_ranks
     for leader, members in groups.items():

@@ -30,6 +30,13 @@ from cocodiff.schedules.grid import LEVELS, RankGrid
 DEFAULT_CHUNKS = 1
 
 
+def chunk_rows(rows: int, chunk: int, chunks: int) -> int:
+    """Rows of chunk ``chunk`` of a block of ``rows`` rows (split as evenly as possible,
+    the first chunks one larger)."""
+    base, extra = divmod(rows, chunks)
+    return base + (1 if chunk < extra else 0)
+
+
 def tapa_levels(grid: RankGrid) -> tuple[str, ...]:
     """The levels with more than one member, slowest first."""
     return tuple(level for level, size in zip(LEVELS, grid.shape, strict=True) if size > 1)
@@ -57,6 +64,9 @@ class TapaRows:
 
     def __init__(self, grid: RankGrid, heads: tuple[int, ...], direction: str) -> None:
         self.grid = grid
+        self.heads = heads
+        self.direction = direction
+        self._chunked: dict[tuple[int, int], TapaRows] = {}
         per_member = np.array(heads, dtype=np.int64).reshape(grid.shape)
         ones = np.ones(grid.shape, dtype=np.int64)
         a, b = (ones, per_member) if direction == "scatter_heads" else (per_member, ones)
@@ -89,16 +99,39 @@ class TapaRows:
             # phase of its own: only phases send a share of their blocks.)
             return flat
         grid = self.grid
-        me = grid.position(rank)
+        per_chunk = [self._for_chunk(c, chunks).rows(rank) for c in range(chunks)] \
+            if chunks > 1 else None
         phases = []
-        for table in self.tables:
-            group = grid.peers(rank, table.level)
-            positions = [grid.position(member) for member in group]
-            send = tuple(int(table.source[me] * table.destination[p]) for p in positions)
-            recv = tuple(int(table.source[p] * table.destination[me]) for p in positions)
+        for index, ((send, recv), table) in enumerate(zip(self.rows(rank), self.tables,
+                                                          strict=True)):
             selective = table.level in (sent_fraction or {})
             fraction = sent_fraction[table.level] if selective else 1.0
-            phases.append(Phase(table.level, group, send, recv, fraction,
-                                blocks_per_row if selective else 0))
+            chunk_send, chunk_recv = (
+                (tuple(c[index][0] for c in per_chunk), tuple(c[index][1] for c in per_chunk))
+                if per_chunk else ((), ()))
+            phases.append(Phase(table.level, grid.peers(rank, table.level), send, recv,
+                                fraction, blocks_per_row if selective else 0, chunk_send,
+                                chunk_recv))
         return Exchange(flat.tensor, flat.group, flat.send_rows, flat.recv_rows,
                         flat.row_bytes, flat.direction, tuple(phases), chunks)
+
+    def rows(self, rank: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Per phase, the rows ``rank`` sends to and receives from each member."""
+        grid = self.grid
+        me = grid.position(rank)
+        out = []
+        for table in self.tables:
+            positions = [grid.position(member) for member in grid.peers(rank, table.level)]
+            out.append((tuple(int(table.source[me] * table.destination[p]) for p in positions),
+                        tuple(int(table.source[p] * table.destination[me]) for p in positions)))
+        return out
+
+    def _for_chunk(self, chunk: int, chunks: int) -> TapaRows:
+        """The row counts of chunk ``chunk``: every block's rows are cut separately, and a
+        block's rows are its source's or destination's head count (the other factor is
+        1), so the chunk's counts are those of the heads cut the same way."""
+        key = (chunk, chunks)
+        if key not in self._chunked:
+            heads = tuple(chunk_rows(h, chunk, chunks) for h in self.heads)
+            self._chunked[key] = TapaRows(self.grid, heads, self.direction)
+        return self._chunked[key]

@@ -16,20 +16,17 @@ know how many blocks it carries (:func:`blocks_sent`), so nothing else is sent.
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cocodiff.errors import ScheduleError
-from cocodiff.models import ModelSpec
-from cocodiff.plan import Plan, UlyssesLayout
-from cocodiff.schedules.grid import RankGrid
-from cocodiff.schedules.tapa import DEFAULT_CHUNKS
+from cocodiff.plan import UlyssesLayout
 
 RATIO_SCHEDULES = ("linear", "constant")
 # Tokens per V-Major block: 4 KiB at head_dim 128 in bf16, against a 4-byte index.
 BLOCK_TOKENS = 16
 INDEX_BYTES = 4  # one int32 index per block of a partial message
+# V-Major's cache ratios are planned at this resolution (5 distinct plans at most).
+RATIO_RESOLUTION = 1 / 4
 
 
 def block_tokens(local_tokens: int, wanted: int = BLOCK_TOKENS) -> int:
@@ -105,46 +102,9 @@ class VMajorOptions:
         ramp_steps = max(1, num_steps - 1 - self.warmup)
         return self.max_ratio * min(1.0, (step - self.warmup + 1) / ramp_steps)
 
-
-def add_vmajor_arguments(parser: argparse.ArgumentParser) -> None:
-    """The V-Major options of ``cocodiff simulate`` and ``cocodiff run``."""
-    defaults = VMajorOptions()
-    parser.add_argument("--vmajor-ratio-schedule", default=None, metavar="SCHEDULE",
-                        help="V-Major's cached fraction of V blocks over the steps: linear[:MAX] "
-                        "(ramps from 0 after the warm-up to MAX at the last step) or constant:R "
-                        f"(default: {defaults.schedule}:{defaults.max_ratio:g})")
-    parser.add_argument("--vmajor-warmup", type=int, default=None, metavar="STEPS",
-                        help=f"first steps that send all of V (default: {defaults.warmup})")
-    parser.add_argument("--vmajor-refresh", type=int, default=None, metavar="N",
-                        help="every N-th step sends all of V (default: "
-                        f"{defaults.refresh or 'never'})")
-
-
-def vmajor_from_arguments(args: argparse.Namespace) -> VMajorOptions | None:
-    """The options given on the command line, or None when none was.
-
-    Raises:
-        ScheduleError: a value out of range or an unknown ratio schedule.
-    """
-    given = (args.vmajor_ratio_schedule, args.vmajor_warmup, args.vmajor_refresh)
-    if given == (None, None, None):
-        return None
-    defaults = VMajorOptions()
-    return VMajorOptions.parse(
-        args.vmajor_ratio_schedule or f"{defaults.schedule}:{defaults.max_ratio}",
-        defaults.warmup if args.vmajor_warmup is None else args.vmajor_warmup,
-        defaults.refresh if args.vmajor_refresh is None else args.vmajor_refresh,
-    )
-
-
-def plan_cocodiff(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
-                  dtype_bytes: int = 2, batch: int = 1, chunks: int = DEFAULT_CHUNKS,
-                  cache_ratio: float = 0.0, slow_levels: Sequence[str] = ("node",)) -> Plan:
-    """TAPA + V-First + V-Major at one step's cache ratio."""
-    from cocodiff.schedules.flat import plan_phased
-
-    if not 0.0 <= cache_ratio <= 1.0:
-        raise ScheduleError(f"V-Major ratio {cache_ratio} is outside [0, 1]")
-    fraction = {"v": {level: 1.0 - cache_ratio for level in slow_levels}}
-    return plan_phased("cocodiff", spec, grid, stream_tokens, dtype_bytes, batch, chunks,
-                       v_first=True, sent_fraction=fraction)
+    def planned_ratio(self, step: int, num_steps: int) -> float:
+        """The cached fraction a plan uses at ``step``: :meth:`cache_ratio` rounded to a
+        multiple of :data:`RATIO_RESOLUTION`, so that a generation has a few distinct
+        plans (the simulator runs each once; the runtime creates its groups once)."""
+        ratio = self.cache_ratio(step, num_steps)
+        return round(ratio / RATIO_RESOLUTION) * RATIO_RESOLUTION

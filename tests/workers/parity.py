@@ -28,6 +28,7 @@ from cocodiff.runtime.pipelines import run_pipeline
 from cocodiff.runtime.probe import transformer_inputs
 from cocodiff.runtime.run import rank_grid
 from cocodiff.runtime.tiny import SEED, TINY_DEFAULTS, build_tiny
+from cocodiff.schedules import PlanOptions
 from transports.registry import create_transport
 
 STEPS = 2
@@ -75,7 +76,7 @@ def check(transport, grid, schedules, model):
         with torch.no_grad():
             scheduler, _, chunks = schedule.partition("/")
             runtime = parallelize(pipe, transport, scheduler, grid,
-                                  int(chunks) if chunks else None)
+                                  options=PlanOptions(chunks=int(chunks or 1)))
             runtime.records = []
             actual_out = pipe.transformer(**inputs, return_dict=False)[0]
             layer = runtime.plan.program(transport.rank).layers[0]
