@@ -42,7 +42,7 @@ AURORA_TABLE = Path(__file__).parent / "data" / "aurora_alltoall.toml"
 LEVEL_STACK = "torch.distributed"
 TREND_STACK = "torchcomms"
 
-_RATE_GRID_GBPS = tuple(0.1 * 10 ** (k / 3) for k in range(13))  # 0.1 .. 1000 GB/s
+_RATE_GRID_GBPS = tuple(1e-3 * 10 ** (k / 3) for k in range(19))  # 0.001 .. 1000 GB/s
 _GOLDEN_STEPS = 12  # narrows the bracket to 0.3% of its width
 
 

@@ -32,7 +32,6 @@ from sim.network import FlowBatch
 from topology import TIERS, Placement
 from transports.base import Group, TransportError, VirtualBuffer
 
-
 # How far a collective reaches, the key of its costs: a two-member exchange
 # ("pair"), members on one GPU ("gpu"), on one node ("node"), on several ("nodes").
 SPANS = ("pair", "gpu", "node", "nodes")
@@ -115,8 +114,11 @@ class CollectiveModel:
                     f"{self.engines} engine(s))")
         parts = []
         for span, cost in self.spans:
+            if cost == SpanCost():
+                parts.append(f"{span}: links only")
+                continue
             rate = "" if math.isinf(cost.rank_gbps) else f", {cost.rank_gbps:.3g} GB/s per rank"
-            parts.append(f"{span} {cost.startup_us:.3g} us/transfer{rate}")
+            parts.append(f"{span}: {cost.startup_us:.3g} us per transfer{rate}")
         return f"{self.name} ({'; '.join(parts)})"
 
     def to_json(self) -> dict[str, Any]:
