@@ -101,9 +101,6 @@ class CollectiveModel:
             span = _SPAN_FALLBACK[span]
         return SpanCost(self.startup_us, self.engines)
 
-    def setup_s(self, num_messages: int, span: str = "nodes") -> float:
-        return self.cost(span).setup_s(num_messages)
-
     def cap_bytes_per_s(self, tier: str) -> float:
         return dict(self.transfer_cap_gbps).get(tier, float("inf")) * 1e9
 
@@ -358,7 +355,6 @@ class SimWorld:
                               tuple(tier_bytes.items()))
         self._sender_cache[key] = sender
         return sender
-
 
     def _span(self, group_ranks: tuple[int, ...]) -> str:
         span = self._spans.get(group_ranks)
