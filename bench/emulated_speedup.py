@@ -227,17 +227,14 @@ def predict(schedules: list[str], spec, resolution: int, topology_path: Path, st
 
 
 def collective_model(calibration_json: Path):
-    """The simulator's collective model as calibrate measured it (links only if it did
+    """The simulator's collective model as calibrate fitted it (links only if it did
     not)."""
     from transports.sim import CollectiveModel
 
     measured = {}
     if calibration_json.is_file():
-        measured = json.loads(calibration_json.read_text()).get("collective", {})
-    known = {field.name for field in dataclasses.fields(CollectiveModel)} - {"name"}
-    options = {key: (tuple(tuple(pair) for pair in value) if isinstance(value, list) else value)
-               for key, value in measured.items() if key in known}
-    return CollectiveModel("calibrated", **options)
+        measured = json.loads(calibration_json.read_text()).get("collective") or {}
+    return CollectiveModel.from_json(measured, "calibrated")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,13 +29,14 @@ What is measured (all on the real transport, between real processes):
   is the one-way start-up of one message, software included; its bandwidth is what one
   transfer achieves per direction. These become ``[links.gpu]`` and ``[links.nic]`` of the
   ``cluster`` preset's shape.
-- **A check, not a fit**: flat all-to-alls over the whole world at a few sizes, reported
+- **The collective**: flat all-to-alls over the whole world at a few sizes, reported
   next to what the fitted links predict for them (the slowest of the busiest per-rank port
   and the busiest node NIC, each with its latency) so a reader can see how far a
-  collective runs from the wire. The excess at the smallest size, spread over the
-  ``P - 1`` transfers of a rank, is reported as the per-transfer start-up of the
-  simulator's collective model (JSON ``collective.startup_us``); the topology file has no
-  place for it.
+  collective runs from the wire. With the two-rank exchanges they are the table that
+  :func:`cocodiff.collective_fit.fit_collective` fits the simulator's collective model to
+  (per span: per-transfer set-up and the rate a rank's transfers reach together), the same
+  fit that gives Aurora's preset; written as JSON ``collective`` (the topology file has no
+  place for it).
 
 Nodes are the ranks' (hostname, network namespace) pairs, so the ranks of an emulated
 cluster's namespaces (``python -m bench.cluster run -- cocodiff calibrate``) group into their
@@ -526,8 +527,8 @@ class Calibration:
     intra: LinkFit
     inter: LinkFit
     all_to_all: list[dict[str, float]]
-    startup_us: float = 0.0
     wall_s: float = 0.0
+    collective: dict[str, Any] | None = None  # the fitted collective model (rank 0 fits it)
 
     def topology(self, name: str | None = None):
         """The ``cluster`` preset with the measured numbers."""
@@ -580,7 +581,7 @@ class Calibration:
             "intra": self.intra.to_json(),
             "inter": self.inter.to_json(),
             "all_to_all": self.all_to_all,
-            "collective": {"startup_us": self.startup_us, "engines": 1},
+            "collective": self.collective,
             "wall_s": self.wall_s,
         }
 
@@ -798,7 +799,7 @@ def calibrate(transport, args: argparse.Namespace) -> Calibration:
                            "error": (predicted - slowest) / slowest})
     return Calibration(num_nodes, ranks_per_node, detected, transport.name, args.dtype, shapes,
                        compute, fits["intra"], fits["inter"], all_to_all,
-                       startup_estimate_us(all_to_all, world), time.perf_counter() - began)
+                       time.perf_counter() - began)
 
 
 def measure_blocks(transport, args: argparse.Namespace, shapes: LayerShapes,
@@ -841,17 +842,34 @@ def measure_blocks(transport, args: argparse.Namespace, shapes: LayerShapes,
     }
 
 
-def startup_estimate_us(all_to_all: Sequence[dict[str, float]], world: int) -> float:
-    """Per-transfer start-up of a flat all-to-all beyond what the fitted links explain:
-    at the smallest size swept, the measured time less the link model's, spread over the
-    ``world - 1`` transfers each rank makes one after another (0 if the links explain it).
-    For the simulator's collective model (``transports.sim.CollectiveModel.startup_us``,
-    one engine)."""
-    if not all_to_all or world < 2:
-        return 0.0
-    smallest = min(all_to_all, key=lambda row: row["bytes_per_peer"])
-    excess_s = smallest["measured_s"] - smallest["link_model_s"]
-    return max(0.0, excess_s / (world - 1) * 1e6)
+def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
+    """The simulator's collective model fitted on what calibrate measured: the two-rank
+    exchanges (pairs) and the world all-to-alls, on the calibrated topology (the fit of
+    :mod:`cocodiff.collective_fit`, as for Aurora's preset). JSON: the model
+    (``transports.sim.CollectiveModel.to_json``) and each measurement's fitted time."""
+    from cocodiff.collective_fit import Measurement, fit_collective
+    from topology import build_topology
+    from transports.sim import CollectiveModel
+
+    world = result.num_nodes * result.ranks_per_node
+    rows = [Measurement(nodes, 2, 2 * num_bytes, seconds, label=f"pair {name}")
+            for name, fit, nodes in (("intra", result.intra, 1), ("inter", result.inter, 2))
+            if fit.source.startswith("measured") and nodes <= result.num_nodes
+            for num_bytes, seconds in fit.points]
+    rows += [Measurement(result.num_nodes, world, row["bytes_per_peer"] * world,
+                         row["measured_s"], label="all-to-all") for row in result.all_to_all]
+    spec = result.topology()
+    if not rows:
+        return CollectiveModel("calibrated").to_json()
+
+    def topology_for(num_nodes: int):
+        return build_topology(dataclasses.replace(spec, num_nodes=num_nodes))
+
+    model, fits = fit_collective(topology_for, rows, CollectiveModel("calibrated"))
+    return {**model.to_json(), "fit": [
+        {"span": fit.span, "label": m.label, "ranks": m.ranks, "nodes": m.nodes,
+         "bytes_per_rank": m.bytes_per_rank, "measured_s": m.time_s, "fitted_s": fitted}
+        for fit in fits for m, fitted in fit.rows]}
 
 
 def _share_fit(transport, owner: int, points: list[tuple[int, float]], source: str) -> LinkFit:
@@ -944,6 +962,7 @@ def _write_outputs(result: Calibration, args: argparse.Namespace) -> None:
     from topology import dump_topology
 
     spec = result.topology()
+    result.collective = fit_calibrated_collective(result)
     header = "".join(f"# {line}\n" for line in result.notes())
     atomic_write_text(args.output, header + dump_topology(spec))
     if args.json is not None:
@@ -977,9 +996,11 @@ def summary(result: Calibration, output: Path) -> str:
         lines.append(f"  flat all-to-all, {row['bytes_per_peer'] // 1024} KiB per peer: "
                      f"measured {row['measured_s'] * 1e3:.2f} ms, links predict "
                      f"{row['link_model_s'] * 1e3:.2f} ms ({row['error']:+.0%})")
-    if result.all_to_all:
-        lines.append(f"  per-transfer start-up beyond the links: {result.startup_us:.0f} us "
-                     "(collective model, one engine)")
+    if result.collective:
+        from transports.sim import CollectiveModel
+
+        model = CollectiveModel.from_json(result.collective)
+        lines.append(f"  collective model fitted on these: {model.describe()}")
     return "\n".join(lines)
 
 

@@ -87,6 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibrate_arguments(calibrate, positive_int)
     calibrate.set_defaults(handler=calibrate_command)
 
+    collective = commands.add_parser(
+        "collective",
+        help="simulate a collective microbenchmark (nccl-tests style: time, algbw, busbw)",
+        description="Simulate one all-to-all per size on a machine, flat or as TAPA's "
+        "phases, under its collective model, and print the time, algbw and busbw per size "
+        "(nccl-tests conventions).",
+    )
+    from cocodiff.collective_command import add_collective_arguments, collective_command
+
+    add_collective_arguments(collective, positive_int)
+    collective.set_defaults(handler=collective_command)
+
     export = commands.add_parser(
         "export-tiny",
         help="save a built-in tiny model as a diffusers directory",

@@ -233,8 +233,7 @@ def _notes(results, steps, collective, topology, model, placement, layouts=None)
     from transports.sim import collective_model_for
 
     model_used = collective or collective_model_for(topology.spec.name)
-    notes = [f"collective model: {model_used.name} (per-transfer set-up "
-             f"{model_used.startup_us:g} us, {model_used.engines} engine(s)); bound = links only"]
+    notes = [f"collective model: {model_used.describe()}; bound = links only"]
     flat = next((r for r in results if r.schedule == BASELINE), None)
     for r in results:
         speedup = f", {flat.step_time_s / r.step_time_s:.2f}x over flat" if flat else ""

@@ -24,7 +24,6 @@ from cocodiff.calibrate import (
     measure_compute,
     model_tokens,
     predict_all_to_all,
-    startup_estimate_us,
     time_blocks,
     tiny_transformer_config,
 )
@@ -71,13 +70,6 @@ def test_all_to_all_prediction_takes_the_busiest_link():
     predicted = predict_all_to_all(10**6, 2, 2, intra, inter)
     assert predicted == pytest.approx(50e-6 + 4 * 10**6 / 0.1e9)
     assert predict_all_to_all(10**6, 1, 4, intra, inter) == pytest.approx(10e-6 + 3e-3)
-
-
-def test_startup_estimate_spreads_the_excess_over_the_transfers():
-    rows = [{"bytes_per_peer": 16384, "measured_s": 1.3e-3, "link_model_s": 1.0e-3},
-            {"bytes_per_peer": 1 << 20, "measured_s": 9e-3, "link_model_s": 8e-3}]
-    assert startup_estimate_us(rows, 4) == pytest.approx(100.0)
-    assert startup_estimate_us([{**rows[0], "measured_s": 0.5e-3}], 4) == 0.0
 
 
 def test_layer_shapes_of_a_registry_model_and_a_tiny_one():
@@ -170,6 +162,14 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     assert data["compute"]["tile_memory_gbps"] == pytest.approx(block["effective_memory_gbps"])
     # The host path is never the bottleneck, whatever the measured memory rate.
     assert spec.host_link.bandwidth_gbps >= 10 * spec.nic_link.bandwidth_gbps
+    # The collective model is fitted on the exchanges measured (2 nodes x 1 rank: the
+    # inter-node pair and the world all-to-all, itself a pair), each beside its fit.
+    collective = data["collective"]
+    assert set(collective["spans"]) == {"pair"}
+    assert collective["spans"]["pair"]["startup_us"] >= 0
+    assert {row["label"] for row in collective["fit"]} == {"pair inter", "all-to-all"}
+    assert all(row["fitted_s"] > 0 and row["measured_s"] > 0 for row in collective["fit"])
+    assert "collective model fitted on these: calibrated (pair:" in done.stdout
     simulated = _run_cli(["simulate", "--topology", str(output), "--model", "flux1-dev",
                           "--resolution", "256", "--steps", "2"], tmp_path)
     assert simulated.returncode == 0, simulated.stderr

@@ -18,6 +18,7 @@ O(ranks per node^2) flows instead of O(P^2), exactly.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -31,50 +32,147 @@ from sim.network import FlowBatch
 from topology import TIERS, Placement
 from transports.base import Group, TransportError, VirtualBuffer
 
+# How far a collective reaches, the key of its costs: a two-member exchange
+# ("pair"), members on one GPU ("gpu"), on one node ("node"), on several ("nodes").
+SPANS = ("pair", "gpu", "node", "nodes")
+# A span without costs of its own takes those of the next one listed here.
+_SPAN_FALLBACK = {"gpu": "node", "pair": None, "node": None, "nodes": None}
+
+
+@dataclass(frozen=True, slots=True)
+class SpanCost:
+    """What a collective of one span costs beyond the wire.
+
+    Args:
+        startup_us: set-up of one transfer (one message to one peer).
+        engines: transfers a rank sets up at once (the rest wait their turn).
+        rank_gbps: GB/s that a rank's transfers of one collective reach together (the
+            algorithm's own limit: staging, ordering, a slow path); inf: links only.
+    """
+
+    startup_us: float = 0.0
+    engines: int = 1
+    rank_gbps: float = float("inf")
+
+    def setup_s(self, num_messages: int) -> float:
+        return self.startup_us * 1e-6 * -(-num_messages // self.engines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"startup_us": self.startup_us, "engines": self.engines,
+                "rank_gbps": None if math.isinf(self.rank_gbps) else self.rank_gbps}
+
 
 @dataclass(frozen=True, slots=True)
 class CollectiveModel:
     """How a collective is carried out, beyond the wire (DESIGN.md section 8).
 
-    Real all-to-alls run far below link rates: every transfer costs set-up time on
-    one of a few copy engines / NIC queues, and one transfer reaches only part of a
-    link. Here a rank's ``m`` transfers of one collective are set up ``engines`` at a
-    time, ``startup_us`` each, before its data moves (``startup_us * ceil(m /
-    engines)``), and each transfer's rate is capped per tier. Flat all-to-all pays the
-    set-up of P-1 transfers per rank; topology-aligned phases pay for few, large ones.
+    Real all-to-alls run far below link rates, and how far depends on how far they
+    reach: Aurora's measured all-to-all collapses once it spans two nodes, while a
+    point-to-point transfer does not. So every collective is priced by its *span*
+    (:data:`SPANS`: a two-member exchange, one GPU, one node, several nodes), by one
+    rule: a rank's ``m`` transfers are set up ``engines`` at a time, ``startup_us``
+    each, before its data moves; its transfers then share ``rank_gbps`` evenly (each
+    capped at ``rank_gbps / m``), and each is also capped at its tier's single-transfer
+    rate (``transfer_cap_gbps``); the links share what is left max-min fairly. A flat
+    all-to-all over P ranks pays P-1 set-ups at its span's price; TAPA's phases are
+    smaller collectives (or pairs) over one tier and pay theirs by the same rule.
 
     Args:
         name: for reports.
-        startup_us: engine time to set up one transfer.
-        engines: transfers a rank sets up in parallel.
+        startup_us: set-up of one transfer, for spans without costs of their own.
+        engines: transfers set up at once, for the same.
         transfer_cap_gbps: per tier, the most one transfer achieves (GB/s).
+        spans: ``(span, SpanCost)`` pairs overriding the default cost
+            (``cocodiff.collective_fit`` fits them from microbenchmarks).
     """
 
     name: str
     startup_us: float = 0.0
     engines: int = 1
     transfer_cap_gbps: tuple[tuple[str, float], ...] = ()
+    spans: tuple[tuple[str, SpanCost], ...] = ()
 
-    def setup_s(self, num_messages: int) -> float:
-        return self.startup_us * 1e-6 * -(-num_messages // self.engines)
+    def cost(self, span: str) -> SpanCost:
+        """The cost of a collective of ``span``."""
+        own = dict(self.spans)
+        while span is not None:
+            if span in own:
+                return own[span]
+            span = _SPAN_FALLBACK[span]
+        return SpanCost(self.startup_us, self.engines)
 
     def cap_bytes_per_s(self, tier: str) -> float:
         return dict(self.transfer_cap_gbps).get(tier, float("inf")) * 1e9
 
+    def describe(self) -> str:
+        """One line for reports."""
+        if not self.spans:
+            return (f"{self.name} (per-transfer set-up {self.startup_us:g} us, "
+                    f"{self.engines} engine(s))")
+        parts = []
+        for span, cost in self.spans:
+            if cost == SpanCost():
+                parts.append(f"{span}: links only")
+                continue
+            rate = "" if math.isinf(cost.rank_gbps) else f", {cost.rank_gbps:.3g} GB/s per rank"
+            parts.append(f"{span}: {cost.startup_us:.3g} us per transfer{rate}")
+        return f"{self.name} ({'; '.join(parts)})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "startup_us": self.startup_us, "engines": self.engines,
+                "transfer_cap_gbps": [list(pair) for pair in self.transfer_cap_gbps],
+                "spans": {span: cost.to_json() for span, cost in self.spans}}
+
+    @staticmethod
+    def from_json(data: dict[str, Any], name: str | None = None) -> CollectiveModel:
+        """The inverse of :meth:`to_json` (missing keys take their defaults)."""
+        spans = tuple(
+            (span, SpanCost(cost.get("startup_us", 0.0), cost.get("engines", 1),
+                            float("inf") if cost.get("rank_gbps") is None
+                            else cost["rank_gbps"]))
+            for span, cost in (data.get("spans") or {}).items()
+        )
+        return CollectiveModel(
+            name or data.get("name", "calibrated"), data.get("startup_us", 0.0),
+            data.get("engines", 1),
+            tuple((tier, gbps) for tier, gbps in data.get("transfer_cap_gbps", ())), spans)
+
+
+def group_span(topology, tiles: Sequence[str]) -> str:
+    """The span of a collective over ``tiles``: see :data:`SPANS`."""
+    if len(tiles) == 2:
+        return "pair"
+    if len({topology.node_of(tile) for tile in tiles}) > 1:
+        return "nodes"
+    if len({topology.gpu_of(tile) for tile in tiles}) > 1:
+        return "node"
+    return "gpu"
+
+
+# Aurora's span costs, as cocodiff.collective_fit gives them (see COLLECTIVE_MODELS).
+# A two-member exchange: links only (the point-to-point control, 26.2 GB/s across the
+# node boundary, is faster than the links' 25 GB/s: nothing left to charge).
+AURORA_SPANS: tuple[tuple[str, SpanCost], ...] = (
+    ("node", SpanCost(startup_us=14.55)),
+    ("nodes", SpanCost(startup_us=45.56, rank_gbps=6.524)),
+    ("pair", SpanCost()),
+)
 
 # Collective models by topology preset. Every number is an assumption or a
 # measurement named beside it; `cocodiff calibrate` measures them on a real machine.
 COLLECTIVE_MODELS: dict[str, CollectiveModel] = {
     # Links only: the physical lower bound of any schedule on these routes.
     "ideal": CollectiveModel("ideal"),
-    # Aurora (Intel Max 1550 + Slingshot-11): single-transfer rates from ALCF's
+    # Aurora (Intel Max 1550 + Slingshot-11). Single-transfer rates from ALCF's
     # node-performance overview (158.5 GB/s to the sibling tile, 18.9 GB/s to another
-    # GPU; a NIC's 25 GB/s). Set-up cost and engine count are assumptions: ~20 us to
-    # submit and complete one copy on a Level Zero copy engine / post one RDMA, and
-    # two engines driving transfers per tile.
+    # GPU; a NIC's 25 GB/s). The span costs are fitted by cocodiff.collective_fit on the
+    # published all-to-all microbenchmarks (cocodiff/data/aurora_alltoall.toml:
+    # torch.distributed levels, torchcomms trend over size, the point-to-point control);
+    # tests/test_collective_fit.py re-runs the fit and checks these numbers.
     "aurora": CollectiveModel(
-        "aurora", startup_us=20.0, engines=2,
+        "aurora",
         transfer_cap_gbps=(("intra-gpu", 158.5), ("intra-node", 18.9), ("inter-node", 25.0)),
+        spans=AURORA_SPANS,
     ),
     # DGX-H100: NCCL all-to-all; ~5 us per peer and 4 channels (assumptions).
     "dgx-h100": CollectiveModel("dgx-h100", startup_us=5.0, engines=4),
@@ -147,6 +245,7 @@ class SimWorld:
         self._sequence: dict[tuple, int] = defaultdict(int)
         self._sender_cache: dict[tuple, _SenderFlows] = {}
         self._launch_cache: dict[tuple, tuple[FlowBatch, dict[str, float]]] = {}
+        self._spans: dict[tuple[int, ...], str] = {}
         self.bytes_by_tier: dict[str, float] = dict.fromkeys(TIERS, 0.0)
         self.num_collectives = 0
 
@@ -225,7 +324,9 @@ class SimWorld:
         model = self.collective
         messages = sum(1 for dst, b in zip(group_ranks, send_bytes, strict=True)
                        if b and dst != src_rank)
-        setup_s = model.setup_s(messages)
+        cost = model.cost(self._span(group_ranks))
+        setup_s = cost.setup_s(messages)
+        share_cap = cost.rank_gbps * 1e9 / max(messages, 1)  # the rank's rate, shared evenly
         for dst_rank, num_bytes in zip(group_ranks, send_bytes, strict=True):
             if dst_rank == src_rank or num_bytes == 0:
                 continue
@@ -243,7 +344,7 @@ class SimWorld:
                 grouped[bundle_key][0] += 1
             else:
                 latency_s = topology.route_latency_us(route) * 1e-6 + setup_s
-                grouped[bundle_key] = [1, latency_s, model.cap_bytes_per_s(tier)]
+                grouped[bundle_key] = [1, latency_s, min(share_cap, model.cap_bytes_per_s(tier))]
         flows = [
             ([network.link_index(link) for link in links], num_bytes, count, latency_s,
              (src_rank, dst_class))
@@ -254,6 +355,13 @@ class SimWorld:
                               tuple(tier_bytes.items()))
         self._sender_cache[key] = sender
         return sender
+
+    def _span(self, group_ranks: tuple[int, ...]) -> str:
+        span = self._spans.get(group_ranks)
+        if span is None:
+            tiles = [self.placement.tile_of(rank) for rank in group_ranks]
+            span = self._spans[group_ranks] = group_span(self.simulation.topology, tiles)
+        return span
 
 
 class SimHandle:
