@@ -90,10 +90,10 @@ def collective_arg(name: str):
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from cocodiff.atomic import atomic_write_text, check_output_paths
+    from cocodiff.console import plain_console
     from cocodiff.models import load_model_spec, parse_resolution
     from cocodiff.planner import rank_layouts
     from cocodiff.schedules import get_schedule
@@ -129,7 +129,7 @@ def plan_command(args: argparse.Namespace) -> int:
         table.add_row(str(index), c.layout.name, c.schedule, f"{c.step_time_s * 1e3:.2f} ms",
                       f"{c.compute_s * 1e3:.2f} ms", f"{c.bound_s * 1e3:.2f} ms",
                       f"{c.step_time_s / best:.2f}x")
-    Console(width=200).print(table)
+    plain_console(width=200).print(table)
     layouts = len({c.layout.name for c in result.candidates})
     print("note: layout UxRxB = Ulysses x Ring x batch degrees; '/ring-inner' places the Ring "
           "on the fast tiers; comm bound = the links' lower bound for the step's exchanges")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -29,6 +29,7 @@ from cocodiff.schedules import (
 )
 from cocodiff.schedules.activity import ActivityTrace, plan_from_activity
 from cocodiff.schedules.hybrid import plan_hybrid
+from cocodiff.schedules.tapa import check_chunks
 from cocodiff.schedules.vmajor import message_bytes
 from sim import Simulation
 from sim.timeline import merged_length
@@ -285,6 +286,7 @@ def simulate_schedule(
     activity: ActivityTrace | None = None,
     parallel: ParallelLayout | None = None,
     batch: int = 1,
+    on_plan: Callable[[], None] | None = None,
 ) -> SimResult:
     """Simulate a schedule over a whole generation of ``num_steps`` denoising steps.
 
@@ -295,6 +297,7 @@ def simulate_schedule(
     trace, V-Major's selection is the recorded one, step by step. With ``parallel`` (a
     Ulysses x Ring x batch layout) the schedule runs inside each Ulysses group
     (:func:`cocodiff.schedules.hybrid.plan_hybrid`); ``batch`` is the samples per step.
+    ``on_plan`` is called after each distinct plan is simulated (progress).
     """
     wall_start = time.perf_counter()
     grid = RankGrid.from_placement(topology, placement)
@@ -314,9 +317,13 @@ def simulate_schedule(
         for step in range(activity.num_steps):
             plan = plan_from_activity(spec, grid, stream_tokens, activity, step,
                                       chunks=chunks or 1)
+            if step == 0 and chunks:
+                check_chunks(plan, chunks)
             by_plan[float(step)] = simulate_plan(plan, topology, placement,
                                                  collective=collective)
             per_step.append(by_plan[float(step)])
+            if on_plan is not None:
+                on_plan()
     for step in range(num_steps if name in STEP_DEPENDENT and activity is None else
                       0 if per_step else 1):
         ratio = (vmajor or VMajorOptions()).cache_ratio(step, num_steps)
@@ -326,8 +333,12 @@ def simulate_schedule(
                 kwargs |= {"cache_ratio": key,
                            "slow_levels": (vmajor or VMajorOptions()).slow_levels}
             plan = scheduler(spec, grid, stream_tokens, **kwargs)
+            if not by_plan and chunks:
+                check_chunks(plan, chunks)
             by_plan[key] = simulate_plan(plan, topology, placement, collective=collective,
                                          record_spans=record_spans and not by_plan)
+            if on_plan is not None:
+                on_plan()
         per_step.append(by_plan[key])
     first = per_step[0]
     result = SimResult(

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cocodiff.plan import Exchange, Phase
+from cocodiff.errors import ScheduleError
+from cocodiff.plan import Exchange, Phase, Plan
 from cocodiff.schedules.grid import LEVELS, RankGrid
 
 # One chunk: with per-transfer set-up costs (transports.sim.CollectiveModel) more chunks
@@ -102,3 +103,28 @@ class TapaRows:
                                 blocks_per_row if selective else 0))
         return Exchange(flat.tensor, flat.group, flat.send_rows, flat.recv_rows,
                         flat.row_bytes, flat.direction, tuple(phases), chunks)
+
+
+def check_chunks(plan: Plan, chunks: int) -> None:
+    """Refuse more chunks than the largest phase message has rows.
+
+    Chunks are cut at whole head rows (``cocodiff.simulate._chunk_bytes``, the runtime's
+    exchange alike): past the rows of the largest message every further chunk is empty
+    everywhere, changes no byte and no time, and only adds collectives (64 chunks once
+    took a minute to simulate what 12 give). The runtime handles empty chunks (its tests
+    use them); the simulator's entry points refuse them.
+
+    Raises:
+        ScheduleError: ``chunks`` is more than the rows of the largest message.
+    """
+    if chunks == 1:
+        return
+    layers = {id(layer): layer for program in plan.programs for layer in program.layers}
+    most = max((rows for layer in layers.values() for step in layer.attention
+                if isinstance(step, Exchange) for phase in step.phases
+                for rows in phase.send_rows), default=0)
+    if most and chunks > most:
+        raise ScheduleError(
+            f"{chunks} chunks: {plan.schedule} cuts each phase's message at whole head rows "
+            f"and the largest message here has {most} rows; more than {most} chunks would "
+            "only add empty ones")

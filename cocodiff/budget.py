@@ -1,0 +1,223 @@
+"""Resource guards: what a simulation will cost, estimated before it starts.
+
+A valid command line can still ask for more than a machine has: ``--nodes 5000`` (60,000
+Aurora ranks) builds plans of billions of entries, and ``--chunks 1000`` posts millions
+of collectives. Both used to run for hours or exhaust memory. This module counts, from the
+topology's shape, the ranks, the model's layers, the chunks and the steps (never from a
+simulation), what the simulator will do, and turns it into memory and wall-time
+estimates, so a command can refuse in one line what would not fit, and show progress on
+what runs long.
+
+The counts are exact properties of the plans (collectives posted, rank-to-peer messages,
+plan entries held); the per-unit costs that turn them into seconds and bytes are
+measured on this simulator by ``bench/sim_guard.py`` (microbenchmarks of the simulator
+itself, not of any result it is compared with) and are stated in docs/hardening.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from cocodiff.errors import CocodiffError
+
+# Per-unit costs measured by bench/sim_guard.py on the development machine (2 cores):
+# wall time per collective one simulated rank posts (SimPy events, flow batches) and
+# per rank-to-peer message (flow set-up, bundling, the max-min arrays).
+SECONDS_PER_COLLECTIVE = 60e-6
+SECONDS_PER_MESSAGE = 0.25e-6
+# Memory per plan entry (a peer's row count in a phase, Python ints in tuples), per
+# topology graph element (networkx node or edge with its attributes) and per cached
+# message of a simulated rank (flow arrays).
+BYTES_PER_PLAN_ENTRY = 64
+BYTES_PER_GRAPH_ELEMENT = 1500
+BYTES_PER_MESSAGE = 200
+BASE_BYTES = 300e6  # the interpreter with numpy, networkx, simpy and rich loaded
+
+# Refuse what would run longer than this (override: COCODIFF_MAX_SIM_S); show progress
+# beyond PROGRESS_S.
+MAX_WALL_S = 3600.0
+PROGRESS_S = 10.0
+# Use at most this share of the memory available when the command starts.
+MEMORY_SHARE = 0.8
+EXCHANGES_PER_LAYER = 4  # Q, K, V and the attention output
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """What simulating some schedules will cost.
+
+    Attributes:
+        collectives: all-to-alls posted by the simulated ranks (chunks and phases count).
+        messages: rank-to-peer messages of those collectives.
+        plan_entries: per-peer row counts the largest plan holds.
+        graph_elements: nodes and links of the topology graph.
+        memory_bytes: estimated peak memory.
+        wall_s: estimated wall time.
+    """
+
+    collectives: int
+    messages: int
+    plan_entries: int
+    graph_elements: int
+    memory_bytes: float
+    wall_s: float
+
+
+def graph_elements(spec) -> int:
+    """Nodes and directed links of :func:`topology.build_topology`'s graph, per its shape."""
+    tiles = spec.gpus_per_node * spec.tiles_per_gpu
+    nodes = tiles + spec.gpus_per_node + 1 + spec.nics_per_node  # + host
+    gpu_links = (spec.gpus_per_node * (spec.gpus_per_node - 1) if spec.gpu_fabric == "all-to-all"
+                 else 2 * spec.gpus_per_node + 1)
+    links = (tiles * (spec.tiles_per_gpu - 1) + 2 * tiles + gpu_links + 2 * spec.gpus_per_node
+             + 2 * spec.nics_per_node)
+    return spec.num_nodes * (nodes + links) + 1  # + the fabric switch
+
+
+def _simulated_ranks(spec, num_ranks: int, heads: tuple[int, ...]) -> int:
+    """Ranks the simulator runs: the fold period of a node-symmetric plan
+    (``cocodiff.simulate._fold_period_nodes``) or all of them."""
+    from cocodiff.schedules.ulysses import smallest_period
+
+    per_node = spec.gpus_per_node * spec.tiles_per_gpu
+    if spec.num_nodes == 1 or num_ranks != spec.num_nodes * per_node:
+        return num_ranks
+    period_nodes = math.lcm(smallest_period(heads), per_node) // per_node
+    if period_nodes >= spec.num_nodes or spec.num_nodes % period_nodes:
+        return num_ranks
+    return period_nodes * per_node
+
+
+def _phase_sizes(spec, group: int) -> list[int]:
+    """Group sizes of TAPA's phases over ``group`` node-major ranks (tile, GPU, node)."""
+    sizes = []
+    for level_size in (spec.tiles_per_gpu, spec.gpus_per_node, spec.num_nodes):
+        size = min(level_size, group)
+        if size > 1:
+            sizes.append(size)
+        group = max(1, group // max(1, level_size))
+    return sizes
+
+
+def estimate_simulation(spec, num_layers: int, num_heads: int, schedules: dict[str, int],
+                        chunks: int, group: int | None = None) -> Estimate:
+    """The cost of simulating ``schedules`` on the machine ``spec``.
+
+    Args:
+        spec: the machine (a ``topology.TopologySpec``); every tile is a rank.
+        num_layers: the model's attention layers.
+        num_heads: its heads (they decide how far the simulator folds the machine).
+        schedules: schedule name -> how many distinct plans it simulates (V-Major: one
+            per distinct cache ratio; others 1).
+        chunks: TAPA's pipeline chunks.
+        group: ranks of one Ulysses group (a hybrid layout); None: all of them.
+    """
+    from cocodiff.schedules.ulysses import split_heads
+
+    num_ranks = spec.num_nodes * spec.gpus_per_node * spec.tiles_per_gpu
+    group = group or num_ranks
+    # A hybrid layout's folding is not worked out here: count every rank (an upper bound).
+    simulated = (_simulated_ranks(spec, num_ranks, split_heads(num_heads, group))
+                 if group == num_ranks else num_ranks)
+    collectives = messages = plan_entries = 0
+    for name, plans in schedules.items():
+        per_rank = simulated * num_layers * EXCHANGES_PER_LAYER * plans
+        if name != "flat":  # the topology-aligned schedules: phases, chunks
+            sizes = _phase_sizes(spec, group)
+            collectives += per_rank * chunks * len(sizes)
+            messages += per_rank * chunks * sum(size - 1 for size in sizes)
+            # Every rank holds its own phases (send and receive rows per member).
+            plan_entries = max(plan_entries, num_ranks * EXCHANGES_PER_LAYER * 2 * sum(sizes))
+        else:
+            collectives += per_rank
+            messages += per_rank * (group - 1)
+            # Ranks with equal head counts share one layer: two kinds at most.
+            plan_entries = max(plan_entries, 2 * EXCHANGES_PER_LAYER * 2 * group)
+    elements = graph_elements(spec)
+    cached_messages = simulated * EXCHANGES_PER_LAYER * max(
+        chunks * sum(s - 1 for s in _phase_sizes(spec, group)), group - 1)
+    memory = (BASE_BYTES + BYTES_PER_GRAPH_ELEMENT * elements
+              + BYTES_PER_PLAN_ENTRY * plan_entries + BYTES_PER_MESSAGE * cached_messages)
+    wall_s = SECONDS_PER_COLLECTIVE * collectives + SECONDS_PER_MESSAGE * messages
+    return Estimate(collectives, messages, plan_entries, elements, memory, wall_s)
+
+
+def distinct_plans(name: str, num_steps: int, vmajor, activity) -> int:
+    """Plans :func:`cocodiff.simulate.simulate_schedule` simulates for ``name``: one per
+    recorded step with an activity trace, one per distinct (rounded) cache ratio for
+    the step-dependent schedules (V-Major), else one."""
+    from cocodiff.schedules import STEP_DEPENDENT, VMajorOptions
+    from cocodiff.simulate import RATIO_RESOLUTION
+
+    if name not in STEP_DEPENDENT:
+        return 1
+    if activity is not None:
+        return activity.num_steps
+    options = vmajor or VMajorOptions()
+    return len({round(options.cache_ratio(step, num_steps) / RATIO_RESOLUTION)
+                for step in range(num_steps)})
+
+
+def available_memory_bytes() -> float:
+    """Memory this process may still use: MemAvailable (Linux), else physical memory."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError):
+        return math.inf
+
+
+def max_wall_s() -> float:
+    text = os.environ.get("COCODIFF_MAX_SIM_S")
+    if text is None:
+        return MAX_WALL_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise CocodiffError(f"COCODIFF_MAX_SIM_S={text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise CocodiffError(f"COCODIFF_MAX_SIM_S={text!r} must be positive")
+    return value
+
+
+def check_estimate(estimate: Estimate, what: str) -> None:
+    """Refuse, in one line naming the estimate and the limit, what would not fit in
+    memory or would run longer than :func:`max_wall_s`.
+
+    Args:
+        estimate: from :func:`estimate_simulation`.
+        what: the request in words, for the message ("60000 ranks, 4 schedules").
+    """
+    limit_bytes = MEMORY_SHARE * available_memory_bytes()
+    if estimate.memory_bytes > limit_bytes:
+        raise CocodiffError(
+            f"{what} would need about {_gb(estimate.memory_bytes)} of memory "
+            f"({estimate.plan_entries:,} plan entries, {estimate.graph_elements:,} graph "
+            f"elements); the limit here is {_gb(limit_bytes)} ({MEMORY_SHARE:.0%} of the "
+            "memory available)")
+    limit_s = max_wall_s()
+    if estimate.wall_s > limit_s:
+        raise CocodiffError(
+            f"{what} would run for about {_duration(estimate.wall_s)} "
+            f"({estimate.collectives:,} collectives, {estimate.messages:,} messages to "
+            f"simulate); the limit is {_duration(limit_s)} (COCODIFF_MAX_SIM_S)")
+
+
+def _gb(num_bytes: float) -> str:
+    return f"{num_bytes / 1e9:.1f} GB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
