@@ -25,8 +25,8 @@ from cocodiff.errors import CocodiffError
 # Per-unit costs measured by bench/sim_guard.py on the development machine (2 cores):
 # wall time per collective one simulated rank posts (SimPy events, flow batches) and
 # per rank-to-peer message (flow set-up, bundling, the max-min arrays).
-SECONDS_PER_COLLECTIVE = 60e-6
-SECONDS_PER_MESSAGE = 0.25e-6
+SECONDS_PER_COLLECTIVE = 100e-6
+SECONDS_PER_MESSAGE = 0.1e-6
 # Memory per plan entry (a peer's row count in a phase, Python ints in tuples), per
 # topology graph element (networkx node or edge with its attributes) and per cached
 # message of a simulated rank (flow arrays).
@@ -66,14 +66,19 @@ class Estimate:
 
 
 def graph_elements(spec) -> int:
-    """Nodes and directed links of :func:`topology.build_topology`'s graph, per its shape."""
-    tiles = spec.gpus_per_node * spec.tiles_per_gpu
-    nodes = tiles + spec.gpus_per_node + 1 + spec.nics_per_node  # + host
-    gpu_links = (spec.gpus_per_node * (spec.gpus_per_node - 1) if spec.gpu_fabric == "all-to-all"
-                 else 2 * spec.gpus_per_node + 1)
-    links = (tiles * (spec.tiles_per_gpu - 1) + 2 * tiles + gpu_links + 2 * spec.gpus_per_node
-             + 2 * spec.nics_per_node)
-    return spec.num_nodes * (nodes + links) + 1  # + the fabric switch
+    """Vertices and directed links of :func:`topology.build_topology`'s graph."""
+    gpus, per_gpu, nics = spec.gpus_per_node, spec.tiles_per_gpu, spec.nics_per_node
+    switched = spec.gpu_link is not None and spec.gpu_fabric == "switch"
+    vertices = 1 + gpus + gpus * per_gpu + nics + (1 if switched else 0)  # 1: the host
+    if spec.gpu_link is None:
+        gpu_links = 0
+    else:
+        gpu_links = 2 * gpus if switched else gpus * (gpus - 1)
+    # Both directions of: GPU-host, tile-GPU, tile-tile, the GPU fabric, host-NIC, and
+    # NIC-fabric switch between nodes.
+    links = (2 * gpus + 2 * gpus * per_gpu + gpus * per_gpu * (per_gpu - 1) + gpu_links
+             + 2 * nics + (2 * nics if spec.num_nodes > 1 else 0))
+    return spec.num_nodes * (vertices + links) + (1 if spec.num_nodes > 1 else 0)
 
 
 def _simulated_ranks(spec, num_ranks: int, heads: tuple[int, ...]) -> int:

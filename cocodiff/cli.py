@@ -101,17 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_export_tiny(args: argparse.Namespace) -> int:
     from cocodiff.atomic import check_output_directory
+    from cocodiff.models import TINY_NAMES
     from cocodiff.runtime.quiet import quiet_libraries
 
+    # Checked before diffusers is imported: it takes seconds and warns as it loads.
+    if args.name not in TINY_NAMES:
+        raise CocodiffError(f"unknown tiny model {args.name!r}; valid: {', '.join(TINY_NAMES)}")
     check_output_directory(args.directory)
-    quiet_libraries()  # before the imports below, which warn as they load
+    quiet_libraries()  # before the import below, which warns as it loads
     from cocodiff.runtime.pipelines import export_tiny
-    from cocodiff.runtime.tiny import TINY_MODELS
 
-    if args.name not in TINY_MODELS:
-        raise CocodiffError(
-            f"unknown tiny model {args.name!r}; valid: {', '.join(TINY_MODELS)}"
-        )
     export_tiny(args.name, args.directory)
     print(f"saved {args.name} to {args.directory}")
     return 0

@@ -591,6 +591,9 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
 # Written beside an exported tiny model (``cocodiff export-tiny``): its name and the text
 # length its pipeline pads the prompt to, which the config does not hold.
 TINY_MARKER = "cocodiff_tiny.json"
+# The built-in tiny models' names (``cocodiff.runtime.tiny.TINY_MODELS`` builds them), here
+# so that commands can check a name without importing diffusers.
+TINY_NAMES = ("tiny-flux", "tiny-sd3", "tiny-qwen", "tiny-wan", "tiny-pixart")
 
 
 def _with_prompt_length(spec: ModelSpec, marker: Path) -> ModelSpec:
