@@ -92,6 +92,7 @@ def collective_arg(name: str):
 def plan_command(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from cocodiff import budget
     from cocodiff.atomic import atomic_write_text, check_output_paths
     from cocodiff.console import plain_console
     from cocodiff.models import load_model_spec, parse_resolution
@@ -106,10 +107,15 @@ def plan_command(args: argparse.Namespace) -> int:
     for name in names:
         get_schedule(name)
     collective = collective_arg(args.collective)
-    topology = build_topology(resolve_topology(args.topology, args.nodes))
+    machine = resolve_topology(args.topology, args.nodes)
     model = load_model_spec(args.model)
     width, height = parse_resolution(args.resolution)
     model.check_resolution(width, height)
+    budget.check_estimate(
+        budget.estimate_planner(machine, model.num_layers, model.num_heads, names,
+                                args.batch_size, 1),
+        f"ranking the layouts of {machine.num_tiles} ranks ({machine.num_nodes} node(s))")
+    topology = build_topology(machine)
     streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
     result = rank_layouts(model, topology, streams, names, args.batch_size, collective)
     if not result.candidates:

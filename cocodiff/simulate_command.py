@@ -166,6 +166,11 @@ def _check_resources(args, names, vmajor, machine, model):
              for name in names}
     estimate = budget.estimate_simulation(machine, model.num_layers, model.num_heads, plans,
                                           args.chunks or 1, group=args.ulysses)
+    if args.layout == "auto":  # the planner ranks every layout first
+        ranked = dict.fromkeys("vfirst" if name == "cocodiff" else name for name in names)
+        estimate = budget.combine([estimate, budget.estimate_planner(
+            machine, model.num_layers, model.num_heads, ranked, args.batch_size,
+            args.chunks or 1)])
     ranks = machine.num_tiles
     budget.check_estimate(estimate, f"simulating {len(names)} schedule(s) of {model.name} on "
                           f"{machine.num_nodes} node(s) ({ranks} ranks)")
