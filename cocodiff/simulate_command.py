@@ -177,6 +177,29 @@ def _check_resources(args, names, vmajor, machine, model):
     return estimate
 
 
+def _check_sweep_resources(args, names, vmajor, specs, resolutions, nodes_list) -> None:
+    """The resource guard over the whole grid: every row's simulations, and the
+    planner's ranking where a row has more ranks than heads."""
+    from cocodiff import budget
+    from topology import get_preset
+
+    plans = {name: budget.distinct_plans(name, args.steps, vmajor, None) for name in names}
+    ranked = dict.fromkeys("vfirst" if name == "cocodiff" else name for name in names)
+    estimates = []
+    for model in specs.values():
+        for nodes in nodes_list:
+            machine = get_preset("aurora", nodes)
+            row = [budget.estimate_simulation(machine, model.num_layers, model.num_heads,
+                                              plans, args.chunks or 1)]
+            if machine.num_tiles > model.num_heads:
+                row.append(budget.estimate_planner(machine, model.num_layers, model.num_heads,
+                                                   ranked, 1, args.chunks or 1))
+            estimates += row * len(resolutions)
+    budget.check_estimate(budget.combine(estimates),
+                          f"the sweep ({len(specs)} model(s) x {len(resolutions)} "
+                          f"resolution(s) x nodes {','.join(map(str, nodes_list))})")
+
+
 @contextmanager
 def _progress(names, args, vmajor, estimate_s: float):
     """A progress bar on a terminal's stderr for what is estimated to run long: one
@@ -276,6 +299,7 @@ def _sweep(args, names, vmajor, collective) -> int:
     specs = {name: load_model_spec(name) for name in models}
     if "flat" not in names:
         names = ["flat", *names]
+    _check_sweep_resources(args, names, vmajor, specs, resolutions, nodes_list)
     rows = []
     for model_name in models:
         model = specs[model_name]
