@@ -8,10 +8,10 @@ simulation), what the simulator will do, and turns it into memory and wall-time
 estimates, so a command can refuse in one line what would not fit, and show progress on
 what runs long.
 
-The counts are exact properties of the plans (collectives posted, rank-to-peer messages,
-plan entries held); the per-unit costs that turn them into seconds and bytes are
-measured on this simulator by ``bench/sim_guard.py`` (microbenchmarks of the simulator
-itself, not of any result it is compared with) and are stated in docs/hardening.md.
+The counts are properties of the plans (collectives posted, rank-to-peer messages, plan
+entries held); the per-unit costs that turn them into seconds and bytes are measured on
+this simulator (``bench/sim_guard.py``: microbenchmarks of the simulator itself, not of
+any result it is compared with) or, where said, assumed; docs/hardening.md has them.
 """
 
 from __future__ import annotations
@@ -22,17 +22,19 @@ from dataclasses import dataclass, replace
 
 from cocodiff.errors import CocodiffError
 
-# Per-unit costs measured by bench/sim_guard.py on the development machine (2 cores):
-# wall time per collective one simulated rank posts (SimPy events, flow batches) and
-# per rank-to-peer message (flow set-up, bundling, the max-min arrays).
+# Per-unit times fitted by bench/sim_guard.py to the CPU time of six simulations on the
+# development machine (docs/hardening.md): per collective one simulated rank posts (SimPy
+# events, flow batches) and per rank-to-peer message (flow set-up, bundling, max-min).
 SECONDS_PER_COLLECTIVE = 100e-6
 SECONDS_PER_MESSAGE = 0.1e-6
-# Memory per plan entry (a peer's row count in a phase, Python ints in tuples), per
-# topology graph element (networkx node or edge with its attributes) and per cached
-# message of a simulated rank (flow arrays).
-# The planner also builds a plan and its links' bound per (layout, schedule) pair: wall
-# time per rank of each (measured with `cocodiff plan --nodes 8`: 49 pairs of 96 ranks).
+# The planner also builds a plan and its links' bound per (layout, schedule) pair: CPU
+# time per rank of each (`cocodiff plan --nodes 8`: 17.4 s for 49 pairs of 96 ranks, of
+# which the simulations above account for 5.9 s).
 SECONDS_PER_PLANNED_RANK = 2.5e-3
+# Memory per plan entry (a peer's row count in a phase: Python ints in tuples; TAPA's plan
+# of 500 Aurora nodes measured 1.5 GB for 24 M entries), per topology graph element
+# (networkx vertex or link with its attributes; about 0.5 KB measured at 500 nodes,
+# 1.5 KB assumed) and per cached message of a simulated rank (flow arrays; assumed).
 BYTES_PER_PLAN_ENTRY = 64
 BYTES_PER_GRAPH_ELEMENT = 1500
 BYTES_PER_MESSAGE = 200
@@ -134,8 +136,11 @@ def estimate_simulation(spec, num_layers: int, num_heads: int, schedules: dict[s
         per_rank = simulated * num_layers * EXCHANGES_PER_LAYER * plans
         if name != "flat":  # the topology-aligned schedules: phases, chunks
             sizes = _phase_sizes(spec, group)
-            collectives += per_rank * chunks * len(sizes)
-            messages += per_rank * chunks * sum(size - 1 for size in sizes)
+            # One tier: the exchange stays flat and unchunked (V-Major's selective phase
+            # on a single inter-node tier is the exception, counted unchunked here).
+            pieces = chunks if len(sizes) > 1 else 1
+            collectives += per_rank * pieces * len(sizes)
+            messages += per_rank * pieces * sum(size - 1 for size in sizes)
             # Every rank holds its own phases (send and receive rows per member).
             plan_entries = max(plan_entries, num_ranks * EXCHANGES_PER_LAYER * 2 * sum(sizes))
         else:
@@ -144,8 +149,9 @@ def estimate_simulation(spec, num_layers: int, num_heads: int, schedules: dict[s
             # Ranks with equal head counts share one layer: two kinds at most.
             plan_entries = max(plan_entries, 2 * EXCHANGES_PER_LAYER * 2 * group)
     elements = graph_elements(spec)
+    sizes = _phase_sizes(spec, group)
     cached_messages = simulated * EXCHANGES_PER_LAYER * max(
-        chunks * sum(s - 1 for s in _phase_sizes(spec, group)), group - 1)
+        (chunks if len(sizes) > 1 else 1) * sum(size - 1 for size in sizes), group - 1)
     memory = (BASE_BYTES + BYTES_PER_GRAPH_ELEMENT * elements
               + BYTES_PER_PLAN_ENTRY * plan_entries + BYTES_PER_MESSAGE * cached_messages)
     wall_s = SECONDS_PER_COLLECTIVE * collectives + SECONDS_PER_MESSAGE * messages
