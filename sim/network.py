@@ -226,7 +226,7 @@ class Network:
         # Owners: flows still to arrive, and the event to fire at zero. Owner slots are
         # never reused, so the counts live in a buffer that doubles when full: appending
         # with np.concatenate copied every slot ever made on every start (quadratic in
-        # the collectives of a step: 56 s for TAPA with 64 chunks on one Aurora node).
+        # the collectives of a step: 5.6 of 18 s for 16 TAPA chunks on one Aurora node).
         self._owner_left = np.zeros(1024, dtype=np.int64)
         self._owner_events: list[simpy.Event] = []
         self._last_update = 0.0
