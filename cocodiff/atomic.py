@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from cocodiff.errors import CocodiffError
+from cocodiff.paths import path_problem
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
@@ -42,12 +43,46 @@ def check_output_paths(paths: Iterable[Path | None]) -> None:
     """Refuse, before any work, output paths that could not be written at the end.
 
     Raises:
-        CocodiffError: a directory that does not exist, or a path that is a directory.
+        CocodiffError: a path the file system cannot hold (a name too long), a directory
+            that does not exist, or a path that is a directory.
     """
     for path in paths:
         if path is None:
             continue
+        problem = path_problem(path)
+        if problem is not None:
+            raise CocodiffError(f"output {_shown(path)} cannot be written: {problem}")
         if not path.parent.is_dir():
             raise CocodiffError(f"output directory {path.parent} does not exist (for {path})")
         if path.is_dir():  # also "" (the working directory)
             raise CocodiffError(f"output {str(path)!r} is a directory, not a file")
+
+
+def check_output_directory(path: Path) -> None:
+    """Refuse, before any work, a directory that a command would fill with files.
+
+    It may exist (empty) or not; it is created at the end, with its missing parents.
+
+    Raises:
+        CocodiffError: a path the file system cannot hold, an existing file or non-empty
+            directory, or a parent that is a file.
+    """
+    problem = path_problem(path)
+    if problem is not None:
+        raise CocodiffError(f"directory {_shown(path)} cannot be created: {problem}")
+    if path.exists() and not path.is_dir():
+        raise CocodiffError(f"{path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()):
+        raise CocodiffError(f"{path} exists and is not empty")
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise CocodiffError(f"cannot create {path}: {parent} is not a directory")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise CocodiffError(f"cannot create {path}: {parent} is not writable")
+            break
+
+
+def _shown(path: Path) -> str:
+    text = str(path)
+    return repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"

@@ -67,7 +67,8 @@ from typing import Any
 
 from cocodiff.atomic import check_output_paths
 from cocodiff.errors import CocodiffError
-from cocodiff.models import TINY_MARKER
+from cocodiff.jsonfile import read_json
+from cocodiff.models import read_tiny_marker
 from cocodiff.runtime.nodes import detect_nodes, node_major_shape
 
 ROW_BYTES = 1024  # exchanges move rows of 1 KiB; sizes are whole rows
@@ -682,7 +683,7 @@ def tiny_transformer_config(model: str) -> dict[str, Any] | None:
         for candidate in (Path(model) / "transformer" / "config.json",
                           Path(model) / "config.json"):
             if candidate.is_file():
-                return json.loads(candidate.read_text())
+                return read_json(candidate, "model config", CalibrationError)
         return None
     return _tiny_transformer_config(tiny)
 
@@ -706,11 +707,8 @@ def _tiny_transformer_config(tiny: str) -> dict[str, Any]:
 def _tiny_name(model: str) -> str | None:
     if model.startswith("tiny-"):
         return model
-    marker = Path(model) / TINY_MARKER
-    if marker.is_file():
-        name = json.loads(marker.read_text()).get("tiny_model")
-        return name if isinstance(name, str) else None
-    return None
+    name = (read_tiny_marker(model) or {}).get("tiny_model")
+    return name if isinstance(name, str) else None
 
 
 def _gather_floats(transport, values: Sequence[float]) -> list[list[float]]:

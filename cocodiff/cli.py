@@ -112,32 +112,68 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_export_tiny(args: argparse.Namespace) -> int:
-    from cocodiff.runtime.pipelines import export_tiny
-    from cocodiff.runtime.tiny import TINY_MODELS
+    from cocodiff.atomic import check_output_directory
+    from cocodiff.models import TINY_NAMES
+    from cocodiff.runtime.quiet import quiet_libraries
 
-    if args.name not in TINY_MODELS:
-        raise CocodiffError(
-            f"unknown tiny model {args.name!r}; valid: {', '.join(TINY_MODELS)}"
-        )
-    if args.directory.exists() and any(args.directory.iterdir()):
-        raise CocodiffError(f"{args.directory} exists and is not empty")
+    # Checked before diffusers is imported: it takes seconds and warns as it loads.
+    if args.name not in TINY_NAMES:
+        raise CocodiffError(f"unknown tiny model {args.name!r}; valid: {', '.join(TINY_NAMES)}")
+    check_output_directory(args.directory)
+    quiet_libraries()  # before the import below, which warns as it loads
+    from cocodiff.runtime.pipelines import export_tiny
+
     export_tiny(args.name, args.directory)
     print(f"saved {args.name} to {args.directory}")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; a user error is one line on stderr and exit code 2.
+
+    The one place where errors become messages: every command (and any added later)
+    gets the same guarantees without handling them itself.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    _printable_stdout()
     try:
         return args.handler(args)
     except CocodiffError as error:
         return _fail(args.command, str(error))
+    except UnicodeError as error:
+        # Before ValueError, which it is: "error: utf-8" (its first argument) says nothing.
+        return _fail(args.command, _encoding_message(error))
     except (ValueError, FileNotFoundError, KeyError) as error:
         # Validation errors raised at the boundary by topology/, cocodiff.models and the
         # schedulers all derive from ValueError and carry a one-line message.
         message = error.args[0] if error.args else repr(error)
         return _fail(args.command, str(message))
+    except OSError as error:
+        # A path the file system refuses (too long, not a directory, read-only, full)
+        # that no earlier check caught: the file and the system's reason.
+        where = f"{error.filename}: " if error.filename is not None else ""
+        return _fail(args.command, f"{where}{error.strerror or error}")
+
+
+def _printable_stdout() -> None:
+    """Print what stdout's encoding cannot show as backslash escapes, not a crash.
+
+    Names come from the file system (a topology file's stem, a model directory) and may
+    hold bytes that are not UTF-8 (Python keeps them as surrogates); a strict stdout,
+    as under a desktop locale, would fail on them after all the work was done.
+    """
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="backslashreplace")
+
+
+def _encoding_message(error: UnicodeError) -> str:
+    if isinstance(error, (UnicodeEncodeError, UnicodeDecodeError)):
+        verb = "encode" if isinstance(error, UnicodeEncodeError) else "decode"
+        return (f"cannot {verb} {error.object[error.start:error.end]!r} as {error.encoding}: "
+                f"{error.reason}")
+    return f"text encoding: {error}"
 
 
 def _fail(command: str, message: str) -> int:

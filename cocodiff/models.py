@@ -29,11 +29,13 @@ This module must stay importable without torch or diffusers: the simulator CLI u
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from cocodiff.jsonfile import read_json
+from cocodiff.paths import path_problem
 
 FAMILIES = ("flux", "flux2", "sd3", "qwen-image", "wan", "pixart", "dit")
 
@@ -552,6 +554,14 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
     if name_or_path in REGISTRY:
         return REGISTRY[name_or_path]
     path = Path(name_or_path)
+    problem = path_problem(path)
+    if problem is not None and path.suffix != ".json" and len(path.parts) <= 1:
+        raise ModelSpecError(
+            f"unknown model {_shorten(name_or_path)!r}; registry names: {', '.join(REGISTRY)} "
+            f"(and not a path: {problem})"
+        )
+    if problem is not None:
+        raise ModelSpecError(f"model path {_shorten(name_or_path)!r} cannot exist: {problem}")
     if path.is_dir():
         candidates = (path / "transformer" / "config.json", path / "config.json")
         found = [candidate for candidate in candidates if candidate.is_file()]
@@ -567,18 +577,7 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
             f"unknown model {name_or_path!r}; registry names: {', '.join(REGISTRY)} "
             f"(or give a diffusers directory or config.json path)"
         )
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except RecursionError:  # json recurses once per nesting level
-        raise ModelSpecError(f"{str(path)!r} is nested too deeply to be a config") from None
-    except OSError as err:
-        raise ModelSpecError(f"cannot read {str(path)!r}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise ModelSpecError(f"{str(path)!r} is not UTF-8 text") from None
-    except json.JSONDecodeError as err:
-        raise ModelSpecError(
-            f"invalid JSON in {str(path)!r}: {err.msg} (line {err.lineno})"
-        ) from None
+    config = read_json(path, "model config", ModelSpecError)
     if not isinstance(config, dict):
         raise ModelSpecError(f"{str(path)!r} must hold a JSON object, got {type(config).__name__}")
     model_dir = path.parent.parent if path.parent.name == "transformer" else path.parent
@@ -592,16 +591,35 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
 # Written beside an exported tiny model (``cocodiff export-tiny``): its name and the text
 # length its pipeline pads the prompt to, which the config does not hold.
 TINY_MARKER = "cocodiff_tiny.json"
+# The built-in tiny models' names (``cocodiff.runtime.tiny.TINY_MODELS`` builds them), here
+# so that commands can check a name without importing diffusers.
+TINY_NAMES = ("tiny-flux", "tiny-sd3", "tiny-qwen", "tiny-wan", "tiny-pixart")
 
 
 def _with_prompt_length(spec: ModelSpec, marker: Path) -> ModelSpec:
     """``spec`` with the text tokens an exported tiny model's pipeline really uses."""
-    try:
-        text_tokens = json.loads(marker.read_text()).get("text_tokens")
-    except (OSError, ValueError, AttributeError):
-        return spec  # no marker (not an exported tiny model), or not ours
+    text_tokens = (read_tiny_marker(marker.parent) or {}).get("text_tokens")
     if not _is_int(text_tokens) or text_tokens < 1:
         return spec
     if spec.text_tokens:  # joint attention: the text joins the sequence
         return replace(spec, text_tokens=text_tokens)
     return replace(spec, cross_attention_tokens=text_tokens)
+
+
+def read_tiny_marker(directory: str | Path) -> dict[str, Any] | None:
+    """The :data:`TINY_MARKER` of a model directory, or None when there is none or it is
+    not ours (unreadable, not JSON, nested deeply, not an object): the directory is then
+    an ordinary diffusers directory."""
+    marker = Path(directory) / TINY_MARKER
+    if path_problem(marker) is not None or not marker.is_file():
+        return None
+    try:
+        content = read_json(marker, "tiny-model marker", ModelSpecError)
+    except ModelSpecError:
+        return None
+    return content if isinstance(content, dict) else None
+
+
+def _shorten(text: str, limit: int = 60) -> str:
+    """A long user value cut for a message (the message stays readable on one line)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

@@ -183,10 +183,11 @@ def collective_arg(name: str):
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from cocodiff import budget
     from cocodiff.atomic import atomic_write_text, check_output_paths
+    from cocodiff.console import plain_console
     from cocodiff.models import parse_resolution
     from cocodiff.plan_file import build_run_plan
     from cocodiff.planner import rank_layouts
@@ -203,10 +204,14 @@ def plan_command(args: argparse.Namespace) -> int:
     collective = collective_arg(args.collective)
     options = plan_options(args)
     described = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
-    topology = build_topology(described)
     model = load_spec(args.model)
     width, height = parse_resolution(args.resolution)
     model.check_resolution(width, height)
+    budget.check_estimate(
+        budget.estimate_planner(described, model.num_layers, model.num_heads, names,
+                                options.batch, options.chunks),
+        f"ranking the layouts of {described.num_tiles} ranks ({described.num_nodes} node(s))")
+    topology = build_topology(described)
     streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
     # --ulysses/--ring/--batch: rank that layout only (the schedules still compete).
     forced = explicit_layout(args, len(topology.tiles))
@@ -231,7 +236,7 @@ def plan_command(args: argparse.Namespace) -> int:
         table.add_row(str(index), c.layout.name, c.schedule, f"{c.step_time_s * 1e3:.2f} ms",
                       f"{c.compute_s * 1e3:.2f} ms", f"{c.bound_s * 1e3:.2f} ms",
                       f"{c.step_time_s / best:.2f}x")
-    Console(width=200).print(table)
+    plain_console(width=200).print(table)
     layouts = len({c.layout.name for c in result.candidates})
     print("note: layout UxRxB = Ulysses x Ring x batch degrees; '/ring-inner' places the Ring "
           "on the fast tiers; comm bound = the links' lower bound for the step's exchanges")

@@ -6,10 +6,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from cocodiff.atomic import atomic_write
+from cocodiff.console import plain_console
 from cocodiff.simulate import SimResult
 from topology import TIERS
 
@@ -50,7 +50,7 @@ def result_table(results: Sequence[SimResult], title: str) -> Table:
 
 def print_results(results: Sequence[SimResult], title: str, notes: Sequence[str]) -> None:
     # Wide enough for the whole table when the output is a file or a pipe.
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = plain_console(width=None if sys.stdout.isatty() else 200)
     console.print(result_table(results, title))
     for note in notes:
         console.print(f"note: {note}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,6 +29,7 @@ from cocodiff.schedules import (
     plan_for_step,
 )
 from cocodiff.schedules.activity import ActivityTrace
+from cocodiff.schedules.tapa import check_chunks
 from sim import Simulation
 from sim.timeline import merged_length
 from topology import TIERS, Placement, Topology
@@ -296,17 +297,20 @@ def simulate_schedule(
     with_bound: bool = True,
     activity: ActivityTrace | None = None,
     parallel: ParallelLayout | None = None,
+    on_plan: Callable[[], None] | None = None,
 ) -> SimResult:
     """Simulate a schedule over a whole generation of ``num_steps`` denoising steps: the
     run's plan (:func:`cocodiff.plan_file.build_run_plan`, as ``cocodiff plan`` and
-    ``cocodiff run`` make it) through :func:`simulate_run_plan`."""
+    ``cocodiff run`` make it) through :func:`simulate_run_plan`. ``on_plan`` is called
+    after each distinct plan is simulated (progress)."""
     from cocodiff.plan_file import build_run_plan
 
     grid = RankGrid.from_placement(topology, placement)
     run_plan = build_run_plan(name, spec, grid, stream_tokens, num_steps, options,
                               parallel=parallel, activity=activity)
     return simulate_run_plan(run_plan, topology, placement, collective=collective,
-                             record_spans=record_spans, with_bound=with_bound)
+                             record_spans=record_spans, with_bound=with_bound,
+                             on_plan=on_plan)
 
 
 def simulate_run_plan(
@@ -317,6 +321,7 @@ def simulate_run_plan(
     collective: CollectiveModel | None = None,
     record_spans: bool = False,
     with_bound: bool = True,
+    on_plan: Callable[[], None] | None = None,
 ) -> SimResult:
     """Simulate every step of a run's plan.
 
@@ -327,6 +332,8 @@ def simulate_run_plan(
     Raises:
         PlanFileError: the plan's rank grid is not where ``placement`` puts the ranks on
             ``topology``.
+        ScheduleError: more chunks than any message has rows (:func:`check_chunks`:
+            empty chunks change nothing but cost simulated collectives).
     """
     from cocodiff.plan_file import PlanFileError
 
@@ -340,11 +347,15 @@ def simulate_run_plan(
     if grid != run_plan.grid:
         raise PlanFileError(f"the plan's ranks sit as {_shape(run_plan.grid)} (nodes x GPUs "
                             f"x tiles), the machine's as {_shape(grid)}")
+    if get_schedule(run_plan.schedule).phased:
+        check_chunks(run_plan.plans[0], run_plan.options.chunks)
     by_plan: dict[int, SimResult] = {}
     for index in dict.fromkeys(run_plan.step_plans):
         by_plan[index] = simulate_plan(run_plan.plans[index], topology, placement,
                                        collective=collective,
                                        record_spans=record_spans and not by_plan)
+        if on_plan is not None:
+            on_plan()
     per_step = [by_plan[index] for index in run_plan.step_plans]
     # A schedule that does the same every step reports (and averages) that step once, as
     # it always has.

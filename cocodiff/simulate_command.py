@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 from cocodiff.errors import CocodiffError
@@ -146,21 +148,25 @@ def _single(args, names, options, collective) -> int:
     from cocodiff.simulate import simulate_schedule
     from topology import Placement, build_topology, resolve_topology
 
-    topology = build_topology(resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes))
+    machine = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
     model = load_spec(args.model)
     width, height = parse_resolution(args.resolution)
     model.check_resolution(width, height)
+    estimate = _check_resources(args, names, options, machine, model)
+    topology = build_topology(machine)
     tokens = model.sequence_tokens(width, height, args.frames)
     streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
     placement = Placement.node_major(topology)
     record = args.trace is not None or args.plot is not None
     layouts = _layouts(args, names, model, topology, streams, collective, placement.num_ranks)
-    results = [
-        simulate_schedule(name, model, topology, placement, streams, args.steps,
-                          options=options, collective=collective, record_spans=record,
-                          activity=args.activity, parallel=layouts[name])
-        for name in names
-    ]
+    with _progress(names, args, options, estimate.wall_s) as advance:
+        results = [
+            simulate_schedule(name, model, topology, placement, streams, args.steps,
+                              options=options, collective=collective, record_spans=record,
+                              activity=args.activity, parallel=layouts[name],
+                              on_plan=partial(advance, name))
+            for name in names
+        ]
     spec = topology.spec
     title = (
         f"{model.name} {width}x{height}" + (f"x{args.frames}f" if args.frames > 1 else "")
@@ -199,6 +205,78 @@ def _report(args, results, title, model, topology, placement, layouts, collectiv
     if args.plot:
         plot_layer_gantt(results[0], args.plot, title)
     return 0
+
+
+def _check_resources(args, names, options, machine, model):
+    """Refuse what would not fit in memory or would run for hours, before building
+    anything (``cocodiff.budget``); returns the estimate."""
+    from cocodiff import budget
+
+    plans = {name: budget.distinct_plans(name, args.steps, options, args.activity)
+             for name in names}
+    estimate = budget.estimate_simulation(machine, model.num_layers, model.num_heads, plans,
+                                          options.chunks, group=args.ulysses)
+    if args.layout == "auto":  # the planner ranks every layout first
+        estimate = budget.combine([estimate, budget.estimate_planner(
+            machine, model.num_layers, model.num_heads, budget.ranked_schedules(names),
+            options.batch, options.chunks)])
+    ranks = machine.num_tiles
+    budget.check_estimate(estimate, f"simulating {len(names)} schedule(s) of {model.name} on "
+                          f"{machine.num_nodes} node(s) ({ranks} ranks)")
+    return estimate
+
+
+def _check_sweep_resources(args, names, options, specs, resolutions, nodes_list) -> None:
+    """The resource guard over the whole grid: every row's simulations, and the
+    planner's ranking where a row has more ranks than heads."""
+    from cocodiff import budget
+    from topology import get_preset
+
+    plans = {name: budget.distinct_plans(name, args.steps, options, None) for name in names}
+    ranked = budget.ranked_schedules(names)
+    estimates = []
+    for model in specs.values():
+        for nodes in nodes_list:
+            machine = get_preset("aurora", nodes)
+            row = [budget.estimate_simulation(machine, model.num_layers, model.num_heads,
+                                              plans, options.chunks)]
+            if machine.num_tiles > model.num_heads:
+                row.append(budget.estimate_planner(machine, model.num_layers, model.num_heads,
+                                                   ranked, 1, options.chunks))
+            estimates += row * len(resolutions)
+    budget.check_estimate(budget.combine(estimates),
+                          f"the sweep ({len(specs)} model(s) x {len(resolutions)} "
+                          f"resolution(s) x nodes {','.join(map(str, nodes_list))})")
+
+
+@contextmanager
+def _progress(names, args, options, estimate_s: float):
+    """A progress bar on a terminal's stderr for what is estimated to run long: one
+    task per schedule, advanced per simulated plan. Yields ``advance(name)``."""
+    import sys
+
+    from cocodiff import budget
+
+    if estimate_s < budget.PROGRESS_S or not sys.stderr.isatty():
+        yield lambda name: None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    columns = (TextColumn("simulating {task.description}"), BarColumn(),
+               MofNCompleteColumn(), TextColumn("plans"), TimeElapsedColumn(),
+               TextColumn(f"(estimated ~{estimate_s:.0f} s in all)"))
+    with Progress(*columns, console=Console(stderr=True, markup=False),
+                  transient=True) as bar:
+        tasks = {name: bar.add_task(name, total=budget.distinct_plans(
+            name, args.steps, options, args.activity)) for name in names}
+        yield lambda name: bar.advance(tasks[name])
 
 
 def _layouts(args, names, model, topology, streams, collective, num_ranks) -> dict:
@@ -256,10 +334,10 @@ def _notes(results, steps, collective, topology, model, placement, layouts=None)
 
 
 def _sweep(args, names, options, collective) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from cocodiff.atomic import atomic_write, atomic_write_text
+    from cocodiff.console import plain_console
     from cocodiff.models import load_model_spec
     from cocodiff.simulate import simulate_schedule
     from topology import Placement, build_topology, get_preset
@@ -270,6 +348,7 @@ def _sweep(args, names, options, collective) -> int:
     specs = {name: load_model_spec(name) for name in models}
     if BASELINE not in names:
         names = [BASELINE, *names]
+    _check_sweep_resources(args, names, options, specs, resolutions, nodes_list)
     rows = []
     for model_name in models:
         model = specs[model_name]
@@ -307,7 +386,7 @@ def _sweep(args, names, options, collective) -> int:
         table.add_row(row["model"], str(row["resolution"]), str(row["nodes"]),
                       *(f"{row['speedup'][name]:.2f}x" for name in names),
                       f"{row['layouts'][BASELINE]} / {row['layouts'][names[-1]]}")
-    Console(width=200).print(table)
+    plain_console(width=200).print(table)
     best = names[-1]
     speedups = [row["speedup"][best] for row in rows]
     peak = max(rows, key=lambda row: row["speedup"][best])

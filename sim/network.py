@@ -223,8 +223,11 @@ class Network:
         self._owners = np.zeros((0, 2), dtype=np.int64)
         self._nnz_flow = np.zeros(0, dtype=np.int64)
         self._nnz_link = np.zeros(0, dtype=np.int64)
-        # Owners: flows still to arrive, and the event to fire at zero.
-        self._owner_left = np.zeros(0, dtype=np.int64)
+        # Owners: flows still to arrive, and the event to fire at zero. Owner slots are
+        # never reused, so the counts live in a buffer that doubles when full: appending
+        # with np.concatenate copied every slot ever made on every start (quadratic in
+        # the collectives of a step: 5.6 of 18 s for 16 TAPA chunks on one Aurora node).
+        self._owner_left = np.zeros(1024, dtype=np.int64)
         self._owner_events: list[simpy.Event] = []
         self._last_update = 0.0
         self._generation = 0  # invalidates completion timers made stale by a reallocation
@@ -252,7 +255,12 @@ class Network:
         first = len(self._owner_events)
         events = [self.env.event() for _ in range(batch.num_owners)]
         self._owner_events.extend(events)
-        self._owner_left = np.concatenate([self._owner_left, prepared.owner_flows])
+        end = first + batch.num_owners
+        if end > len(self._owner_left):
+            grown = np.zeros(max(end, 2 * len(self._owner_left)), dtype=np.int64)
+            grown[:first] = self._owner_left[:first]
+            self._owner_left = grown
+        self._owner_left[first:end] = prepared.owner_flows
         for slot in prepared.idle_owners:
             events[slot].succeed()
         self.num_flows_started += batch.num_flows

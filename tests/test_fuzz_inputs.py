@@ -13,26 +13,32 @@ large valid input is only loaded and validated (a deliberately wrong ``--resolut
 then stops the command after the topology and model were read): simulating a huge machine
 or model is slow by nature, not a bug of the input boundary.
 
+A last target builds *valid* input made hostile (issue 18): names holding rich markup,
+bytes that are not UTF-8 or 300 characters, file and directory names past the file
+system's limits, deeply nested JSON beside valid files, resource-exhausting values
+(thousands of nodes, more chunks than rows, subnormal bandwidths), for ``simulate``,
+``plan`` and ``export-tiny``. The resource guard's limit is lowered to a few seconds
+(``COCODIFF_MAX_SIM_S``) so that what it lets through must finish within the alarm.
+
 Runs are reproducible (derandomised). ``COCODIFF_FUZZ_EXAMPLES=N`` scales the number of
-cases; ``COCODIFF_FUZZ_RANDOM=1`` draws new ones each run.
+cases; ``COCODIFF_FUZZ_RANDOM=1`` draws new ones each run (seed them with pytest's
+``--hypothesis-seed``); docs/hardening.md has the long run's command and figures.
 """
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import math
 import os
-import signal
 import string
 import subprocess
 import sys
 from collections import Counter
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from clicheck import Hang, call, check_one_line_error, check_outcome, time_limit
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from launching import LAUNCH_VARS, REPO
@@ -45,6 +51,9 @@ from topology import PRESETS, TopologyError, load_topology
 # may be busy); a small valid topology or model simulates in well under a second.
 CASE_LIMIT_S = 30
 SIMULATE_LIMIT_S = 10
+# The resource guard's wall-time limit in the hostile cases (cocodiff.budget): what it
+# accepts must finish well inside CASE_LIMIT_S even on a busy machine.
+GUARD_LIMIT_S = 3
 SCALE = float(os.environ.get("COCODIFF_FUZZ_EXAMPLES", "1"))
 SETTINGS = settings(
     deadline=None,
@@ -59,24 +68,6 @@ SETTINGS = settings(
 # that a valid topology or config is read and checked, then the command stops cheaply.
 REFUSED_RESOLUTION = "8x12"
 MAX_TILES_PLUS = 10**7  # counts above topology.spec.MAX_TILES: always refused
-
-
-class FuzzHang(Exception):
-    """A case ran past CASE_LIMIT_S."""
-
-
-@contextmanager
-def time_limit(seconds: float):
-    def on_alarm(signum, frame):
-        raise FuzzHang(f"no answer after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 class Tally:
@@ -111,42 +102,19 @@ def print_tally(request):
         print("\n" + "\n".join(TALLY.lines()))
 
 
-def check_one_line_error(err: str) -> None:
-    assert "Traceback" not in err, err
-    assert err.endswith("\n") and err.count("\n") == 1, f"not one line: {err!r}"
-    line = err[:-1]
-    assert line.strip(), "empty error line"
-    assert "\r" not in line, f"carriage return in {line!r}"
-
-
-def _stream(errors: str) -> io.TextIOWrapper:
-    return io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors=errors, write_through=True)
-
-
 def run_cli(argv: list[str], target: str, limit_s: float = CASE_LIMIT_S) -> int:
     """main(argv) under the alarm; checks the work-or-one-line contract; returns the code.
 
     stdout and stderr encode as a real process's do (UTF-8; strict on stdout,
     backslashreplace on stderr), so that text a terminal could not show fails here too.
     """
-    stdout, stderr = _stream("strict"), _stream("backslashreplace")
     try:
-        with time_limit(limit_s), redirect_stdout(stdout), redirect_stderr(stderr):
-            try:
-                code = main(argv)
-            except SystemExit as exit_:  # argparse: usage errors and --help
-                code = exit_.code if isinstance(exit_.code, int) else 2
-    except FuzzHang:
+        outcome = call(argv, limit_s)
+    except Hang:
         pytest.fail(f"hang: cocodiff {argv!r}")
-    err = stderr.buffer.getvalue().decode()
-    if code == 0:
-        assert "Traceback" not in err, err
-        TALLY.add(target, "worked")
-    else:
-        assert code == 2, f"exit {code} for {argv!r}: {err[-2000:]}"
-        check_one_line_error(err)
-        TALLY.add(target, "refused")
-    return code
+    check_outcome(outcome, argv)
+    TALLY.add(target, "worked" if outcome.code == 0 else "refused")
+    return outcome.code
 
 
 # ---- value strategies ---------------------------------------------------------------------
@@ -445,7 +413,7 @@ def test_known_simulator_livelock(tmp_path):
         try:
             code = main(["simulate", "--topology", str(path), "--model", "dit-xl-2",
                          "--steps", "1", "--resolution", "256", "--schedule", "flat"])
-        except FuzzHang:
+        except Hang:
             pytest.fail("hang: the simulator livelocked")
     assert code == 0
 
@@ -601,6 +569,144 @@ def test_fuzz_run_command_lines(cli_files, monkeypatch):
         code = run_cli(_fill(argv, cli_files), "run command lines")
         assert code == 2 or "-h" in argv, f"run {argv!r} did not stop before loading a model"
         assert set(cli_files.iterdir()) == before, "run wrote a file"
+
+    case()
+
+
+# ---- valid input made hostile (issue 18) --------------------------------------------------
+
+# Names a user may well choose, or a file system may hand over: rich markup and emoji
+# codes, bytes that are not UTF-8 (surrogate-escaped), blanks, control characters, and
+# lengths past the 255 bytes a file name may have.
+hostile_names = st.one_of(
+    st.sampled_from(["[/]", "[bold]x", "[link=a]b[/link]", ":smile:", "[", "]", "\\[x]",
+                     " ", "\t", "a" * 300, "\u00fc" * 130, "x\ny", "\x1b[31mred", "\u202e",
+                     "\udcff", "o\udcfe\udc80", "-", "--nodes", "%s%n", "\ufeff"]),
+    st.text(min_size=1, max_size=20),
+    st.binary(min_size=1, max_size=20).map(os.fsdecode),
+    st.integers(200, 400).map(lambda n: "n" * n),
+)
+# File and directory names: the same, minus what no directory entry can hold.
+hostile_files = hostile_names.map(lambda name: name.replace("/", "_").replace("\0", "_")
+                                  ).filter(lambda name: name not in ("", ".", ".."))
+# Values past what a run can afford, inside what the flags accept.
+resource_nodes = st.sampled_from(["1", "2", "3", "50", "500", "5000", "83333"])
+resource_chunks = st.sampled_from(["1", "2", "4", "12", "13", "64", "1000", "100000"])
+resource_steps = st.sampled_from(["1", "2", "28", "1000", "10000"])
+# Numbers that are finite and positive, so only physical sense can refuse them.
+extreme_numbers = st.sampled_from([5e-324, 1e-300, 1e-12, 1e-9, 1e-6, 0.001, 0.5, 1e6,
+                                   1e9, 1e12, 1e300, 1e308, 1.7976931348623157e308])
+EXTREME_KEYS = [("links.gpu", "bandwidth_gbps"), ("links.gpu", "latency_us"),
+                ("links.nic", "bandwidth_gbps"), ("links.nic", "latency_us"),
+                ("links.host", "bandwidth_gbps"), ("tile", "tflops"), ("tile", "memory_gbps"),
+                ("fabric", "latency_us")]
+
+
+def nested_json(depth: int, kind: str) -> str:
+    return {"arrays": "[" * depth + "]" * depth,
+            "objects": '{"a": ' * depth + "1" + "}" * depth,
+            "open": "[" * depth}[kind]
+
+
+nested = st.tuples(st.sampled_from([2, 63, 64, 65, 1000, 100_000]),
+                   st.sampled_from(["arrays", "objects", "open"]))
+
+
+@st.composite
+def hostile_cases(draw):
+    """One command line and the files it needs: (argv template, files) where files maps
+    a relative path (which may itself be hostile) to its bytes."""
+    files: dict[str, bytes] = {}
+    command = draw(st.sampled_from(["simulate", "simulate", "simulate", "plan", "export-tiny"]))
+    if command == "export-tiny":
+        name = draw(st.sampled_from(["tiny-flux", "tiny-nope", "", "TINY-FLUX"]))
+        target = draw(hostile_files)
+        shape = draw(st.sampled_from(["file", "under-file", "non-empty", "long"]))
+        if shape == "file":
+            files[target] = b""
+        elif shape == "under-file":
+            files["plain"] = b""
+            target = f"plain/{target}"
+        elif shape == "non-empty":
+            files[f"full/{target}"] = b"x"
+            target = "full"
+        else:
+            target = "t" * 256
+        return ["export-tiny", name, "{tmp}/" + target], files
+    argv = [command, "--resolution", "256"]
+    preset = draw(st.sampled_from(["aurora", "cluster", "dgx-h100"]))
+    lines = [f'preset = "{preset}"']
+    if draw(st.booleans()):
+        # Inside a UTF-8 file a name holds characters, not the bytes of a file name.
+        name = draw(hostile_names).encode("utf-8", "replace").decode("utf-8")
+        lines.append(f"name = {_toml_string(name)}")
+    if draw(st.booleans()):
+        table, key = draw(st.sampled_from(EXTREME_KEYS))
+        lines += [f"[{table}]", f"{key} = {draw(extreme_numbers)!r}"]
+    topology = draw(hostile_files) + ".toml"
+    files[topology] = ("\n".join(lines) + "\n").encode()
+    argv += ["--topology", "{tmp}/" + topology, "--nodes", draw(resource_nodes)]
+    model = draw(st.sampled_from(["registry", "directory", "long name"]))
+    if model == "registry":
+        argv += ["--model", "dit-xl-2"]
+    elif model == "long name":
+        argv += ["--model", draw(hostile_names)]
+    else:
+        directory = draw(hostile_files)
+        files[f"{directory}/config.json"] = (REPO / "tests/data/configs/dit-xl-2.json"
+                                             ).read_bytes()
+        if draw(st.booleans()):
+            depth, kind = draw(nested)
+            files[f"{directory}/cocodiff_tiny.json"] = nested_json(depth, kind).encode()
+        argv += ["--model", "{tmp}/" + directory]
+    if command == "plan":
+        argv += ["--schedule", draw(st.sampled_from(["flat", "tapa"])), "--top", "3"]
+        return argv, files
+    schedule = draw(st.sampled_from(["flat", "tapa", "vfirst", "cocodiff", "flat,tapa"]))
+    argv += ["--schedule", schedule, "--steps", draw(resource_steps)]
+    if schedule != "flat" and draw(st.booleans()):
+        argv += ["--chunks", draw(resource_chunks)]
+    if draw(st.integers(0, 3)) == 0:
+        trace = draw(hostile_files) + ".json"
+        depth, kind = draw(nested)
+        files[trace] = nested_json(depth, kind).encode()
+        argv += ["--activity-trace", "{tmp}/" + trace]
+    for option in draw(st.lists(st.sampled_from(["--json", "--trace", "--plot"]),
+                                max_size=2, unique=True)):
+        directory = draw(st.sampled_from(["", "missing/", "plain/", "d" * 256 + "/"]))
+        if directory == "plain/":
+            files["plain"] = b""
+        argv += [option, "{tmp}/" + directory + draw(hostile_files)]
+    return argv, files
+
+
+def _write_files(folder: Path, files: dict[str, bytes]) -> None:
+    """Create what the case needs; a name the file system refuses stays missing (the
+    command must then refuse it in one line)."""
+    for relative, content in files.items():
+        path = folder / relative
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+        except OSError:
+            pass
+
+
+def test_fuzz_hostile_valid_inputs(tmp_path_factory, monkeypatch):
+    """Valid input with hostile names, paths, nesting, lengths and sizes, the way the
+    outside fuzzer of issue 18 wrote it: each of its nine classes is one draw away."""
+    monkeypatch.setenv("COCODIFF_MAX_SIM_S", str(GUARD_LIMIT_S))
+    root = tmp_path_factory.mktemp("hostile")
+    cases = itertools.count()
+
+    @settings(SETTINGS, max_examples=int(60 * SCALE))
+    @given(case=hostile_cases())
+    def case(case) -> None:
+        argv, files = case
+        folder = root / f"h{next(cases)}"
+        folder.mkdir()
+        _write_files(folder, files)
+        run_cli(_fill(argv, folder), f"hostile {argv[0]}")
 
     case()
 

@@ -326,7 +326,8 @@ def test_load_directory_without_config(tmp_path: Path) -> None:
 def test_load_invalid_json(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text('{"_class_name": "FluxTransformer2DModel",', encoding="utf-8")
-    with pytest.raises(ModelSpecError, match=r"invalid JSON in '.*config.json': .* \(line 1\)"):
+    with pytest.raises(ModelSpecError,
+                       match=r"invalid JSON in model config '.*config.json': .* \(line 1\)"):
         load_model_spec(str(path))
 
 

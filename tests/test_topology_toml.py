@@ -323,7 +323,27 @@ BAD_CASES = {
     ),
     "huge integer": (
         edit("tflops = 1.0", "tflops = 9223372036854775807"),
-        None,  # accepted as a number; must not crash (a finite float)
+        r"compute rate 9\.22\d*e\+18 TF/s in tile\.tflops of .* is above 1 ZFLOP/s",
+    ),
+    "subnormal bandwidth": (
+        edit("bandwidth_gbps = 5.0", "bandwidth_gbps = 5e-324"),
+        r"bandwidth 5e-324 GB/s in \[links\.gpu\] of .* is below 1 B/s",
+    ),
+    "bandwidth past any machine": (
+        edit("bandwidth_gbps = 5.0", "bandwidth_gbps = 1e308"),
+        r"bandwidth 1e\+308 GB/s in \[links\.gpu\] of .* is above 1 EB/s",
+    ),
+    "tiny compute rate": (
+        edit("tflops = 1.0", "tflops = 1e-300"),
+        r"compute rate 1e-300 TF/s in tile\.tflops of .* is below 1 MFLOP/s",
+    ),
+    "latency of centuries": (
+        edit("latency_us = 10.0", "latency_us = 1e300"),
+        r"latency 1e\+300 us in \[links\.gpu\] of .* is above 1 s",
+    ),
+    "blank name": (
+        edit('name = "cluster"', 'name = " "'),
+        r"topology name must be a non-empty string, got ' '",
     ),
     "no NICs between nodes": (
         edit("nics = 1", "nics = 0"),
@@ -370,9 +390,6 @@ BAD_CASES = {
 def test_bad_input(tmp_path: Path, case: str) -> None:
     text, pattern = BAD_CASES[case]
     path = write(tmp_path, text)
-    if pattern is None:
-        assert load_topology(path).tile_tflops == float(9223372036854775807)
-        return
     with pytest.raises(TopologyError, match=pattern) as info:
         load_topology(path)
     assert "\n" not in str(info.value)

@@ -25,6 +25,16 @@ MAX_TILES = 1_000_000
 
 LINK_FIELDS = ("tile_link", "gpu_link", "port_link", "host_link", "nic_link")
 
+# The range of physical sense of each kind of number, in its unit: (low, high, low in words,
+# high in words). Outside it a value is a typo or a unit slip, never a machine: a bandwidth
+# of 5e-324 GB/s makes the simulator divide by subnormal numbers (and never finish), and a
+# latency of 1e300 us prints 300-digit step times. Bounds are inclusive.
+PHYSICAL_RANGE: dict[str, tuple[float, float, str, str]] = {
+    "GB/s": (1e-9, 1e9, "1 B/s", "1 EB/s"),
+    "TF/s": (1e-6, 1e9, "1 MFLOP/s", "1 ZFLOP/s"),
+    "us": (0.0, 1e6, "0", "1 s"),
+}
+
 
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
@@ -123,7 +133,7 @@ def validate_spec(spec: TopologySpec, locations: Mapping[str, str] | None = None
             return locations[field]
         return f"{field} of topology {spec.name!r}"
 
-    if not isinstance(spec.name, str) or not spec.name:
+    if not isinstance(spec.name, str) or not spec.name.strip():
         raise TopologyError(f"topology name must be a non-empty string, got {spec.name!r}")
     for field, minimum in (
         ("num_nodes", 1),
@@ -201,7 +211,8 @@ def _is_int(value: object) -> bool:
 def _check_number(
     value: object, what: str, unit: str, where: str, *, positive: bool = False
 ) -> None:
-    """A finite int or float; > 0 when ``positive``, else >= 0."""
+    """A finite int or float; > 0 when ``positive``, else >= 0; within
+    :data:`PHYSICAL_RANGE` of ``unit``. Messages quote the value as given."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TopologyError(f"expected a number for {what} in {where}, got {value!r}")
     if not math.isfinite(value):
@@ -210,3 +221,10 @@ def _check_number(
         raise TopologyError(f"negative {what} {value} {unit} in {where}")
     if positive and value == 0:
         raise TopologyError(f"zero {what} {value} {unit} in {where}")
+    low, high, low_words, high_words = PHYSICAL_RANGE[unit]
+    if value < low:
+        raise TopologyError(f"{what} {value!r} {unit} in {where} is below {low_words}: "
+                            "not a physical machine (a unit slip?)")
+    if value > high:
+        raise TopologyError(f"{what} {value!r} {unit} in {where} is above {high_words}: "
+                            "not a physical machine (a unit slip?)")

@@ -24,7 +24,8 @@ from diffusers import DiffusionPipeline  # noqa: E402
 from packaging.version import Version  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from cocodiff.models import TINY_MARKER  # noqa: E402
+from cocodiff.jsonfile import read_json  # noqa: E402
+from cocodiff.models import TINY_MARKER, read_tiny_marker  # noqa: E402
 from cocodiff.runtime.tiny import TINY_DEFAULTS, TINY_MODELS, build_tiny  # noqa: E402
 
 # Transformer classes the runtime knows how to parallelise (model_index.json "transformer" entry).
@@ -74,10 +75,10 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32) -> DiffusionPi
     index_path = path / "model_index.json"
     if not index_path.is_file():
         raise ModelLoadError(f"{path} has no model_index.json: not a diffusers pipeline directory")
+    index = read_json(index_path, "pipeline index", ModelLoadError)
     try:
-        index = json.loads(index_path.read_text())
         transformer_class = index["transformer"][1]
-    except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
+    except (KeyError, IndexError, TypeError) as err:
         raise ModelLoadError(
             f"{index_path} names no transformer: not a Diffusion Transformer pipeline"
         ) from err
@@ -140,11 +141,8 @@ def tiny_name_of(model: str) -> str | None:
     """The tiny model ``model`` is: a tiny name, or a directory exported from one."""
     if model in TINY_MODELS:
         return model
-    marker = Path(model) / TINY_MARKER
-    if marker.is_file():
-        name = json.loads(marker.read_text()).get("tiny_model")
-        return name if name in TINY_MODELS else None
-    return None
+    name = (read_tiny_marker(model) or {}).get("tiny_model")
+    return name if name in TINY_MODELS else None
 
 
 def run_pipeline(

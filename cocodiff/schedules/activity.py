@@ -83,14 +83,9 @@ class ActivityTrace:
 
 def load_activity(path: str | Path) -> ActivityTrace:
     """Read and validate a trace file; every problem is one ScheduleError line."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ScheduleError(f"activity trace {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ScheduleError(f"activity trace {path} is not JSON: {error}") from None
-    return parse_activity(data, str(path))
+    from cocodiff.jsonfile import read_json
+
+    return parse_activity(read_json(path, "activity trace", ScheduleError), str(path))
 
 
 def parse_activity(data: object, where: str = "activity trace") -> ActivityTrace:

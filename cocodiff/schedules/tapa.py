@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cocodiff.plan import Exchange, Phase
+from cocodiff.errors import ScheduleError
+from cocodiff.plan import Exchange, Phase, Plan
 from cocodiff.schedules.grid import LEVELS, RankGrid
 
 # One chunk: with per-transfer set-up costs (transports.sim.CollectiveModel) more chunks
@@ -135,3 +136,28 @@ class TapaRows:
             heads = tuple(chunk_rows(h, chunk, chunks) for h in self.heads)
             self._chunked[key] = TapaRows(self.grid, heads, self.direction)
         return self._chunked[key]
+
+
+def check_chunks(plan: Plan, chunks: int) -> None:
+    """Refuse more chunks than the largest phase message has rows.
+
+    Chunks carry whole rows (:func:`chunk_rows`, in the simulator and the runtime alike):
+    past the rows of the largest message every further chunk is empty everywhere, changes
+    no byte and no time, and only adds collectives (64 chunks once took a minute to
+    simulate what 12 give). The runtime handles empty chunks (its tests
+    use them); the simulator's entry points refuse them.
+
+    Raises:
+        ScheduleError: ``chunks`` is more than the rows of the largest message.
+    """
+    if chunks == 1:
+        return
+    layers = {id(layer): layer for program in plan.programs for layer in program.layers}
+    most = max((rows for layer in layers.values() for step in layer.attention
+                if isinstance(step, Exchange) for phase in step.phases
+                for rows in phase.send_rows), default=0)
+    if most and chunks > most:
+        raise ScheduleError(
+            f"{chunks} chunks: {plan.schedule} cuts each phase's message at whole head rows "
+            f"and the largest message here has {most} rows; more than {most} chunks would "
+            "only add empty ones")

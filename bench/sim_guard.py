@@ -1,0 +1,83 @@
+"""The simulator's own throughput, for the resource guard (cocodiff.budget).
+
+Simulates one denoising step of a few small configurations chosen to stress one cost
+each (many collectives with few peers: TAPA on one Aurora node with many chunks; many
+peers per collective: flat Ulysses over several nodes), counts what the guard counts
+(collectives, messages), and fits the two per-unit costs by least squares to the CPU
+time of the process (the simulator is single-threaded, and CPU time does not count the
+time a busy machine gives to other processes; wall time is reported beside it).
+Prints each run's measured wall time beside the guard's estimate with the fitted and
+the built-in constants, and writes JSON (default results/sim_guard.json).
+
+    python bench/sim_guard.py [--json results/sim_guard.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cocodiff import budget
+from cocodiff.models import REGISTRY
+from cocodiff.simulate import simulate_schedule
+from topology import Placement, build_topology, get_preset
+
+# (schedule, Aurora nodes, chunks): collective-heavy first, then message-heavy.
+RUNS = [("tapa", 1, 4), ("tapa", 1, 12), ("tapa", 2, 8), ("flat", 8, 1), ("flat", 16, 1),
+        ("flat", 32, 1)]
+
+
+def measure(schedule: str, nodes: int, chunks: int, model_name: str) -> dict:
+    model = REGISTRY[model_name]
+    spec = get_preset("aurora", nodes)
+    estimate = budget.estimate_simulation(spec, model.num_layers, model.num_heads,
+                                          {schedule: 1}, chunks)
+    began, began_cpu = time.perf_counter(), time.process_time()
+    topology = build_topology(spec)
+    placement = Placement.node_major(topology)
+    streams = (model.image_tokens(1024, 1024), model.text_tokens)
+    simulate_schedule(schedule, model, topology, placement, streams, 1, chunks=chunks,
+                      with_bound=False)
+    return {"schedule": schedule, "nodes": nodes, "chunks": chunks,
+            "collectives": estimate.collectives, "messages": estimate.messages,
+            "wall_s": time.perf_counter() - began, "cpu_s": time.process_time() - began_cpu,
+            "estimate_s": estimate.wall_s,
+            "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="flux1-dev")
+    parser.add_argument("--json", type=Path, default=Path("results/sim_guard.json"))
+    args = parser.parse_args()
+    rows = []
+    for schedule, nodes, chunks in RUNS:
+        rows.append(measure(schedule, nodes, chunks, args.model))
+        row = rows[-1]
+        print(f"{schedule:5} {nodes:3} node(s) {chunks:3} chunk(s): {row['collectives']:>9,} "
+              f"collectives {row['messages']:>12,} messages  {row['cpu_s']:7.2f} s CPU "
+              f"({row['wall_s']:.2f} s wall), {row['estimate_s']:7.2f} s estimated", flush=True)
+    design = np.array([[r["collectives"], r["messages"]] for r in rows], dtype=float)
+    cpu = np.array([r["cpu_s"] for r in rows])
+    (per_collective, per_message), *_ = np.linalg.lstsq(design, cpu, rcond=None)
+    print(f"fit: {per_collective * 1e6:.1f} us per collective, {per_message * 1e6:.3f} us per "
+          f"message (built in: {budget.SECONDS_PER_COLLECTIVE * 1e6:.1f} us, "
+          f"{budget.SECONDS_PER_MESSAGE * 1e6:.3f} us)")
+    for row in rows:
+        row["fitted_s"] = per_collective * row["collectives"] + per_message * row["messages"]
+        print(f"  {row['schedule']:5} {row['nodes']:3} node(s): measured/estimated "
+              f"{row['cpu_s'] / row['estimate_s']:.2f}, measured/fitted "
+              f"{row['cpu_s'] / row['fitted_s']:.2f}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"model": args.model, "runs": rows,
+                                     "fit_s_per_collective": per_collective,
+                                     "fit_s_per_message": per_message}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
