@@ -24,6 +24,7 @@ import numpy as np
 
 from cocodiff import budget
 from cocodiff.models import REGISTRY
+from cocodiff.schedules import PlanOptions
 from cocodiff.simulate import simulate_schedule
 from topology import Placement, build_topology, get_preset
 
@@ -41,8 +42,8 @@ def measure(schedule: str, nodes: int, chunks: int, model_name: str) -> dict:
     topology = build_topology(spec)
     placement = Placement.node_major(topology)
     streams = (model.image_tokens(1024, 1024), model.text_tokens)
-    simulate_schedule(schedule, model, topology, placement, streams, 1, chunks=chunks,
-                      with_bound=False)
+    simulate_schedule(schedule, model, topology, placement, streams, 1,
+                      options=PlanOptions(chunks=chunks), with_bound=False)
     return {"schedule": schedule, "nodes": nodes, "chunks": chunks,
             "collectives": estimate.collectives, "messages": estimate.messages,
             "wall_s": time.perf_counter() - began, "cpu_s": time.process_time() - began_cpu,

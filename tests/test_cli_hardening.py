@@ -20,6 +20,7 @@ from launching import LAUNCH_VARS, REPO
 from cocodiff import budget
 from cocodiff.jsonfile import MAX_JSON_DEPTH, json_depth
 from cocodiff.models import REGISTRY, TINY_NAMES
+from cocodiff.schedules import PlanOptions
 from cocodiff.simulate import simulate_schedule
 from topology import Placement, build_topology, get_preset
 
@@ -289,7 +290,7 @@ def test_the_guard_counts_the_collectives_the_simulator_posts(monkeypatch, sched
     topology = build_topology(spec)
     simulate_schedule(schedule, model, topology, Placement.node_major(topology),
                       (model.image_tokens(256, 256), model.text_tokens), 1,
-                      chunks=chunks if schedule != "flat" else None, with_bound=False)
+                      options=PlanOptions(chunks=chunks), with_bound=False)
     estimate = budget.estimate_simulation(spec, model.num_layers, model.num_heads,
                                           {schedule: 1}, chunks)
     assert estimate.collectives == len(posted)
