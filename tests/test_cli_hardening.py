@@ -1,8 +1,9 @@
 """Regression tests for issue 18: nine ways the CLI crashed or hung on input an outside
 fuzzer wrote from the README's rules, the resource guard, and physically absurd numbers.
 
-Every case runs ``cocodiff`` in-process with a strict UTF-8 stdout under a 10 s alarm and
-must exit 0 (valid input) or 2 with one line naming the problem.
+Every case runs ``cocodiff`` in-process with a strict UTF-8 stdout under an alarm (10 s of
+CPU time, or ten times that on the wall clock: ``clicheck.time_limit``) and must exit 0
+(valid input) or 2 with one line naming the problem.
 """
 
 from __future__ import annotations
