@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import permutations
 
 from cocodiff.bounds import plan_bound_s
 from cocodiff.layout import AXES, ParallelLayout
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Plan, RankProgram
+from cocodiff.plan import Plan
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.hybrid import plan_hybrid
-from cocodiff.simulate import simulate_plan
+from cocodiff.simulate import simulate_layers
 from topology import Placement, Topology
 from transports.sim import CollectiveModel
 
@@ -96,25 +96,12 @@ def candidate_layouts(num_ranks: int, num_heads: int, batch_size: int = 1
     return list(layouts.values())
 
 
-def _with_layers(plan: Plan, num_layers: int) -> Plan:
-    return replace(plan, programs=tuple(RankProgram(p.rank, p.layers[:num_layers])
-                                        for p in plan.programs))
-
-
 def simulate_step(plan: Plan, topology: Topology, placement: Placement,
                   collective: CollectiveModel | None = None) -> tuple[float, float]:
     """(step time, compute of the slowest rank) of ``plan``, by layer extrapolation
-    when its layers are all the same (module doc), else by simulating every layer."""
-    layers = plan.program(0).layers
-    same = all(all(layer is p.layers[0] for layer in p.layers) for p in plan.programs)
-    if len(layers) <= 2 or not same:
-        result = simulate_plan(plan, topology, placement, collective=collective)
-        return result.step_time_s, result.compute_s
-    one, two = (simulate_plan(_with_layers(plan, k), topology, placement, collective=collective)
-                for k in (1, 2))
-    extra = len(layers) - 1
-    return (one.step_time_s + extra * (two.step_time_s - one.step_time_s),
-            one.compute_s * len(layers))
+    (:func:`cocodiff.simulate.simulate_layers`)."""
+    result = simulate_layers(plan, topology, placement, collective)
+    return result.step_time_s, result.compute_s
 
 
 def rank_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import simpy
@@ -20,7 +20,7 @@ from cocodiff.cost import roofline_seconds
 from cocodiff.executor import Execution, run_program
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Compute, Exchange, Phase, Plan
+from cocodiff.plan import Compute, Exchange, Phase, Plan, RankProgram
 from cocodiff.schedules import (
     STEP_DEPENDENT,
     RankGrid,
@@ -269,6 +269,70 @@ def simulate_plan(
     )
 
 
+def _with_layers(plan: Plan, num_layers: int) -> Plan:
+    return replace(plan, programs=tuple(RankProgram(p.rank, p.layers[:num_layers])
+                                        for p in plan.programs))
+
+
+def _repeats_one_layer(plan: Plan) -> bool:
+    """Whether every layer of every rank is the same object (schedulers share it)."""
+    return all(all(layer is p.layers[0] for layer in p.layers) for p in plan.programs)
+
+
+def simulate_layers(
+    plan: Plan,
+    topology: Topology,
+    placement: Placement | None = None,
+    collective: CollectiveModel | None = None,
+) -> SimResult:
+    """:func:`simulate_plan`'s result for a plan whose layers are all the same, from a
+    one-layer and a two-layer simulation.
+
+    Every layer ends with exchanges that resynchronise the ranks, so everything a step
+    accumulates is affine in its number of layers ``L`` after the first:
+    ``x(L) = x(1) + (L - 1) * (x(2) - x(1))`` for the step time, the slowest rank's
+    compute and exchange time, and the bytes on every tier and link.
+    ``tests/test_simulate.py`` checks every field against the full simulation. A plan
+    of two layers or fewer, or with layers that differ, is simulated in full. The
+    result holds no :class:`Simulation` (traces and plots need the full one).
+    """
+    num_layers = len(plan.program(0).layers)
+    if num_layers <= 2 or not _repeats_one_layer(plan):
+        return simulate_plan(plan, topology, placement, collective=collective)
+    one, two = (simulate_plan(_with_layers(plan, k), topology, placement, collective=collective)
+                for k in (1, 2))
+    extra = num_layers - 1
+
+    def affine(first: float, second: float) -> float:
+        return first + extra * (second - first)
+
+    step_time_s = affine(one.step_time_s, two.step_time_s)
+    compute_s = affine(one.compute_s, two.compute_s)
+    links_one, links_two = (
+        {link: s.bytes_carried for link, s in r.simulation.network.stats.items()}
+        for r in (one, two)
+    )
+    return SimResult(
+        schedule=plan.schedule,
+        num_ranks=plan.num_ranks,
+        step_time_s=step_time_s,
+        compute_s=compute_s,
+        comm_exposed_s=max(0.0, step_time_s - compute_s),
+        bytes_by_tier={tier: affine(one.bytes_by_tier[tier], two.bytes_by_tier[tier])
+                       for tier in TIERS},
+        busiest_links=_busiest_links(
+            two.simulation, step_time_s,
+            bytes_carried={link: affine(links_one[link], num_bytes)
+                           for link, num_bytes in links_two.items()}),
+        simulated_ranks=two.simulated_ranks,
+        folded=two.folded,
+        wall_s=one.wall_s + two.wall_s,
+        num_flows=one.num_flows + two.num_flows,
+        num_events=one.num_events + two.num_events,
+        exchange_s=affine(one.exchange_s, two.exchange_s),
+    )
+
+
 def simulate_schedule(
     name: str,
     spec: ModelSpec,
@@ -295,6 +359,8 @@ def simulate_schedule(
     trace, V-Major's selection is the recorded one, step by step. With ``parallel`` (a
     Ulysses x Ring x batch layout) the schedule runs inside each Ulysses group
     (:func:`cocodiff.schedules.hybrid.plan_hybrid`); ``batch`` is the samples per step.
+    A step is simulated by :func:`simulate_layers` (one and two layers, extrapolated),
+    except the one a trace or plot records (``record_spans``), which runs in full.
     """
     wall_start = time.perf_counter()
     grid = RankGrid.from_placement(topology, placement)
@@ -314,8 +380,7 @@ def simulate_schedule(
         for step in range(activity.num_steps):
             plan = plan_from_activity(spec, grid, stream_tokens, activity, step,
                                       chunks=chunks or 1)
-            by_plan[float(step)] = simulate_plan(plan, topology, placement,
-                                                 collective=collective)
+            by_plan[float(step)] = simulate_layers(plan, topology, placement, collective)
             per_step.append(by_plan[float(step)])
     for step in range(num_steps if name in STEP_DEPENDENT and activity is None else
                       0 if per_step else 1):
@@ -326,8 +391,11 @@ def simulate_schedule(
                 kwargs |= {"cache_ratio": key,
                            "slow_levels": (vmajor or VMajorOptions()).slow_levels}
             plan = scheduler(spec, grid, stream_tokens, **kwargs)
-            by_plan[key] = simulate_plan(plan, topology, placement, collective=collective,
-                                         record_spans=record_spans and not by_plan)
+            if record_spans and not by_plan:  # the trace and the plot show this one
+                by_plan[key] = simulate_plan(plan, topology, placement, collective=collective,
+                                             record_spans=True)
+            else:
+                by_plan[key] = simulate_layers(plan, topology, placement, collective)
         per_step.append(by_plan[key])
     first = per_step[0]
     result = SimResult(
@@ -395,15 +463,20 @@ def _rank_process(simulation: Simulation, execution: Execution, rank: int,
     finish_s[rank] = simulation.now
 
 
-def _busiest_links(simulation: Simulation, step_time_s: float, top: int = 5) -> list[LinkUse]:
+def _busiest_links(simulation: Simulation, step_time_s: float, top: int = 5,
+                   bytes_carried: dict | None = None) -> list[LinkUse]:
+    """The ``top`` links by utilisation; ``bytes_carried`` (link -> bytes) replaces
+    what the simulation's links carried (an extrapolated step's bytes)."""
     if step_time_s <= 0:
         return []
     graph = simulation.topology.graph
+    stats = simulation.network.stats
+    carried = bytes_carried or {link: s.bytes_carried for link, s in stats.items()}
     uses = [
         LinkUse(link, graph.edges[link]["kind"],
-                stats.bytes_carried / (stats.capacity_bytes_per_s * step_time_s))
-        for link, stats in simulation.network.stats.items()
-        if stats.bytes_carried > 0
+                num_bytes / (stats[link].capacity_bytes_per_s * step_time_s))
+        for link, num_bytes in carried.items()
+        if num_bytes > 0
     ]
     uses.sort(key=lambda use: use.utilisation, reverse=True)
     return uses[:top]
