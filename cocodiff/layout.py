@@ -28,6 +28,7 @@ chunks, gathered) is then a contiguous run of chunks.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -119,11 +120,7 @@ class ParallelLayout:
 
     def _strides(self) -> dict[str, int]:
         """Distance in grid positions between consecutive members along each axis."""
-        strides, stride = {}, 1
-        for axis in reversed(self.order):
-            strides[axis] = stride
-            stride *= getattr(self, axis)
-        return strides
+        return _strides(self.order, self.ulysses, self.ring, self.batch)
 
     def position(self, batch_index: int, ring_index: int, ulysses_index: int) -> int:
         strides = self._strides()
@@ -172,15 +169,27 @@ class ParallelLayout:
             heads: heads of each Ulysses index.
         """
         n = self.num_ranks
-        ring_next = [self.ring_group(p)[(self.coords(p)[1] + 1) % self.ring] for p in range(n)]
+        coords = [self.coords(p) for p in range(n)]
+        ring_next = [self.ring_group(p)[(coords[p][1] + 1) % self.ring] for p in range(n)]
         groups = {frozenset(self.ulysses_group(p)) for p in range(n)}
         for shift in (s for s in range(1, n + 1) if n % s == 0):
-            if all(heads[self.coords(p)[2]] == heads[self.coords((p + shift) % n)[2]]
+            if all(heads[coords[p][2]] == heads[coords[(p + shift) % n][2]]
                    and ring_next[(p + shift) % n] == (ring_next[p] + shift) % n
                    for p in range(n)) and all(
                     frozenset((p + shift) % n for p in group) in groups for group in groups):
                 return shift
         return n
+
+
+@functools.cache
+def _strides(order: tuple[str, ...], ulysses: int, ring: int, batch: int) -> dict[str, int]:
+    # Cached: plans ask for every rank's groups, each through these strides.
+    degrees = {"ulysses": ulysses, "ring": ring, "batch": batch}
+    strides, stride = {}, 1
+    for axis in reversed(order):
+        strides[axis] = stride
+        stride *= degrees[axis]
+    return strides
 
 
 def parse_degrees(ulysses: int | None, ring: int | None, batch: int | None,

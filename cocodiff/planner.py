@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import permutations
 
-from cocodiff.bounds import plan_bound_s
+from cocodiff.bounds import plan_bound_s, step_floor_s
+from cocodiff.fanout import map_local
 from cocodiff.layout import AXES, ParallelLayout
 from cocodiff.models import ModelSpec
 from cocodiff.plan import Plan
@@ -30,7 +31,7 @@ from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.hybrid import plan_hybrid
 from cocodiff.simulate import simulate_layers
 from topology import Placement, Topology
-from transports.sim import CollectiveModel
+from transports.sim import CollectiveModel, collective_model_for
 
 # Schedules the planner ranks by default: the exact ones (V-Major is lossy).
 DEFAULT_SCHEDULES = ("flat", "tapa", "vfirst")
@@ -46,14 +47,15 @@ class Candidate:
         step_time_s: simulated time of one denoising step.
         compute_s: compute of the slowest rank in that step.
         bound_s: the topology's lower bound for the step's exchanges (links only,
-            ``cocodiff.bounds``): no schedule of this layout communicates faster.
+            ``cocodiff.bounds``): no schedule of this layout communicates faster; None
+            when the ranking was asked for none.
     """
 
     layout: ParallelLayout
     schedule: str
     step_time_s: float
     compute_s: float
-    bound_s: float
+    bound_s: float | None
 
     def to_json(self) -> dict:
         return {"layout": self.layout.name, "ulysses": self.layout.ulysses,
@@ -108,7 +110,8 @@ def rank_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[in
                  schedules: Sequence[str] = DEFAULT_SCHEDULES, batch_size: int = 1,
                  collective: CollectiveModel | None = None,
                  layouts: Sequence[ParallelLayout] | None = None,
-                 chunks: int | None = None) -> PlanResult:
+                 chunks: int | None = None, *, with_bounds: bool = True,
+                 workers: int = 1) -> PlanResult:
     """Simulate every valid layout under every schedule on all of ``topology``'s tiles
     and rank them by step time.
 
@@ -121,36 +124,108 @@ def rank_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[in
         collective: the collective model (default: the topology preset's).
         layouts: the layouts to rank (default: :func:`candidate_layouts`).
         chunks: pipeline chunks of phased exchanges (default: the schedules').
+        with_bounds: compute each candidate's link bound (else ``bound_s`` is None):
+            only for showing, it plays no part in the ranking.
+        workers: local processes to simulate the candidates on
+            (:func:`cocodiff.fanout.map_local`); the ranking is the same for any number.
     """
     start = time.perf_counter()
     placement = Placement.node_major(topology)
-    grid = RankGrid.from_placement(topology, placement)
     if layouts is None:
         layouts = candidate_layouts(placement.num_ranks, spec.num_heads, batch_size)
-    candidates = []
-    for layout in layouts:
-        # Without a Ulysses exchange every schedule makes the same plan.
-        names = schedules[:1] if layout.ulysses == 1 else schedules
-        for name in names:
-            options = {} if chunks is None or name == "flat" else {"chunks": chunks}
-            plan = plan_hybrid(name, spec, grid, stream_tokens, layout, batch=batch_size,
-                               **options)
-            step_s, compute_s = simulate_step(plan, topology, placement, collective)
-            candidates.append(Candidate(layout, name, step_s, compute_s,
-                                        plan_bound_s(plan, topology, placement)))
+    # Without a Ulysses exchange every schedule makes the same plan.
+    pairs = [(layout, name) for layout in layouts
+             for name in (schedules[:1] if layout.ulysses == 1 else schedules)]
+    context = _Context(spec, topology, placement, RankGrid.from_placement(topology, placement),
+                       tuple(stream_tokens), batch_size, collective, chunks, with_bounds)
+    candidates = map_local(_evaluate, context, pairs, workers)
     candidates.sort(key=lambda c: (c.step_time_s, c.layout.name, c.schedule))
     return PlanResult(tuple(candidates), time.perf_counter() - start)
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What every candidate of one ranking shares."""
+
+    spec: ModelSpec
+    topology: Topology
+    placement: Placement
+    grid: RankGrid
+    stream_tokens: tuple[int, ...]
+    batch_size: int
+    collective: CollectiveModel | None
+    chunks: int | None
+    with_bounds: bool
+
+
+def _evaluate(context: _Context, pair: tuple[ParallelLayout, str]) -> Candidate:
+    layout, name = pair
+    options = {} if context.chunks is None or name == "flat" else {"chunks": context.chunks}
+    plan = plan_hybrid(name, context.spec, context.grid, context.stream_tokens, layout,
+                       batch=context.batch_size, **options)
+    step_s, compute_s = simulate_step(plan, context.topology, context.placement,
+                                      context.collective)
+    bound_s = (plan_bound_s(plan, context.topology, context.placement)
+               if context.with_bounds else None)
+    return Candidate(layout, name, step_s, compute_s, bound_s)
+
+
+def best_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
+                 schedules: Sequence[str], batch_size: int = 1,
+                 collective: CollectiveModel | None = None,
+                 workers: int = 1) -> dict[str, ParallelLayout]:
+    """The planner's best layout for each schedule (V-Major's ``cocodiff`` is ranked as
+    its exact twin ``vfirst``: the same exchanges before V-Major trims them).
+
+    The same choice as the best of :func:`rank_layouts` for that schedule alone, without
+    simulating every candidate: candidates are simulated in the order of their step
+    floor (:func:`cocodiff.bounds.step_floor_s`, a lower bound that needs no
+    simulation), and once a floor exceeds the best step time simulated so far no later
+    candidate can win. Ties go to the layout name first, as in :func:`rank_layouts`.
+    ``workers`` local processes search for different schedules at once.
+    """
+    placement = Placement.node_major(topology)
+    context = _Context(spec, topology, placement, RankGrid.from_placement(topology, placement),
+                       tuple(stream_tokens), batch_size, collective, None, False)
+    ranked_as = {name: "vfirst" if name == "cocodiff" else name for name in schedules}
+    ranked = list(dict.fromkeys(ranked_as.values()))
+    best = dict(zip(ranked, map_local(_best_for, context, ranked, workers), strict=True))
+    return {name: best[ranked_as[name]] for name in schedules}
+
+
+def _best_for(context: _Context, name: str) -> ParallelLayout:
+    """:func:`best_layouts` for one schedule."""
+    topology, placement = context.topology, context.placement
+    model = context.collective or collective_model_for(topology.spec.name)
+    layouts = candidate_layouts(placement.num_ranks, context.spec.num_heads,
+                                context.batch_size)
+    plans = [plan_hybrid(name, context.spec, context.grid, context.stream_tokens, layout,
+                         batch=context.batch_size) for layout in layouts]
+    floors = sorted((step_floor_s(plan, topology, placement, model), layout.name, index)
+                    for index, (layout, plan) in enumerate(zip(layouts, plans, strict=True)))
+    winner: tuple[float, str, int] | None = None
+    for floor_s, layout_name, index in floors:
+        # A floor within float rounding of the best may still tie it: simulate it.
+        if winner is not None and floor_s > winner[0] * (1 + _FLOOR_SLACK):
+            break
+        step_s, _ = simulate_step(plans[index], topology, placement, context.collective)
+        if winner is None or (step_s, layout_name) < winner[:2]:
+            winner = (step_s, layout_name, index)
+    assert winner is not None, "candidate_layouts always holds pure Ulysses or pure Ring"
+    return layouts[winner[2]]
+
+
+# Relative float rounding a step floor may carry above the simulated time it bounds.
+_FLOOR_SLACK = 1e-9
 
 
 def best_layout(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
                 schedule: str, batch_size: int = 1,
                 collective: CollectiveModel | None = None) -> ParallelLayout:
-    """The planner's layout for one schedule (V-Major's ``cocodiff`` is ranked as its
-    exact twin ``vfirst``: the same exchanges before V-Major trims them)."""
-    ranked_as = "vfirst" if schedule == "cocodiff" else schedule
-    return rank_layouts(spec, topology, stream_tokens, (ranked_as,), batch_size,
-                        collective).best.layout
+    """The planner's layout for one schedule (see :func:`best_layouts`)."""
+    return best_layouts(spec, topology, stream_tokens, (schedule,), batch_size,
+                        collective)[schedule]
 
 
-__all__ = ["AXES", "Candidate", "PlanResult", "best_layout", "candidate_layouts",
-           "rank_layouts", "simulate_step"]
+__all__ = ["AXES", "Candidate", "PlanResult", "best_layout", "best_layouts",
+           "candidate_layouts", "rank_layouts", "simulate_step"]

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from cocodiff.errors import CocodiffError
+from cocodiff.fanout import local_cores, map_local
 from cocodiff.plan_command import (
     add_degree_arguments,
     add_machine_arguments,
@@ -18,6 +19,10 @@ from cocodiff.plan_command import (
     explicit_layout,
 )
 from cocodiff.schedules.vmajor import add_vmajor_arguments, vmajor_from_arguments
+
+# --layout: the planner's layouts, or pure Ulysses over every rank.
+AUTO, PURE = "auto", "pure"
+LAYOUT_CHOICES = (AUTO, PURE)
 
 # Denoising steps beyond any real sampler (V-Major plans are made per step).
 MAX_STEPS = 10_000
@@ -43,10 +48,11 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
     parser.add_argument("--activity-trace", type=Path, default=None,
                         help="replay a recorded V-Major activity trace (JSON, "
                         "cocodiff-activity/1) in the cocodiff schedule")
-    parser.add_argument("--layout", default=None, choices=("auto",),
+    parser.add_argument("--layout", default=None, choices=LAYOUT_CHOICES,
                         help="auto: each schedule on the planner's best Ulysses x Ring x batch "
-                        "layout (`cocodiff plan`); default: pure Ulysses over every rank, or "
-                        "the layout --ulysses/--ring/--batch give")
+                        "layout (`cocodiff plan`); pure: pure Ulysses over every rank; "
+                        "default: pure up to the head count, auto past it (or the layout "
+                        "--ulysses/--ring/--batch give)")
     add_degree_arguments(parser, positive_int)
     parser.add_argument("--batch-size", type=positive_int, default=1,
                         help="samples per denoising step (2: a classifier-free-guidance "
@@ -102,7 +108,6 @@ def _single(args, names, vmajor, collective) -> int:
     from cocodiff.atomic import atomic_write_text
     from cocodiff.models import load_model_spec, parse_resolution
     from cocodiff.report import plot_layer_gantt, print_results
-    from cocodiff.simulate import simulate_schedule
     from topology import Placement, build_topology, resolve_topology
 
     topology = build_topology(resolve_topology(args.topology, args.nodes))
@@ -114,13 +119,14 @@ def _single(args, names, vmajor, collective) -> int:
     placement = Placement.node_major(topology)
     record = args.trace is not None or args.plot is not None
     layouts = _layouts(args, names, model, topology, streams, collective, placement.num_ranks)
-    results = [
-        simulate_schedule(name, model, topology, placement, streams, args.steps,
-                          chunks=args.chunks, vmajor=vmajor, collective=collective,
-                          record_spans=record, activity=args.activity,
-                          parallel=layouts[name], batch=args.batch_size)
-        for name in names
-    ]
+    context = {"positional": (model, topology, placement, streams, args.steps),
+               "options": {"chunks": args.chunks, "vmajor": vmajor, "collective": collective,
+                           "record_spans": record, "activity": args.activity,
+                           "batch": args.batch_size},
+               "layouts": layouts}
+    # Schedules run side by side on the local cores; a recorded timeline (trace, plot)
+    # stays in this process.
+    results = map_local(_simulate_one, context, names, 1 if record else None)
     spec = topology.spec
     title = (
         f"{model.name} {width}x{height}" + (f"x{args.frames}f" if args.frames > 1 else "")
@@ -128,7 +134,9 @@ def _single(args, names, vmajor, collective) -> int:
         f"{placement.num_ranks} ranks; {args.steps} steps"
     )
     notes = _notes(results, args.steps, collective, topology, model, placement, layouts)
-    print_results(results, title, notes)
+    print_results(results, title, notes,
+                  layouts=[_layout_name(layouts[r.schedule], placement.num_ranks)
+                           for r in results])
     if args.json:
         atomic_write_text(args.json, json.dumps({
             "model": model.name,
@@ -151,24 +159,43 @@ def _single(args, names, vmajor, collective) -> int:
     return 0
 
 
+def _simulate_one(context: dict, name: str):
+    """One schedule's :func:`cocodiff.simulate.simulate_schedule` (a local worker's job)."""
+    from cocodiff.simulate import simulate_schedule
+
+    result = simulate_schedule(name, *context["positional"], parallel=context["layouts"][name],
+                               **context["options"])
+    if not context["options"]["record_spans"]:
+        result.simulation = None  # nothing reads it, and a worker's result must pickle
+    return result
+
+
 def _layouts(args, names, model, topology, streams, collective, num_ranks) -> dict:
     """Each schedule's parallel layout: None (pure Ulysses), the flags', or the planner's."""
     layout = explicit_layout(args, num_ranks)
-    if layout is not None and args.layout == "auto":
-        raise CocodiffError("--layout auto lets the planner choose: drop --ulysses/--ring/"
-                            "--batch, or drop --layout")
+    if layout is not None and args.layout is not None:
+        raise CocodiffError(f"--layout {args.layout} and --ulysses/--ring/--batch both choose "
+                            "the layout: drop one")
     if layout is not None:
         layout.check(num_ranks, model.num_heads, args.batch_size)
         return dict.fromkeys(names, layout)
-    if args.layout == "auto":
+    choice = args.layout
+    if choice is None:  # pure Ulysses leaves ranks idle past the head count
+        auto = num_ranks > model.num_heads and args.activity is None
+        choice = AUTO if auto else PURE
+    if choice == AUTO:
         if args.activity is not None:
             raise CocodiffError("--activity-trace replays a pure-Ulysses run; it cannot use "
                                 "--layout auto")
-        from cocodiff.planner import best_layout
+        from cocodiff.planner import best_layouts
 
-        return {name: best_layout(model, topology, streams, name, args.batch_size, collective)
-                for name in names}
+        return best_layouts(model, topology, streams, names, args.batch_size, collective,
+                            workers=local_cores())
     return dict.fromkeys(names)
+
+
+def _layout_name(layout, num_ranks: int) -> str:
+    return layout.name if layout is not None else f"pure U{num_ranks}"
 
 
 def _layout_json(layout) -> dict | None:
@@ -193,10 +220,9 @@ def _notes(results, steps, collective, topology, model, placement, layouts=None)
             f"(simulated {r.simulated_ranks} of {r.num_ranks} ranks"
             + (", folded" if r.folded else "") + f", {r.wall_s:.2f} s wall)"
         )
-    for name, layout in (layouts or {}).items():
-        if layout is not None:
-            notes.append(f"{name}: layout {layout.name} (Ulysses {layout.ulysses} x Ring "
-                         f"{layout.ring} x batch {layout.batch})")
+    if any((layouts or {}).values()):
+        notes.append("layout UxRxB = Ulysses x Ring x batch degrees ('/ring-inner': the Ring "
+                     "on the fast tiers); `cocodiff plan` ranks them all")
     heads = model.num_heads
     if placement.num_ranks > heads and not any((layouts or {}).values()):
         notes.append(f"{placement.num_ranks} ranks > {heads} heads: "
@@ -211,6 +237,7 @@ def _sweep(args, names, vmajor, collective) -> int:
 
     from cocodiff.atomic import atomic_write, atomic_write_text
     from cocodiff.models import load_model_spec
+    from cocodiff.planner import best_layouts
     from cocodiff.simulate import simulate_schedule
     from topology import Placement, build_topology, get_preset
 
@@ -231,7 +258,7 @@ def _sweep(args, names, vmajor, collective) -> int:
                 placement = Placement.node_major(topology)
                 # Past the head count pure Ulysses leaves ranks idle: every schedule then
                 # runs on the planner's best layout for it (flat included: USP's baseline).
-                layouts = (_planned_layouts(model, topology, streams, names, collective)
+                layouts = (best_layouts(model, topology, streams, names, 1, collective)
                            if placement.num_ranks > model.num_heads else dict.fromkeys(names))
                 results = {name: simulate_schedule(name, model, topology, placement, streams,
                                                    args.steps, chunks=args.chunks,
@@ -271,18 +298,6 @@ def _sweep(args, names, vmajor, collective) -> int:
     if args.plot:
         atomic_write(args.plot, lambda tmp: _plot_sweep(rows, names, tmp))
     return 0
-
-
-def _planned_layouts(model, topology, streams, names, collective) -> dict:
-    """The planner's best layout for each schedule, from one ranking (V-Major's
-    ``cocodiff`` takes ``vfirst``'s: the same exchanges before V-Major trims them)."""
-    from cocodiff.planner import rank_layouts
-
-    ranked_as = {name: "vfirst" if name == "cocodiff" else name for name in names}
-    ranking = rank_layouts(model, topology, streams, tuple(dict.fromkeys(ranked_as.values())),
-                           collective=collective)
-    return {name: next(c.layout for c in ranking.candidates if c.schedule == ranked_as[name])
-            for name in names}
 
 
 def _sweep_values(text, default, kind, what):
