@@ -27,12 +27,6 @@ LAYOUT_CHOICES = (AUTO, PURE)
 # Denoising steps beyond any real sampler (V-Major plans are made per step).
 MAX_STEPS = 10_000
 
-# The paper's grid (arXiv 2604.14561): models x resolutions x Aurora nodes.
-SWEEP = {
-    "models": ("flux1-dev", "qwen-image", "sd35-large", "flux2-dev"),
-    "resolutions": (768, 1536, 2304),
-    "nodes": (1, 2, 4, 8),
-}
 
 
 def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
@@ -64,6 +58,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
     parser.add_argument("--sweep-models", default=None, help="restrict the sweep's models")
     parser.add_argument("--sweep-resolutions", default=None, help="restrict its resolutions")
     parser.add_argument("--sweep-nodes", default=None, help="restrict its node counts")
+    parser.add_argument("--workers", type=positive_int, default=None,
+                        help="local processes to simulate on (default: every core this "
+                        "process may use; under mpiexec, shared by the ranks of a host)")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--trace", type=Path,
                         help="write a Chrome/Perfetto trace (open in ui.perfetto.dev)")
@@ -100,7 +97,9 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise CocodiffError("--sweep chooses its own layouts (the planner's where pure Ulysses "
                             "cannot run); drop --layout, --ulysses/--ring/--batch, --batch-size")
     if args.sweep:
-        return _sweep(args, names, vmajor, collective)
+        from cocodiff.sweep import run_sweep
+
+        return run_sweep(args, names, vmajor, collective)
     return _single(args, names, vmajor, collective)
 
 
@@ -126,7 +125,7 @@ def _single(args, names, vmajor, collective) -> int:
                "layouts": layouts}
     # Schedules run side by side on the local cores; a recorded timeline (trace, plot)
     # stays in this process.
-    results = map_local(_simulate_one, context, names, 1 if record else None)
+    results = map_local(_simulate_one, context, names, 1 if record else args.workers)
     spec = topology.spec
     title = (
         f"{model.name} {width}x{height}" + (f"x{args.frames}f" if args.frames > 1 else "")
@@ -190,7 +189,7 @@ def _layouts(args, names, model, topology, streams, collective, num_ranks) -> di
         from cocodiff.planner import best_layouts
 
         return best_layouts(model, topology, streams, names, args.batch_size, collective,
-                            workers=local_cores())
+                            workers=args.workers or local_cores())
     return dict.fromkeys(names)
 
 
@@ -229,118 +228,3 @@ def _notes(results, steps, collective, topology, model, placement, layouts=None)
                      f"{placement.num_ranks - heads} ranks hold no head during attention "
                      "(the pure-Ulysses limit)")
     return notes
-
-
-def _sweep(args, names, vmajor, collective) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from cocodiff.atomic import atomic_write, atomic_write_text
-    from cocodiff.models import load_model_spec
-    from cocodiff.planner import best_layouts
-    from cocodiff.simulate import simulate_schedule
-    from topology import Placement, build_topology, get_preset
-
-    models = _sweep_values(args.sweep_models, SWEEP["models"], str, "model")
-    resolutions = _sweep_values(args.sweep_resolutions, SWEEP["resolutions"], int, "resolution")
-    nodes_list = _sweep_values(args.sweep_nodes, SWEEP["nodes"], int, "node count")
-    specs = {name: load_model_spec(name) for name in models}
-    if "flat" not in names:
-        names = ["flat", *names]
-    rows = []
-    for model_name in models:
-        model = specs[model_name]
-        for resolution in resolutions:
-            model.check_resolution(resolution, resolution)
-            streams = (model.image_tokens(resolution, resolution), model.text_tokens)
-            for nodes in nodes_list:
-                topology = build_topology(get_preset("aurora", nodes))
-                placement = Placement.node_major(topology)
-                # Past the head count pure Ulysses leaves ranks idle: every schedule then
-                # runs on the planner's best layout for it (flat included: USP's baseline).
-                layouts = (best_layouts(model, topology, streams, names, 1, collective)
-                           if placement.num_ranks > model.num_heads else dict.fromkeys(names))
-                results = {name: simulate_schedule(name, model, topology, placement, streams,
-                                                   args.steps, chunks=args.chunks,
-                                                   vmajor=vmajor, collective=collective,
-                                                   parallel=layouts[name])
-                           for name in names}
-                flat = results["flat"].step_time_s
-                rows.append({
-                    "model": model_name, "resolution": resolution, "nodes": nodes,
-                    "num_ranks": placement.num_ranks,
-                    "layouts": {name: layouts[name].name if layouts[name] else "pure"
-                                for name in names},
-                    "results": [r.to_json() for r in results.values()],
-                    "speedup": {name: flat / r.step_time_s for name, r in results.items()},
-                })
-                print(f"{model_name} {resolution}px {nodes} node(s): " + ", ".join(
-                    f"{name} {rows[-1]['speedup'][name]:.2f}x" for name in names), flush=True)
-    table = Table(title="simulated speedup over flat Ulysses (Aurora)", title_justify="left")
-    for column in ("model", "px", "nodes", *names, "layout (flat / " + names[-1] + ")"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(row["model"], str(row["resolution"]), str(row["nodes"]),
-                      *(f"{row['speedup'][name]:.2f}x" for name in names),
-                      f"{row['layouts']['flat']} / {row['layouts'][names[-1]]}")
-    Console(width=200).print(table)
-    best = names[-1]
-    speedups = [row["speedup"][best] for row in rows]
-    peak = max(rows, key=lambda row: row["speedup"][best])
-    print(f"{best} over flat: mean {sum(speedups) / len(speedups):.2f}x, peak "
-          f"{peak['speedup'][best]:.2f}x ({peak['model']}, {peak['resolution']}px, "
-          f"{peak['nodes']} nodes)")
-    if args.json:
-        atomic_write_text(args.json, json.dumps({"grid": {"models": models,
-                                                          "resolutions": resolutions,
-                                                          "nodes": nodes_list},
-                                                 "steps": args.steps, "rows": rows}, indent=2))
-    if args.plot:
-        atomic_write(args.plot, lambda tmp: _plot_sweep(rows, names, tmp))
-    return 0
-
-
-def _sweep_values(text, default, kind, what):
-    if text is None:
-        return list(default)
-    values = []
-    for item in text.split(","):
-        try:
-            values.append(kind(item.strip()))
-        except ValueError:
-            raise CocodiffError(f"sweep {what} {item.strip()!r} is not valid") from None
-    if kind is str:
-        unknown = [v for v in values if v not in default]
-        if unknown:
-            raise CocodiffError(f"unknown sweep {what} {unknown[0]!r}; valid: "
-                                f"{', '.join(default)}")
-    elif any(v < 1 for v in values):
-        raise CocodiffError(f"sweep {what}s must be positive, got {text!r}")
-    return values
-
-
-def _plot_sweep(rows, names, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = list(dict.fromkeys(row["model"] for row in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.4), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
-        for resolution in sorted({row["resolution"] for row in rows}):
-            chosen = [row for row in rows if row["model"] == model
-                      and row["resolution"] == resolution]
-            for name, style in zip(names[1:], ("--", "-.", "-"), strict=False):
-                ax.plot([row["nodes"] for row in chosen],
-                        [row["speedup"][name] for row in chosen], style, marker="o",
-                        label=f"{name} {resolution}px")
-        ax.set_title(model, fontsize=9)
-        ax.set_xlabel("Aurora nodes")
-        ax.set_xscale("log", base=2)
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-    axes[0][0].set_ylabel("speedup over flat Ulysses")
-    axes[0][-1].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)
