@@ -135,13 +135,11 @@ class ParallelLayout:
 
     def ulysses_group(self, position: int) -> tuple[int, ...]:
         """Grid positions of the position's Ulysses group, in Ulysses order."""
-        b, r, _ = self.coords(position)
-        return tuple(self.position(b, r, u) for u in range(self.ulysses))
+        return _groups(self)[0][position]
 
     def ring_group(self, position: int) -> tuple[int, ...]:
         """Grid positions of the position's Ring, in ring order."""
-        b, _, u = self.coords(position)
-        return tuple(self.position(b, r, u) for r in range(self.ring))
+        return _groups(self)[1][position]
 
     def sequence_group(self, position: int) -> tuple[int, ...]:
         """Grid positions sharing the position's samples, by sequence chunk index."""
@@ -190,6 +188,23 @@ def _strides(order: tuple[str, ...], ulysses: int, ring: int, batch: int) -> dic
         strides[axis] = stride
         stride *= degrees[axis]
     return strides
+
+
+@functools.lru_cache(maxsize=64)
+def _groups(layout: ParallelLayout) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """(Ulysses group, Ring) of every grid position, each group built once and shared by
+    its members: plans and the fold period ask for every rank's groups."""
+    ulysses: dict[tuple[int, int], tuple[int, ...]] = {}
+    rings: dict[tuple[int, int], tuple[int, ...]] = {}
+    by_position = []
+    for position in range(layout.num_ranks):
+        b, r, u = layout.coords(position)
+        if (b, r) not in ulysses:
+            ulysses[(b, r)] = tuple(layout.position(b, r, k) for k in range(layout.ulysses))
+        if (b, u) not in rings:
+            rings[(b, u)] = tuple(layout.position(b, k, u) for k in range(layout.ring))
+        by_position.append((ulysses[(b, r)], rings[(b, u)]))
+    return tuple(g for g, _ in by_position), tuple(r for _, r in by_position)
 
 
 def parse_degrees(ulysses: int | None, ring: int | None, batch: int | None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import permutations
 
 from cocodiff.bounds import plan_bound_s, step_floor_s
@@ -99,10 +99,11 @@ def candidate_layouts(num_ranks: int, num_heads: int, batch_size: int = 1
 
 
 def simulate_step(plan: Plan, topology: Topology, placement: Placement,
-                  collective: CollectiveModel | None = None) -> tuple[float, float]:
+                  collective: CollectiveModel | None = None,
+                  num_layers: int | None = None) -> tuple[float, float]:
     """(step time, compute of the slowest rank) of ``plan``, by layer extrapolation
-    (:func:`cocodiff.simulate.simulate_layers`)."""
-    result = simulate_layers(plan, topology, placement, collective)
+    (:func:`cocodiff.simulate.simulate_layers`; ``num_layers`` as there)."""
+    result = simulate_layers(plan, topology, placement, collective, num_layers)
     return result.step_time_s, result.compute_s
 
 
@@ -199,16 +200,22 @@ def _best_for(context: _Context, name: str) -> ParallelLayout:
     model = context.collective or collective_model_for(topology.spec.name)
     layouts = candidate_layouts(placement.num_ranks, context.spec.num_heads,
                                 context.batch_size)
-    plans = [plan_hybrid(name, context.spec, context.grid, context.stream_tokens, layout,
+    # Every layer of a plan is the same: plans of two layers stand for the whole step, for
+    # the floor (a sum over layers) and for the simulation (two layers, extrapolated).
+    num_layers = context.spec.num_layers
+    short = replace(context.spec, num_layers=min(num_layers, 2))
+    plans = [plan_hybrid(name, short, context.grid, context.stream_tokens, layout,
                          batch=context.batch_size) for layout in layouts]
-    floors = sorted((step_floor_s(plan, topology, placement, model), layout.name, index)
+    floors = sorted((step_floor_s(plan, topology, placement, model) * num_layers
+                     / short.num_layers, layout.name, index)
                     for index, (layout, plan) in enumerate(zip(layouts, plans, strict=True)))
     winner: tuple[float, str, int] | None = None
     for floor_s, layout_name, index in floors:
         # A floor within float rounding of the best may still tie it: simulate it.
         if winner is not None and floor_s > winner[0] * (1 + _FLOOR_SLACK):
             break
-        step_s, _ = simulate_step(plans[index], topology, placement, context.collective)
+        step_s, _ = simulate_step(plans[index], topology, placement, context.collective,
+                                  num_layers)
         if winner is None or (step_s, layout_name) < winner[:2]:
             winner = (step_s, layout_name, index)
     assert winner is not None, "candidate_layouts always holds pure Ulysses or pure Ring"

@@ -284,6 +284,7 @@ def simulate_layers(
     topology: Topology,
     placement: Placement | None = None,
     collective: CollectiveModel | None = None,
+    num_layers: int | None = None,
 ) -> SimResult:
     """:func:`simulate_plan`'s result for a plan whose layers are all the same, from a
     one-layer and a two-layer simulation.
@@ -295,10 +296,19 @@ def simulate_layers(
     ``tests/test_simulate.py`` checks every field against the full simulation. A plan
     of two layers or fewer, or with layers that differ, is simulated in full. The
     result holds no :class:`Simulation` (traces and plots need the full one).
+
+    ``num_layers``: the step's layer count when ``plan`` holds only its first layers
+    (at least two, all the same; the planner builds such plans, which is faster).
     """
-    num_layers = len(plan.program(0).layers)
-    if num_layers <= 2 or not _repeats_one_layer(plan):
-        return simulate_plan(plan, topology, placement, collective=collective)
+    held = len(plan.program(0).layers)
+    num_layers = num_layers or held
+    repeats = _repeats_one_layer(plan)
+    if num_layers != held and not (repeats and held >= min(num_layers, 2)):
+        raise ValueError(f"a plan of {held} layers stands for {num_layers} only when it "
+                         "repeats one layer at least twice")
+    if num_layers <= 2 or not repeats:
+        return simulate_plan(_with_layers(plan, num_layers) if held != num_layers else plan,
+                             topology, placement, collective=collective)
     one, two = (simulate_plan(_with_layers(plan, k), topology, placement, collective=collective)
                 for k in (1, 2))
     extra = num_layers - 1

@@ -64,3 +64,25 @@ def test_another_machine_and_model_and_no_simulation_kept():
     fast = simulate_layers(plan, topology, placement)
     assert fast.simulation is None
     _assert_same(fast, simulate_plan(plan, topology, placement))
+
+
+def test_a_two_layer_plan_stands_for_the_whole_step():
+    # what the planner does: plans of two layers, extrapolated to the model's layer count
+    from dataclasses import replace
+
+    topology, placement, grid = _machine("aurora", 4)
+    layout = ParallelLayout(12, 4)
+    short = plan_hybrid("tapa", replace(FLUX, num_layers=2), grid, STREAMS, layout)
+    full = plan_hybrid("tapa", FLUX, grid, STREAMS, layout)
+    _assert_same(simulate_layers(short, topology, placement, num_layers=FLUX.num_layers),
+                 simulate_plan(full, topology, placement))
+    with pytest.raises(ValueError, match="repeats one layer"):
+        simulate_layers(_first_layer(short), topology, placement, num_layers=5)
+
+
+def _first_layer(plan):
+    from dataclasses import replace
+
+    from cocodiff.plan import RankProgram
+
+    return replace(plan, programs=tuple(RankProgram(p.rank, p.layers[:1]) for p in plan.programs))
