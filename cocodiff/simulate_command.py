@@ -28,7 +28,6 @@ LAYOUT_CHOICES = (AUTO, PURE)
 MAX_STEPS = 10_000
 
 
-
 def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     add_machine_arguments(parser, positive_int)
     parser.add_argument("--steps", type=positive_int, default=28,
