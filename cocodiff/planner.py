@@ -29,7 +29,7 @@ from cocodiff.models import ModelSpec
 from cocodiff.plan import Plan
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.hybrid import plan_hybrid
-from cocodiff.simulate import simulate_layers
+from cocodiff.simulate import SimResult, simulate_layers
 from topology import Placement, Topology
 from transports.sim import CollectiveModel, collective_model_for
 
@@ -171,10 +171,31 @@ def _evaluate(context: _Context, pair: tuple[ParallelLayout, str]) -> Candidate:
     return Candidate(layout, name, step_s, compute_s, bound_s)
 
 
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The planner's layout for one schedule, and the step it simulated to choose it
+    (None for a schedule ranked as another: ``cocodiff`` as ``vfirst``). The step is the
+    one :func:`cocodiff.simulate.simulate_schedule` gives for that layout without
+    ``chunks``, so callers may reuse it instead of simulating it again."""
+
+    layout: ParallelLayout
+    result: SimResult | None
+
+
 def best_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
                  schedules: Sequence[str], batch_size: int = 1,
                  collective: CollectiveModel | None = None,
                  workers: int = 1) -> dict[str, ParallelLayout]:
+    """The planner's best layout for each schedule (:func:`choose_layouts`)."""
+    choices = choose_layouts(spec, topology, stream_tokens, schedules, batch_size,
+                             collective, workers)
+    return {name: choice.layout for name, choice in choices.items()}
+
+
+def choose_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
+                   schedules: Sequence[str], batch_size: int = 1,
+                   collective: CollectiveModel | None = None,
+                   workers: int = 1) -> dict[str, Choice]:
     """The planner's best layout for each schedule (V-Major's ``cocodiff`` is ranked as
     its exact twin ``vfirst``: the same exchanges before V-Major trims them).
 
@@ -191,11 +212,12 @@ def best_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[in
     ranked_as = {name: "vfirst" if name == "cocodiff" else name for name in schedules}
     ranked = list(dict.fromkeys(ranked_as.values()))
     best = dict(zip(ranked, map_local(_best_for, context, ranked, workers), strict=True))
-    return {name: best[ranked_as[name]] for name in schedules}
+    return {name: best[name] if ranked_as[name] == name
+            else Choice(best[ranked_as[name]].layout, None) for name in schedules}
 
 
-def _best_for(context: _Context, name: str) -> ParallelLayout:
-    """:func:`best_layouts` for one schedule."""
+def _best_for(context: _Context, name: str) -> Choice:
+    """:func:`choose_layouts` for one schedule."""
     topology, placement = context.topology, context.placement
     model = context.collective or collective_model_for(topology.spec.name)
     layouts = candidate_layouts(placement.num_ranks, context.spec.num_heads,
@@ -209,17 +231,19 @@ def _best_for(context: _Context, name: str) -> ParallelLayout:
     floors = sorted((step_floor_s(plan, topology, placement, model) * num_layers
                      / short.num_layers, layout.name, index)
                     for index, (layout, plan) in enumerate(zip(layouts, plans, strict=True)))
-    winner: tuple[float, str, int] | None = None
+    winner: tuple[float, str, int, SimResult] | None = None
     for floor_s, layout_name, index in floors:
         # A floor within float rounding of the best may still tie it: simulate it.
         if winner is not None and floor_s > winner[0] * (1 + _FLOOR_SLACK):
             break
-        step_s, _ = simulate_step(plans[index], topology, placement, context.collective,
-                                  num_layers)
-        if winner is None or (step_s, layout_name) < winner[:2]:
-            winner = (step_s, layout_name, index)
+        result = simulate_layers(plans[index], topology, placement, context.collective,
+                                 num_layers)
+        if winner is None or (result.step_time_s, layout_name) < winner[:2]:
+            winner = (result.step_time_s, layout_name, index, result)
     assert winner is not None, "candidate_layouts always holds pure Ulysses or pure Ring"
-    return layouts[winner[2]]
+    result = winner[3]
+    result.simulation = None  # a worker's result must pickle
+    return Choice(layouts[winner[2]], result)
 
 
 # Relative float rounding a step floor may carry above the simulated time it bounds.
@@ -234,5 +258,5 @@ def best_layout(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int
                         collective)[schedule]
 
 
-__all__ = ["AXES", "Candidate", "PlanResult", "best_layout", "best_layouts",
-           "candidate_layouts", "rank_layouts", "simulate_step"]
+__all__ = ["AXES", "Candidate", "Choice", "PlanResult", "best_layout", "best_layouts",
+           "candidate_layouts", "choose_layouts", "rank_layouts", "simulate_step"]

@@ -359,6 +359,7 @@ def simulate_schedule(
     activity: ActivityTrace | None = None,
     parallel: ParallelLayout | None = None,
     batch: int = 1,
+    known: SimResult | None = None,
 ) -> SimResult:
     """Simulate a schedule over a whole generation of ``num_steps`` denoising steps.
 
@@ -371,6 +372,8 @@ def simulate_schedule(
     (:func:`cocodiff.schedules.hybrid.plan_hybrid`); ``batch`` is the samples per step.
     A step is simulated by :func:`simulate_layers` (one and two layers, extrapolated),
     except the one a trace or plot records (``record_spans``), which runs in full.
+    ``known``: that simulated step of this schedule's one plan, when the caller already
+    has it (the planner simulated it to choose ``parallel``); then it is not run again.
     """
     wall_start = time.perf_counter()
     grid = RankGrid.from_placement(topology, placement)
@@ -400,12 +403,15 @@ def simulate_schedule(
             if name in STEP_DEPENDENT:
                 kwargs |= {"cache_ratio": key,
                            "slow_levels": (vmajor or VMajorOptions()).slow_levels}
-            plan = scheduler(spec, grid, stream_tokens, **kwargs)
-            if record_spans and not by_plan:  # the trace and the plot show this one
-                by_plan[key] = simulate_plan(plan, topology, placement, collective=collective,
+            if known is not None and name not in STEP_DEPENDENT and not record_spans:
+                by_plan[key] = known
+            elif record_spans and not by_plan:  # the trace and the plot show this one
+                by_plan[key] = simulate_plan(scheduler(spec, grid, stream_tokens, **kwargs),
+                                             topology, placement, collective=collective,
                                              record_spans=True)
             else:
-                by_plan[key] = simulate_layers(plan, topology, placement, collective)
+                by_plan[key] = simulate_layers(scheduler(spec, grid, stream_tokens, **kwargs),
+                                               topology, placement, collective)
         per_step.append(by_plan[key])
     first = per_step[0]
     result = SimResult(

@@ -117,12 +117,16 @@ def _single(args, names, vmajor, collective) -> int:
     streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
     placement = Placement.node_major(topology)
     record = args.trace is not None or args.plot is not None
-    layouts = _layouts(args, names, model, topology, streams, collective, placement.num_ranks)
+    layouts, known = _layouts(args, names, model, topology, streams, collective,
+                              placement.num_ranks)
     context = {"positional": (model, topology, placement, streams, args.steps),
                "options": {"chunks": args.chunks, "vmajor": vmajor, "collective": collective,
                            "record_spans": record, "activity": args.activity,
                            "batch": args.batch_size},
-               "layouts": layouts}
+               "layouts": layouts,
+               # the planner's own simulation of a winner is that schedule's step, unless
+               # --chunks makes the plan another
+               "known": known if args.chunks is None else {}}
     # Schedules run side by side on the local cores, V-Major's (a plan per cache ratio,
     # the longest) first; a recorded timeline (trace, plot) stays in this process.
     longest_first = sorted(names, key=lambda name: name not in STEP_DEPENDENT)
@@ -166,21 +170,23 @@ def _simulate_one(context: dict, name: str):
     from cocodiff.simulate import simulate_schedule
 
     result = simulate_schedule(name, *context["positional"], parallel=context["layouts"][name],
-                               **context["options"])
+                               known=context["known"].get(name), **context["options"])
     if not context["options"]["record_spans"]:
         result.simulation = None  # nothing reads it, and a worker's result must pickle
     return result
 
 
-def _layouts(args, names, model, topology, streams, collective, num_ranks) -> dict:
-    """Each schedule's parallel layout: None (pure Ulysses), the flags', or the planner's."""
+def _layouts(args, names, model, topology, streams, collective, num_ranks
+             ) -> tuple[dict, dict]:
+    """Each schedule's parallel layout: None (pure Ulysses), the flags', or the planner's;
+    and the steps the planner simulated for its choices (by schedule)."""
     layout = explicit_layout(args, num_ranks)
     if layout is not None and args.layout is not None:
         raise CocodiffError(f"--layout {args.layout} and --ulysses/--ring/--batch both choose "
                             "the layout: drop one")
     if layout is not None:
         layout.check(num_ranks, model.num_heads, args.batch_size)
-        return dict.fromkeys(names, layout)
+        return dict.fromkeys(names, layout), {}
     choice = args.layout
     if choice is None:  # pure Ulysses leaves ranks idle past the head count
         auto = num_ranks > model.num_heads and args.activity is None
@@ -189,11 +195,13 @@ def _layouts(args, names, model, topology, streams, collective, num_ranks) -> di
         if args.activity is not None:
             raise CocodiffError("--activity-trace replays a pure-Ulysses run; it cannot use "
                                 "--layout auto")
-        from cocodiff.planner import best_layouts
+        from cocodiff.planner import choose_layouts
 
-        return best_layouts(model, topology, streams, names, args.batch_size, collective,
-                            workers=args.workers or local_cores())
-    return dict.fromkeys(names)
+        choices = choose_layouts(model, topology, streams, names, args.batch_size, collective,
+                                 workers=args.workers or local_cores())
+        return ({name: c.layout for name, c in choices.items()},
+                {name: c.result for name, c in choices.items() if c.result is not None})
+    return dict.fromkeys(names), {}
 
 
 def _layout_name(layout, num_ranks: int) -> str:

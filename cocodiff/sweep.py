@@ -71,7 +71,7 @@ def run_sweep(args: argparse.Namespace, names: list[str], vmajor, collective) ->
 def run_configuration(options: SweepOptions, config: tuple[str, int, int]) -> dict:
     """One row of the grid: every schedule on one model, resolution and node count."""
     from cocodiff.models import load_model_spec
-    from cocodiff.planner import best_layouts
+    from cocodiff.planner import choose_layouts
     from cocodiff.simulate import simulate_schedule
     from topology import Placement, build_topology, get_preset
 
@@ -83,12 +83,15 @@ def run_configuration(options: SweepOptions, config: tuple[str, int, int]) -> di
     names = options.schedules
     # Past the head count pure Ulysses leaves ranks idle: every schedule then runs on the
     # planner's best layout for it (flat included: USP's baseline).
-    layouts = (best_layouts(model, topology, streams, names, 1, options.collective)
-               if placement.num_ranks > model.num_heads else dict.fromkeys(names))
+    choices = (choose_layouts(model, topology, streams, names, 1, options.collective)
+               if placement.num_ranks > model.num_heads else {})
+    layouts = {name: choices[name].layout if choices else None for name in names}
+    # The planner's own simulation of a winner is that schedule's step (without --chunks).
+    known = {name: c.result for name, c in choices.items() if options.chunks is None}
     results = {name: simulate_schedule(name, model, topology, placement, streams,
                                        options.steps, chunks=options.chunks,
                                        vmajor=options.vmajor, collective=options.collective,
-                                       parallel=layouts[name])
+                                       parallel=layouts[name], known=known.get(name))
                for name in names}
     flat = results["flat"].step_time_s
     return {

@@ -160,3 +160,16 @@ def test_the_console_script_exits_2_without_a_traceback():
     )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_the_planners_step_is_the_one_its_layout_simulates_to(tmp_path):
+    # past the head count simulate reuses the step the planner simulated for its choice
+    auto = simulate(tmp_path, "--nodes", "4", "--schedule", "tapa", "--steps", "2")
+    layout = auto["results"][0]["layout"]
+    explicit = simulate(tmp_path, "--nodes", "4", "--schedule", "tapa", "--steps", "2",
+                        "--ulysses", str(layout["ulysses"]), "--ring", str(layout["ring"]),
+                        *(["--ring-inner"] if layout["name"].endswith("/ring-inner") else []))
+    for record in (auto, explicit):
+        for key in ("sim_wall_s", "sim_flows", "sim_events"):
+            del record["results"][0][key]
+    assert auto["results"] == explicit["results"]
