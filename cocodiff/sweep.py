@@ -110,7 +110,9 @@ def _run_grid(options: SweepOptions, grid: list, comm, workers: int | None) -> l
     show = comm is None or comm.Get_rank() == 0
     if comm is not None and workers is None:
         # The ranks on one host share its cores.
-        workers = max(1, local_cores() // comm.Split_type(_shared_type()).Get_size())
+        host = comm.Split_type(_shared_type())
+        workers = max(1, local_cores() // host.Get_size())
+        host.Free()
     share = len(range(0, len(grid), comm.Get_size())) if comm is not None else len(grid)
     label = ("configurations" if comm is None
              else f"configurations (rank 0's {share} of {len(grid)})")
