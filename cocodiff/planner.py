@@ -250,6 +250,10 @@ def _best_for(context: _Context, name: str) -> Choice:
 _FLOOR_SLACK = 1e-9
 
 
+# Relative float rounding a step floor may carry above the simulated time it bounds.
+_FLOOR_SLACK = 1e-9
+
+
 def best_layout(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
                 schedule: str, batch_size: int = 1,
                 collective: CollectiveModel | None = None) -> ParallelLayout:
@@ -258,5 +262,5 @@ def best_layout(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int
                         collective)[schedule]
 
 
-__all__ = ["AXES", "Candidate", "Choice", "PlanResult", "best_layout", "best_layouts",
+__all__ = ["AXES", "Candidate", "Choice", "PlanResult", "best_layouts",
            "candidate_layouts", "choose_layouts", "rank_layouts", "simulate_step"]
