@@ -250,17 +250,5 @@ def _best_for(context: _Context, name: str) -> Choice:
 _FLOOR_SLACK = 1e-9
 
 
-# Relative float rounding a step floor may carry above the simulated time it bounds.
-_FLOOR_SLACK = 1e-9
-
-
-def best_layout(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
-                schedule: str, batch_size: int = 1,
-                collective: CollectiveModel | None = None) -> ParallelLayout:
-    """The planner's layout for one schedule (see :func:`best_layouts`)."""
-    return best_layouts(spec, topology, stream_tokens, (schedule,), batch_size,
-                        collective)[schedule]
-
-
 __all__ = ["AXES", "Candidate", "Choice", "PlanResult", "best_layouts",
            "candidate_layouts", "choose_layouts", "rank_layouts", "simulate_step"]
