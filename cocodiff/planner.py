@@ -259,14 +259,5 @@ def _best_for(context: _Context, name: str) -> Choice:
 _FLOOR_SLACK = 1e-9
 
 
-def best_layout(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
-                schedule: str, options: PlanOptions = DEFAULT_OPTIONS,
-                collective: CollectiveModel | None = None) -> ParallelLayout:
-    """The planner's layout for one schedule, ranked as its registry entry says (see
-    :func:`best_layouts`)."""
-    return best_layouts(spec, topology, stream_tokens, (schedule,), options,
-                        collective)[schedule]
-
-
-__all__ = ["AXES", "Candidate", "Choice", "PlanResult", "best_layout", "best_layouts",
+__all__ = ["AXES", "Candidate", "Choice", "PlanResult", "best_layouts",
            "candidate_layouts", "choose_layouts", "rank_layouts", "simulate_step"]
