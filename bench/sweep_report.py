@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         # The same figure `cocodiff simulate --sweep --plot` draws.
         from cocodiff.atomic import atomic_write
-        from cocodiff.simulate_command import _plot_sweep
+        from cocodiff.sweep import plot_sweep
 
-        atomic_write(args.plot, lambda tmp: _plot_sweep(rows, names, tmp))
+        atomic_write(args.plot, lambda tmp: plot_sweep(rows, names, tmp))
     return 0
 
 

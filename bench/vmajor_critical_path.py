@@ -56,7 +56,7 @@ def layer_breakdown(result, num_layers: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from cocodiff.models import load_model_spec
-    from cocodiff.planner import best_layout
+    from cocodiff.planner import best_layouts
     from cocodiff.schedules import VMajorOptions
     from cocodiff.schedules.options import PlanOptions
     from cocodiff.simulate import simulate_schedule
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     topology = build_topology(get_preset("aurora", args.nodes))
     placement = Placement.node_major(topology)
     streams = (model.image_tokens(args.resolution, args.resolution), model.text_tokens)
-    layout = (best_layout(model, topology, streams, "vfirst")
+    layout = (best_layouts(model, topology, streams, ("vfirst",))["vfirst"]
               if placement.num_ranks > model.num_heads else None)
     runs = {}
     for name, options, steps in (

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from cocodiff.plan import Exchange, Plan
+from cocodiff.cost import roofline_seconds
+from cocodiff.plan import Compute, Exchange, Plan
 from topology import Placement, Topology
+from transports.sim import CollectiveModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,22 +39,30 @@ def exchange_bound(
     out_bytes = {tier: defaultdict(float) for tier in ("tile", "gpu", "node")}
     in_bytes = {tier: defaultdict(float) for tier in ("tile", "gpu", "node")}
     latency_us = 0.0
+    units: dict[int, dict[str, str]] = {}  # rank -> its tile, GPU and node
+    latencies: dict[tuple[str, str], float] = {}  # (src, dst) unit pair -> route latency
+
+    def units_of(rank: int) -> dict[str, str]:
+        if rank not in units:
+            units[rank] = _units(topology, placement.tile_of(rank))
+        return units[rank]
+
     for src, exchange in exchanges.items():
-        src_tile = placement.tile_of(src)
-        src_unit = _units(topology, src_tile)
+        src_unit = units_of(src)
         for dst, rows in zip(exchange.group, exchange.send_rows, strict=True):
             if dst == src or not rows:
                 continue
-            dst_tile = placement.tile_of(dst)
-            dst_unit = _units(topology, dst_tile)
+            dst_unit = units_of(dst)
             num_bytes = rows * exchange.row_bytes
             # A block crosses the boundary of every unit its endpoints do not share.
             for tier in ("tile", "gpu", "node"):
                 if src_unit[tier] != dst_unit[tier]:
                     out_bytes[tier][src_unit[tier]] += num_bytes
                     in_bytes[tier][dst_unit[tier]] += num_bytes
-            latency_us = max(latency_us,
-                             topology.route_latency_us(topology.route(src_tile, dst_tile)))
+            pair = (src_unit["tile"], dst_unit["tile"])
+            if pair not in latencies:
+                latencies[pair] = topology.route_latency_us(topology.route(*pair))
+            latency_us = max(latency_us, latencies[pair])
     capacity = {
         # a tile's sibling links (tile -> other tiles of its GPU); its GPU port otherwise
         "tile": _bytes_per_s(spec.tile_link) * (spec.tiles_per_gpu - 1) if spec.tile_link
@@ -73,11 +83,11 @@ def exchange_bound(
 
 def plan_bound_s(plan: Plan, topology: Topology, placement: Placement, layer: int = 0) -> float:
     """Sum of the bounds of one layer's exchanges, times the number of layers."""
-    first = plan.program(0).layers[layer]
+    # LayerPlan.exchanges builds a tuple on every call: once per rank here.
+    exchanges = [plan.program(rank).layers[layer].exchanges for rank in range(plan.num_ranks)]
     total = 0.0
-    for index, _exchange in enumerate(first.exchanges):
-        members = {rank: plan.program(rank).layers[layer].exchanges[index]
-                   for rank in range(plan.num_ranks)}
+    for index in range(len(exchanges[0])):
+        members = {rank: exchanges[rank][index] for rank in range(plan.num_ranks)}
         total += exchange_bound(members, topology, placement).seconds
     return total * len(plan.program(0).layers)
 
@@ -101,3 +111,88 @@ def _gpu_capacity(spec) -> float:
     if spec.gpu_fabric == "all-to-all":
         return _bytes_per_s(spec.gpu_link) * (spec.gpus_per_node - 1)
     return _bytes_per_s(spec.gpu_link)
+
+
+def step_floor_s(plan: Plan, topology: Topology, placement: Placement,
+                 collective: CollectiveModel) -> float:
+    """A lower bound on the simulated step time of ``plan`` that needs no simulation.
+
+    Each rank runs its steps in order: compute steps take exactly their roofline time
+    (as in the simulator), and an exchange waited for cannot end before every message
+    this rank sends in it has paid its route latency and the set-up the collective
+    model charges for the exchange's span and this rank's message count, and moved its
+    bytes at the fastest rate its route, its tier's single-transfer cap and the span's
+    per-rank rate allow (:class:`transports.sim.CollectiveModel`; contention and
+    waiting for peers only add to that). Walking a rank's layers with those times gives
+    a time no simulation of the plan can beat. A phased exchange is charged its first
+    chunk's way through the phases, one after another (the chunk pipeline posts a
+    chunk's next phase only once the previous one has landed). The planner skips
+    candidates whose floor is above the best step time it has already simulated.
+    """
+    from cocodiff.phasing import member_bytes
+    from transports.sim import group_span
+
+    spec = topology.spec
+    tiles = [placement.tile_of(rank) for rank in range(plan.num_ranks)]
+    message_s: dict[tuple, float] = {}
+    spans: dict[tuple[int, ...], str] = {}
+
+    def span_of(group: tuple[int, ...]) -> str:
+        if group not in spans:
+            spans[group] = group_span(topology, [tiles[rank] for rank in group])
+        return spans[group]
+
+    def fastest_s(src: int, dst: int, num_bytes: int, messages: int, span: str) -> float:
+        key = (tiles[src], tiles[dst], num_bytes, messages, span)
+        if key not in message_s:
+            route = topology.route(tiles[src], tiles[dst])
+            cost = collective.cost(span)
+            rate = min(cost.rank_gbps * 1e9 / messages,
+                       collective.cap_bytes_per_s(topology.tier(tiles[src], tiles[dst])),
+                       *(topology.link_attrs(link)[0] * 1e9 for link in route))
+            message_s[key] = (topology.route_latency_us(route) * 1e-6
+                              + cost.setup_s(messages) + num_bytes / rate)
+        return message_s[key]
+
+    def sends_s(rank: int, group: tuple[int, ...], send_bytes) -> float:
+        sends = [(dst, num_bytes) for dst, num_bytes in zip(group, send_bytes, strict=True)
+                 if num_bytes and dst != rank]
+        span = span_of(tuple(group))
+        return max((fastest_s(rank, dst, num_bytes, len(sends), span)
+                    for dst, num_bytes in sends), default=0.0)
+
+    def exchange_s(rank: int, step: Exchange) -> float:
+        if not step.phases:
+            return sends_s(rank, step.group, [rows * step.row_bytes for rows in step.send_rows])
+        total = 0.0
+        for phase in step.phases:
+            send_rows, _ = phase.chunk_rows(0, step.chunks)
+            total += sends_s(rank, phase.group,
+                             [member_bytes(phase, rows, step.row_bytes) for rows in send_rows])
+        return total
+
+    def layer_s(rank: int, layer) -> float:
+        now = 0.0
+        started: dict[str, float] = {}
+        for step in layer.steps:
+            if isinstance(step, Compute):
+                now += roofline_seconds(step.cost, spec.tile_tflops, spec.tile_memory_gbps)
+            elif isinstance(step, Exchange):
+                started[step.tensor] = now + exchange_s(rank, step)
+            else:  # Wait
+                now = max(now, started.pop(step.tensor))
+        return now
+
+    floors: dict[tuple[int, int], float] = {}  # (rank, id(layer)): layers are shared
+    worst = 0.0
+    # Any rank's walk bounds the step; node 0's ranks stand for the others (nodes are
+    # alike), which keeps this a small fraction of one simulation's cost.
+    for rank in range(min(plan.num_ranks, placement.ranks_per_node)):
+        total = 0.0
+        for layer in plan.program(rank).layers:
+            key = (rank, id(layer))
+            if key not in floors:
+                floors[key] = layer_s(rank, layer)
+            total += floors[key]
+        worst = max(worst, total)
+    return worst

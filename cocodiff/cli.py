@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cocodiff.calibrate import add_calibrate_arguments, calibrate_command
+from cocodiff.doctor import add_doctor_arguments, doctor_command
 from cocodiff.errors import CocodiffError, one_line
 from cocodiff.plan_command import add_plan_arguments, plan_command
 from cocodiff.runtime.run import add_run_arguments, run_command
@@ -98,6 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_collective_arguments(collective, positive_int)
     collective.set_defaults(handler=collective_command)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="check a launch before a run: devices, backends, launcher, a tiny all-to-all",
+        description="Run under the launcher a job will use (`mpiexec -n N cocodiff doctor`, "
+        "`torchrun --nproc-per-node N -m cocodiff doctor`, or plain): every rank reports its "
+        "torch build, the devices it sees and the one it takes, the collective backends, "
+        "the launcher and the rank grid it implies; all ranks run a tiny all-to-all, checked "
+        "and timed; rank 0 prints one table per node. Exits 1 with one line on what is "
+        "wrong.",
+    )
+    add_doctor_arguments(doctor, positive_int)
+    doctor.set_defaults(handler=doctor_command)
 
     export = commands.add_parser(
         "export-tiny",

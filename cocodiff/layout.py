@@ -28,6 +28,7 @@ chunks, gathered) is then a contiguous run of chunks.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -119,11 +120,7 @@ class ParallelLayout:
 
     def _strides(self) -> dict[str, int]:
         """Distance in grid positions between consecutive members along each axis."""
-        strides, stride = {}, 1
-        for axis in reversed(self.order):
-            strides[axis] = stride
-            stride *= getattr(self, axis)
-        return strides
+        return _strides(self.order, self.ulysses, self.ring, self.batch)
 
     def position(self, batch_index: int, ring_index: int, ulysses_index: int) -> int:
         strides = self._strides()
@@ -138,13 +135,11 @@ class ParallelLayout:
 
     def ulysses_group(self, position: int) -> tuple[int, ...]:
         """Grid positions of the position's Ulysses group, in Ulysses order."""
-        b, r, _ = self.coords(position)
-        return tuple(self.position(b, r, u) for u in range(self.ulysses))
+        return _groups(self)[0][position]
 
     def ring_group(self, position: int) -> tuple[int, ...]:
         """Grid positions of the position's Ring, in ring order."""
-        b, _, u = self.coords(position)
-        return tuple(self.position(b, r, u) for r in range(self.ring))
+        return _groups(self)[1][position]
 
     def sequence_group(self, position: int) -> tuple[int, ...]:
         """Grid positions sharing the position's samples, by sequence chunk index."""
@@ -172,15 +167,44 @@ class ParallelLayout:
             heads: heads of each Ulysses index.
         """
         n = self.num_ranks
-        ring_next = [self.ring_group(p)[(self.coords(p)[1] + 1) % self.ring] for p in range(n)]
+        coords = [self.coords(p) for p in range(n)]
+        ring_next = [self.ring_group(p)[(coords[p][1] + 1) % self.ring] for p in range(n)]
         groups = {frozenset(self.ulysses_group(p)) for p in range(n)}
         for shift in (s for s in range(1, n + 1) if n % s == 0):
-            if all(heads[self.coords(p)[2]] == heads[self.coords((p + shift) % n)[2]]
+            if all(heads[coords[p][2]] == heads[coords[(p + shift) % n][2]]
                    and ring_next[(p + shift) % n] == (ring_next[p] + shift) % n
                    for p in range(n)) and all(
                     frozenset((p + shift) % n for p in group) in groups for group in groups):
                 return shift
         return n
+
+
+@functools.cache
+def _strides(order: tuple[str, ...], ulysses: int, ring: int, batch: int) -> dict[str, int]:
+    # Cached: plans ask for every rank's groups, each through these strides.
+    degrees = {"ulysses": ulysses, "ring": ring, "batch": batch}
+    strides, stride = {}, 1
+    for axis in reversed(order):
+        strides[axis] = stride
+        stride *= degrees[axis]
+    return strides
+
+
+@functools.lru_cache(maxsize=64)
+def _groups(layout: ParallelLayout) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """(Ulysses group, Ring) of every grid position, each group built once and shared by
+    its members: plans and the fold period ask for every rank's groups."""
+    ulysses: dict[tuple[int, int], tuple[int, ...]] = {}
+    rings: dict[tuple[int, int], tuple[int, ...]] = {}
+    by_position = []
+    for position in range(layout.num_ranks):
+        b, r, u = layout.coords(position)
+        if (b, r) not in ulysses:
+            ulysses[(b, r)] = tuple(layout.position(b, r, k) for k in range(layout.ulysses))
+        if (b, u) not in rings:
+            rings[(b, u)] = tuple(layout.position(b, k, u) for k in range(layout.ring))
+        by_position.append((ulysses[(b, r)], rings[(b, u)]))
+    return tuple(g for g, _ in by_position), tuple(r for _, r in by_position)
 
 
 def parse_degrees(ulysses: int | None, ring: int | None, batch: int | None,

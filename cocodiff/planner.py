@@ -22,10 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import permutations
 
-from cocodiff.bounds import plan_bound_s
+from cocodiff.bounds import plan_bound_s, step_floor_s
+from cocodiff.fanout import map_local
 from cocodiff.layout import AXES, ParallelLayout
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Plan, RankProgram
+from cocodiff.plan import Plan
 from cocodiff.schedules import (
     DEFAULT_OPTIONS,
     EXACT,
@@ -34,9 +35,9 @@ from cocodiff.schedules import (
     get_schedule,
     plan_hybrid,
 )
-from cocodiff.simulate import simulate_plan
+from cocodiff.simulate import SimResult, simulate_layers
 from topology import Placement, Topology
-from transports.sim import CollectiveModel
+from transports.sim import CollectiveModel, collective_model_for
 
 # Schedules the planner ranks by default: the exact ones (V-Major is lossy).
 DEFAULT_SCHEDULES = EXACT
@@ -52,14 +53,15 @@ class Candidate:
         step_time_s: simulated time of one denoising step.
         compute_s: compute of the slowest rank in that step.
         bound_s: the topology's lower bound for the step's exchanges (links only,
-            ``cocodiff.bounds``): no schedule of this layout communicates faster.
+            ``cocodiff.bounds``): no schedule of this layout communicates faster; None
+            when the ranking was asked for none.
     """
 
     layout: ParallelLayout
     schedule: str
     step_time_s: float
     compute_s: float
-    bound_s: float
+    bound_s: float | None
 
     def to_json(self) -> dict:
         return {"layout": self.layout.name, "ulysses": self.layout.ulysses,
@@ -102,32 +104,21 @@ def candidate_layouts(num_ranks: int, num_heads: int, batch_size: int = 1
     return list(layouts.values())
 
 
-def _with_layers(plan: Plan, num_layers: int) -> Plan:
-    return replace(plan, programs=tuple(RankProgram(p.rank, p.layers[:num_layers])
-                                        for p in plan.programs))
-
-
 def simulate_step(plan: Plan, topology: Topology, placement: Placement,
-                  collective: CollectiveModel | None = None) -> tuple[float, float]:
+                  collective: CollectiveModel | None = None,
+                  num_layers: int | None = None) -> tuple[float, float]:
     """(step time, compute of the slowest rank) of ``plan``, by layer extrapolation
-    when its layers are all the same (module doc), else by simulating every layer."""
-    layers = plan.program(0).layers
-    same = all(all(layer is p.layers[0] for layer in p.layers) for p in plan.programs)
-    if len(layers) <= 2 or not same:
-        result = simulate_plan(plan, topology, placement, collective=collective)
-        return result.step_time_s, result.compute_s
-    one, two = (simulate_plan(_with_layers(plan, k), topology, placement, collective=collective)
-                for k in (1, 2))
-    extra = len(layers) - 1
-    return (one.step_time_s + extra * (two.step_time_s - one.step_time_s),
-            one.compute_s * len(layers))
+    (:func:`cocodiff.simulate.simulate_layers`; ``num_layers`` as there)."""
+    result = simulate_layers(plan, topology, placement, collective, num_layers)
+    return result.step_time_s, result.compute_s
 
 
 def rank_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
                  schedules: Sequence[str] = DEFAULT_SCHEDULES,
                  options: PlanOptions = DEFAULT_OPTIONS,
                  collective: CollectiveModel | None = None,
-                 layouts: Sequence[ParallelLayout] | None = None) -> PlanResult:
+                 layouts: Sequence[ParallelLayout] | None = None, *,
+                 with_bounds: bool = True, workers: int = 1) -> PlanResult:
     """Simulate every valid layout under every schedule on all of ``topology``'s tiles
     and rank them by step time.
 
@@ -141,35 +132,132 @@ def rank_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[in
             batch), chunks of phased exchanges.
         collective: the collective model (default: the topology preset's).
         layouts: the layouts to rank (default: :func:`candidate_layouts`).
+        with_bounds: compute each candidate's link bound (else ``bound_s`` is None):
+            only for showing, it plays no part in the ranking.
+        workers: local processes to simulate the candidates on
+            (:func:`cocodiff.fanout.map_local`); the ranking is the same for any number.
     """
     start = time.perf_counter()
     placement = Placement.node_major(topology)
-    grid = RankGrid.from_placement(topology, placement)
     if layouts is None:
         layouts = candidate_layouts(placement.num_ranks, spec.num_heads, options.batch)
-    candidates = []
-    for layout in layouts:
-        # Without a Ulysses exchange every schedule makes the same plan.
-        names = schedules[:1] if layout.ulysses == 1 else schedules
-        for name in names:
-            plan = plan_hybrid(name, spec, grid, stream_tokens, layout, options)
-            step_s, compute_s = simulate_step(plan, topology, placement, collective)
-            candidates.append(Candidate(layout, name, step_s, compute_s,
-                                        plan_bound_s(plan, topology, placement)))
+    # Without a Ulysses exchange every schedule makes the same plan.
+    pairs = [(layout, name) for layout in layouts
+             for name in (schedules[:1] if layout.ulysses == 1 else schedules)]
+    context = _Context(spec, topology, placement, RankGrid.from_placement(topology, placement),
+                       tuple(stream_tokens), options, collective, with_bounds)
+    candidates = map_local(_evaluate, context, pairs, workers)
     candidates.sort(key=lambda c: (c.step_time_s, c.layout.name, c.schedule))
     return PlanResult(tuple(candidates), time.perf_counter() - start)
 
 
-def best_layout(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
-                schedule: str, options: PlanOptions = DEFAULT_OPTIONS,
-                collective: CollectiveModel | None = None) -> ParallelLayout:
-    """The planner's layout for one schedule, ranked as its registry entry says (V-Major's
-    ``cocodiff`` as its exact twin ``vfirst``: the same exchanges before V-Major trims
-    them)."""
-    ranked_as = get_schedule(schedule).ranked_as
-    return rank_layouts(spec, topology, stream_tokens, (ranked_as,), options,
-                        collective).best.layout
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What every candidate of one ranking shares."""
+
+    spec: ModelSpec
+    topology: Topology
+    placement: Placement
+    grid: RankGrid
+    stream_tokens: tuple[int, ...]
+    options: PlanOptions
+    collective: CollectiveModel | None
+    with_bounds: bool
 
 
-__all__ = ["AXES", "Candidate", "PlanResult", "best_layout", "candidate_layouts",
-           "rank_layouts", "simulate_step"]
+def _evaluate(context: _Context, pair: tuple[ParallelLayout, str]) -> Candidate:
+    layout, name = pair
+    plan = plan_hybrid(name, context.spec, context.grid, context.stream_tokens, layout,
+                       context.options)
+    step_s, compute_s = simulate_step(plan, context.topology, context.placement,
+                                      context.collective)
+    bound_s = (plan_bound_s(plan, context.topology, context.placement)
+               if context.with_bounds else None)
+    return Candidate(layout, name, step_s, compute_s, bound_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The planner's layout for one schedule, and the step it simulated to choose it
+    (None for a schedule ranked as another: ``cocodiff`` as ``vfirst``). The step is the
+    one :func:`cocodiff.simulate.simulate_schedule` gives for that layout with the same
+    options, so callers may reuse it instead of simulating it again (its ``known``)."""
+
+    layout: ParallelLayout
+    result: SimResult | None
+
+
+def best_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
+                 schedules: Sequence[str], options: PlanOptions = DEFAULT_OPTIONS,
+                 collective: CollectiveModel | None = None, *,
+                 workers: int = 1) -> dict[str, ParallelLayout]:
+    """The planner's best layout for each schedule (:func:`choose_layouts`)."""
+    choices = choose_layouts(spec, topology, stream_tokens, schedules, options, collective,
+                             workers=workers)
+    return {name: choice.layout for name, choice in choices.items()}
+
+
+def choose_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
+                   schedules: Sequence[str], options: PlanOptions = DEFAULT_OPTIONS,
+                   collective: CollectiveModel | None = None, *,
+                   workers: int = 1) -> dict[str, Choice]:
+    """The planner's best layout for each schedule, ranked as its registry entry says
+    (V-Major's ``cocodiff`` as its exact twin ``vfirst``: the same exchanges before
+    V-Major trims them).
+
+    The same choice as the best of :func:`rank_layouts` for that schedule alone, without
+    simulating every candidate: candidates are simulated in the order of their step
+    floor (:func:`cocodiff.bounds.step_floor_s`, a lower bound that needs no
+    simulation), and once a floor exceeds the best step time simulated so far no later
+    candidate can win. Ties go to the layout name first, as in :func:`rank_layouts`.
+    ``workers`` local processes search for different schedules at once.
+    """
+    from cocodiff.plan_file import canonical_streams
+
+    placement = Placement.node_major(topology)
+    # The streams as a run's plan holds them, so that a winner's step is that plan's.
+    context = _Context(spec, topology, placement, RankGrid.from_placement(topology, placement),
+                       canonical_streams(stream_tokens), options, collective, False)
+    ranked_as = {name: get_schedule(name).ranked_as for name in schedules}
+    ranked = list(dict.fromkeys(ranked_as.values()))
+    best = dict(zip(ranked, map_local(_best_for, context, ranked, workers), strict=True))
+    return {name: best[name] if ranked_as[name] == name
+            else Choice(best[ranked_as[name]].layout, None) for name in schedules}
+
+
+def _best_for(context: _Context, name: str) -> Choice:
+    """:func:`choose_layouts` for one schedule."""
+    topology, placement = context.topology, context.placement
+    model = context.collective or collective_model_for(topology.spec.name)
+    layouts = candidate_layouts(placement.num_ranks, context.spec.num_heads,
+                                context.options.batch)
+    # Every layer of a plan is the same: plans of two layers stand for the whole step, for
+    # the floor (a sum over layers) and for the simulation (two layers, extrapolated).
+    num_layers = context.spec.num_layers
+    short = replace(context.spec, num_layers=min(num_layers, 2))
+    plans = [plan_hybrid(name, short, context.grid, context.stream_tokens, layout,
+                         context.options) for layout in layouts]
+    floors = sorted((step_floor_s(plan, topology, placement, model) * num_layers
+                     / short.num_layers, layout.name, index)
+                    for index, (layout, plan) in enumerate(zip(layouts, plans, strict=True)))
+    winner: tuple[float, str, int, SimResult] | None = None
+    for floor_s, layout_name, index in floors:
+        # A floor within float rounding of the best may still tie it: simulate it.
+        if winner is not None and floor_s > winner[0] * (1 + _FLOOR_SLACK):
+            break
+        result = simulate_layers(plans[index], topology, placement, context.collective,
+                                 num_layers)
+        if winner is None or (result.step_time_s, layout_name) < winner[:2]:
+            winner = (result.step_time_s, layout_name, index, result)
+    assert winner is not None, "candidate_layouts always holds pure Ulysses or pure Ring"
+    result = winner[3]
+    result.simulation = None  # a worker's result must pickle
+    return Choice(layouts[winner[2]], result)
+
+
+# Relative float rounding a step floor may carry above the simulated time it bounds.
+_FLOOR_SLACK = 1e-9
+
+
+__all__ = ["AXES", "Candidate", "Choice", "PlanResult", "best_layouts",
+           "candidate_layouts", "choose_layouts", "rank_layouts", "simulate_step"]

@@ -22,9 +22,13 @@ def human_bytes(num_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
-def result_table(results: Sequence[SimResult], title: str) -> Table:
+def result_table(results: Sequence[SimResult], title: str,
+                 layouts: Sequence[str] | None = None) -> Table:
+    """One row per result; ``layouts`` (one name per result) adds a layout column."""
     table = Table(title=title, title_justify="left")
     table.add_column("schedule")
+    if layouts is not None:
+        table.add_column("layout")
     table.add_column("step time", justify="right")
     table.add_column("compute", justify="right")
     table.add_column("exposed comm", justify="right")
@@ -32,10 +36,11 @@ def result_table(results: Sequence[SimResult], title: str) -> Table:
     for tier in TIERS:
         table.add_column(f"bytes {tier}", justify="right")
     table.add_column("busiest link (utilisation)")
-    for result in results:
+    for index, result in enumerate(results):
         busiest = result.busiest_links[0] if result.busiest_links else None
         table.add_row(
             result.schedule,
+            *([layouts[index]] if layouts is not None else []),
             f"{result.step_time_s * 1e3:.2f} ms",
             f"{result.compute_s * 1e3:.2f} ms",
             f"{result.comm_exposed_s * 1e3:.2f} ms",
@@ -48,10 +53,11 @@ def result_table(results: Sequence[SimResult], title: str) -> Table:
     return table
 
 
-def print_results(results: Sequence[SimResult], title: str, notes: Sequence[str]) -> None:
+def print_results(results: Sequence[SimResult], title: str, notes: Sequence[str],
+                  layouts: Sequence[str] | None = None) -> None:
     # Wide enough for the whole table when the output is a file or a pipe.
-    console = plain_console(width=None if sys.stdout.isatty() else 200)
-    console.print(result_table(results, title))
+    console = plain_console(width=None if sys.stdout.isatty() else 220)
+    console.print(result_table(results, title, layouts))
     for note in notes:
         console.print(f"note: {note}")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from cocodiff.bounds import plan_bound_s
@@ -19,7 +19,7 @@ from cocodiff.executor import Execution, run_program
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec
 from cocodiff.phasing import ChunkPipeline, member_bytes
-from cocodiff.plan import Compute, Exchange, Phase, Plan
+from cocodiff.plan import Compute, Exchange, Phase, Plan, RankProgram
 from cocodiff.schedules import (
     BASELINE,
     DEFAULT_OPTIONS,
@@ -283,6 +283,83 @@ def simulate_plan(
     )
 
 
+def _with_layers(plan: Plan, num_layers: int) -> Plan:
+    return replace(plan, programs=tuple(RankProgram(p.rank, p.layers[:num_layers])
+                                        for p in plan.programs))
+
+
+def _repeats_one_layer(plan: Plan) -> bool:
+    """Whether every layer of every rank is the same object (schedulers share it)."""
+    return all(all(layer is p.layers[0] for layer in p.layers) for p in plan.programs)
+
+
+def simulate_layers(
+    plan: Plan,
+    topology: Topology,
+    placement: Placement | None = None,
+    collective: CollectiveModel | None = None,
+    num_layers: int | None = None,
+) -> SimResult:
+    """:func:`simulate_plan`'s result for a plan whose layers are all the same, from a
+    one-layer and a two-layer simulation.
+
+    Every layer ends with exchanges that resynchronise the ranks, so everything a step
+    accumulates is affine in its number of layers ``L`` after the first:
+    ``x(L) = x(1) + (L - 1) * (x(2) - x(1))`` for the step time, the slowest rank's
+    compute and exchange time, the bytes on every tier and link, and the exchanges
+    started.
+    ``tests/test_simulate.py`` checks every field against the full simulation. A plan
+    of two layers or fewer, or with layers that differ, is simulated in full. The
+    result holds no :class:`Simulation` (traces and plots need the full one).
+
+    ``num_layers``: the step's layer count when ``plan`` holds only its first layers
+    (at least two, all the same; the planner builds such plans, which is faster).
+    """
+    held = len(plan.program(0).layers)
+    num_layers = num_layers or held
+    repeats = _repeats_one_layer(plan)
+    if num_layers != held and not (repeats and held >= min(num_layers, 2)):
+        raise ValueError(f"a plan of {held} layers stands for {num_layers} only when it "
+                         "repeats one layer at least twice")
+    if num_layers <= 2 or not repeats:
+        return simulate_plan(_with_layers(plan, num_layers) if held != num_layers else plan,
+                             topology, placement, collective=collective)
+    one, two = (simulate_plan(_with_layers(plan, k), topology, placement, collective=collective)
+                for k in (1, 2))
+    extra = num_layers - 1
+
+    def affine(first: float, second: float) -> float:
+        return first + extra * (second - first)
+
+    step_time_s = affine(one.step_time_s, two.step_time_s)
+    compute_s = affine(one.compute_s, two.compute_s)
+    links_one, links_two = (
+        {link: s.bytes_carried for link, s in r.simulation.network.stats.items()}
+        for r in (one, two)
+    )
+    return SimResult(
+        schedule=plan.schedule,
+        num_ranks=plan.num_ranks,
+        step_time_s=step_time_s,
+        compute_s=compute_s,
+        comm_exposed_s=max(0.0, step_time_s - compute_s),
+        bytes_by_tier={tier: affine(one.bytes_by_tier[tier], two.bytes_by_tier[tier])
+                       for tier in TIERS},
+        busiest_links=_busiest_links(
+            two.simulation, step_time_s,
+            bytes_carried={link: affine(links_one[link], num_bytes)
+                           for link, num_bytes in links_two.items()}),
+        simulated_ranks=two.simulated_ranks,
+        folded=two.folded,
+        wall_s=one.wall_s + two.wall_s,
+        num_flows=one.num_flows + two.num_flows,
+        num_events=one.num_events + two.num_events,
+        exchange_s=affine(one.exchange_s, two.exchange_s),
+        exchanges_per_step=[one.exchanges_per_step[0]
+                            + extra * (two.exchanges_per_step[0] - one.exchanges_per_step[0])],
+    )
+
+
 def simulate_schedule(
     name: str,
     spec: ModelSpec,
@@ -297,20 +374,18 @@ def simulate_schedule(
     with_bound: bool = True,
     activity: ActivityTrace | None = None,
     parallel: ParallelLayout | None = None,
-    on_plan: Callable[[], None] | None = None,
+    known: SimResult | None = None,
 ) -> SimResult:
     """Simulate a schedule over a whole generation of ``num_steps`` denoising steps: the
     run's plan (:func:`cocodiff.plan_file.build_run_plan`, as ``cocodiff plan`` and
-    ``cocodiff run`` make it) through :func:`simulate_run_plan`. ``on_plan`` is called
-    after each distinct plan is simulated (progress)."""
+    ``cocodiff run`` make it) through :func:`simulate_run_plan` (``known`` as there)."""
     from cocodiff.plan_file import build_run_plan
 
     grid = RankGrid.from_placement(topology, placement)
     run_plan = build_run_plan(name, spec, grid, stream_tokens, num_steps, options,
                               parallel=parallel, activity=activity)
     return simulate_run_plan(run_plan, topology, placement, collective=collective,
-                             record_spans=record_spans, with_bound=with_bound,
-                             on_plan=on_plan)
+                             record_spans=record_spans, with_bound=with_bound, known=known)
 
 
 def simulate_run_plan(
@@ -321,13 +396,18 @@ def simulate_run_plan(
     collective: CollectiveModel | None = None,
     record_spans: bool = False,
     with_bound: bool = True,
-    on_plan: Callable[[], None] | None = None,
+    known: SimResult | None = None,
 ) -> SimResult:
     """Simulate every step of a run's plan.
 
     Steps that share a plan share one simulation (a schedule that does the same thing
     every step is simulated once; V-Major's, once per distinct cache ratio or recorded
     step); step times are averaged over the steps (``step_times_s`` lists them all).
+    Each plan is simulated by :func:`simulate_layers` (one and two layers,
+    extrapolated), except the one a trace or plot records (``record_spans``), which
+    runs in full. ``known``: the simulated step of the run's one plan of a schedule that
+    does the same every step, when the caller already has it (the planner simulated it
+    to choose the layout, :class:`cocodiff.planner.Choice`); then it is not run again.
 
     Raises:
         PlanFileError: the plan's rank grid is not where ``placement`` puts the ranks on
@@ -347,19 +427,24 @@ def simulate_run_plan(
     if grid != run_plan.grid:
         raise PlanFileError(f"the plan's ranks sit as {_shape(run_plan.grid)} (nodes x GPUs "
                             f"x tiles), the machine's as {_shape(grid)}")
-    if get_schedule(run_plan.schedule).phased:
+    entry = get_schedule(run_plan.schedule)
+    if entry.phased:
         check_chunks(run_plan.plans[0], run_plan.options.chunks)
     by_plan: dict[int, SimResult] = {}
     for index in dict.fromkeys(run_plan.step_plans):
-        by_plan[index] = simulate_plan(run_plan.plans[index], topology, placement,
-                                       collective=collective,
-                                       record_spans=record_spans and not by_plan)
-        if on_plan is not None:
-            on_plan()
+        plan = run_plan.plans[index]
+        if (known is not None and not entry.step_dependent and len(run_plan.plans) == 1
+                and not record_spans):
+            by_plan[index] = known
+        elif record_spans and not by_plan:  # the trace and the plot show this one
+            by_plan[index] = simulate_plan(plan, topology, placement, collective=collective,
+                                           record_spans=True)
+        else:
+            by_plan[index] = simulate_layers(plan, topology, placement, collective)
     per_step = [by_plan[index] for index in run_plan.step_plans]
     # A schedule that does the same every step reports (and averages) that step once, as
     # it always has.
-    if not get_schedule(run_plan.schedule).step_dependent and len(by_plan) == 1:
+    if not entry.step_dependent and len(by_plan) == 1:
         per_step = per_step[:1]
     first = per_step[0]
     result = SimResult(
@@ -419,15 +504,20 @@ def _rank_process(simulation: Simulation, execution: Execution, rank: int,
     finish_s[rank] = simulation.now
 
 
-def _busiest_links(simulation: Simulation, step_time_s: float, top: int = 5) -> list[LinkUse]:
+def _busiest_links(simulation: Simulation, step_time_s: float, top: int = 5,
+                   bytes_carried: dict | None = None) -> list[LinkUse]:
+    """The ``top`` links by utilisation; ``bytes_carried`` (link -> bytes) replaces
+    what the simulation's links carried (an extrapolated step's bytes)."""
     if step_time_s <= 0:
         return []
     graph = simulation.topology.graph
+    stats = simulation.network.stats
+    carried = bytes_carried or {link: s.bytes_carried for link, s in stats.items()}
     uses = [
         LinkUse(link, graph.edges[link]["kind"],
-                stats.bytes_carried / (stats.capacity_bytes_per_s * step_time_s))
-        for link, stats in simulation.network.stats.items()
-        if stats.bytes_carried > 0
+                num_bytes / (stats[link].capacity_bytes_per_s * step_time_s))
+        for link, num_bytes in carried.items()
+        if num_bytes > 0
     ]
     uses.sort(key=lambda use: use.utilisation, reverse=True)
     return uses[:top]

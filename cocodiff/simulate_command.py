@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 
 from cocodiff.errors import CocodiffError
+from cocodiff.fanout import local_cores, map_local
 from cocodiff.plan_command import (
     DEFAULT_TOPOLOGY,
     MAX_STEPS,
@@ -31,12 +31,9 @@ PLAN_FIXES = ("model", "resolution", "frames", "steps", "schedule", "dtype", "ba
               "chunks", "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh",
               "activity_trace", "layout", "ulysses", "ring", "batch", "ring_inner", "sweep")
 
-# The paper's grid (arXiv 2604.14561): models x resolutions x Aurora nodes.
-SWEEP = {
-    "models": ("flux1-dev", "qwen-image", "sd35-large", "flux2-dev"),
-    "resolutions": (768, 1536, 2304),
-    "nodes": (1, 2, 4, 8),
-}
+# --layout: the planner's layouts, or pure Ulysses over every rank.
+AUTO, PURE = "auto", "pure"
+LAYOUT_CHOICES = (AUTO, PURE)
 
 
 def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
@@ -54,10 +51,11 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
     parser.add_argument("--activity-trace", type=Path, default=None,
                         help="replay a recorded V-Major activity trace (JSON, "
                         "cocodiff-activity/1) in the cocodiff schedule")
-    parser.add_argument("--layout", default=None, choices=("auto",),
+    parser.add_argument("--layout", default=None, choices=LAYOUT_CHOICES,
                         help="auto: each schedule on the planner's best Ulysses x Ring x batch "
-                        "layout (`cocodiff plan`); default: pure Ulysses over every rank, or "
-                        "the layout --ulysses/--ring/--batch give")
+                        "layout (`cocodiff plan`); pure: pure Ulysses over every rank; "
+                        "default: pure up to the head count, auto past it (or the layout "
+                        "--ulysses/--ring/--batch give)")
     add_degree_arguments(parser, positive_int)
     parser.add_argument("--sweep", action="store_true",
                         help="run the paper's grid (models flux1-dev, qwen-image, sd35-large, "
@@ -66,6 +64,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
     parser.add_argument("--sweep-models", default=None, help="restrict the sweep's models")
     parser.add_argument("--sweep-resolutions", default=None, help="restrict its resolutions")
     parser.add_argument("--sweep-nodes", default=None, help="restrict its node counts")
+    parser.add_argument("--workers", type=positive_int, default=None,
+                        help="local processes to simulate on (default: every core this "
+                        "process may use; under mpiexec, shared by the ranks of a host)")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--trace", type=Path,
                         help="write a Chrome/Perfetto trace (open in ui.perfetto.dev)")
@@ -102,7 +103,9 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise CocodiffError("--sweep chooses its own layouts (the planner's where pure Ulysses "
                             "cannot run); drop --layout, --ulysses/--ring/--batch, --batch-size")
     if args.sweep:
-        return _sweep(args, names, options, collective)
+        from cocodiff.sweep import run_sweep
+
+        return run_sweep(args, names, options, collective)
     return _single(args, names, options, collective)
 
 
@@ -145,7 +148,7 @@ def _from_plan_file(args) -> int:
 
 def _single(args, names, options, collective) -> int:
     from cocodiff.models import parse_resolution
-    from cocodiff.simulate import simulate_schedule
+    from cocodiff.schedules import get_schedule
     from topology import Placement, build_topology, resolve_topology
 
     machine = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
@@ -158,15 +161,23 @@ def _single(args, names, options, collective) -> int:
     streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
     placement = Placement.node_major(topology)
     record = args.trace is not None or args.plot is not None
-    layouts = _layouts(args, names, model, topology, streams, collective, placement.num_ranks)
-    with _progress(names, args, options, estimate.wall_s) as advance:
-        results = [
-            simulate_schedule(name, model, topology, placement, streams, args.steps,
-                              options=options, collective=collective, record_spans=record,
-                              activity=args.activity, parallel=layouts[name],
-                              on_plan=partial(advance, name))
-            for name in names
-        ]
+    layouts, known = _layouts(args, names, model, topology, streams, options, collective,
+                              placement.num_ranks)
+    context = {"positional": (model, topology, placement, streams, args.steps),
+               "options": {"options": options, "collective": collective,
+                           "record_spans": record, "activity": args.activity},
+               "layouts": layouts,
+               # the planner's own simulation of a winner (same options) is that step
+               "known": known}
+    # Schedules run side by side on the local cores, the step-dependent ones (V-Major's:
+    # a plan per cache ratio, the longest) first; a recorded timeline (trace, plot)
+    # stays in this process.
+    longest_first = sorted(names, key=lambda name: not get_schedule(name).step_dependent)
+    with _progress(names, estimate.wall_s) as advance:
+        done = map_local(_simulate_one, context, longest_first, 1 if record else args.workers,
+                         progress=advance)
+    by_name = dict(zip(longest_first, done, strict=True))
+    results = [by_name[name] for name in names]
     spec = topology.spec
     title = (
         f"{model.name} {width}x{height}" + (f"x{args.frames}f" if args.frames > 1 else "")
@@ -187,7 +198,9 @@ def _report(args, results, title, model, topology, placement, layouts, collectiv
 
     spec = topology.spec
     notes = _notes(results, steps, collective, topology, model, placement, layouts)
-    print_results(results, title, notes)
+    print_results(results, title, notes,
+                  layouts=[_layout_name(layouts[r.schedule], placement.num_ranks)
+                           for r in results])
     if args.json:
         atomic_write_text(args.json, json.dumps({
             "model": model.name,
@@ -216,7 +229,10 @@ def _check_resources(args, names, options, machine, model):
              for name in names}
     estimate = budget.estimate_simulation(machine, model.num_layers, model.num_heads, plans,
                                           options.chunks, group=args.ulysses)
-    if args.layout == "auto":  # the planner ranks every layout first
+    planned = args.layout == AUTO or (
+        args.layout is None and args.activity is None and args.ulysses is None
+        and args.ring is None and args.batch is None and machine.num_tiles > model.num_heads)
+    if planned:  # the planner ranks the layouts first (an upper bound: it prunes)
         estimate = budget.combine([estimate, budget.estimate_planner(
             machine, model.num_layers, model.num_heads, budget.ranked_schedules(names),
             options.batch, options.chunks)])
@@ -226,78 +242,71 @@ def _check_resources(args, names, options, machine, model):
     return estimate
 
 
-def _check_sweep_resources(args, names, options, specs, resolutions, nodes_list) -> None:
-    """The resource guard over the whole grid: every row's simulations, and the
-    planner's ranking where a row has more ranks than heads."""
-    from cocodiff import budget
-    from topology import get_preset
-
-    plans = {name: budget.distinct_plans(name, args.steps, options, None) for name in names}
-    ranked = budget.ranked_schedules(names)
-    estimates = []
-    for model in specs.values():
-        for nodes in nodes_list:
-            machine = get_preset("aurora", nodes)
-            row = [budget.estimate_simulation(machine, model.num_layers, model.num_heads,
-                                              plans, options.chunks)]
-            if machine.num_tiles > model.num_heads:
-                row.append(budget.estimate_planner(machine, model.num_layers, model.num_heads,
-                                                   ranked, 1, options.chunks))
-            estimates += row * len(resolutions)
-    budget.check_estimate(budget.combine(estimates),
-                          f"the sweep ({len(specs)} model(s) x {len(resolutions)} "
-                          f"resolution(s) x nodes {','.join(map(str, nodes_list))})")
-
-
 @contextmanager
-def _progress(names, args, options, estimate_s: float):
-    """A progress bar on a terminal's stderr for what is estimated to run long: one
-    task per schedule, advanced per simulated plan. Yields ``advance(name)``."""
+def _progress(names, estimate_s: float):
+    """A progress bar on a terminal's stderr for what is estimated to run long (the
+    resource guard's estimate): schedules done of those asked for. Yields the callback
+    :func:`cocodiff.fanout.map_local` calls as each one finishes."""
     import sys
 
     from cocodiff import budget
 
     if estimate_s < budget.PROGRESS_S or not sys.stderr.isatty():
-        yield lambda name: None
+        yield None
         return
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("simulating {task.description}"), BarColumn(),
-               MofNCompleteColumn(), TextColumn("plans"), TimeElapsedColumn(),
-               TextColumn(f"(estimated ~{estimate_s:.0f} s in all)"))
+    columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("schedules"), TimeElapsedColumn(),
+               TextColumn(f"(estimated ~{estimate_s:.0f} s of CPU in all)"))
     with Progress(*columns, console=Console(stderr=True, markup=False),
                   transient=True) as bar:
-        tasks = {name: bar.add_task(name, total=budget.distinct_plans(
-            name, args.steps, options, args.activity)) for name in names}
-        yield lambda name: bar.advance(tasks[name])
+        task = bar.add_task("schedules", total=len(names))
+        yield lambda _index: bar.advance(task)
 
 
-def _layouts(args, names, model, topology, streams, collective, num_ranks) -> dict:
-    """Each schedule's parallel layout: None (pure Ulysses), the flags', or the planner's."""
+def _simulate_one(context: dict, name: str):
+    """One schedule's :func:`cocodiff.simulate.simulate_schedule` (a local worker's job)."""
+    from cocodiff.simulate import simulate_schedule
+
+    result = simulate_schedule(name, *context["positional"], parallel=context["layouts"][name],
+                               known=context["known"].get(name), **context["options"])
+    if not context["options"]["record_spans"]:
+        result.simulation = None  # nothing reads it, and a worker's result must pickle
+    return result
+
+
+def _layouts(args, names, model, topology, streams, options, collective, num_ranks
+             ) -> tuple[dict, dict]:
+    """Each schedule's parallel layout: None (pure Ulysses), the flags', or the planner's;
+    and the steps the planner simulated for its choices (by schedule)."""
     layout = explicit_layout(args, num_ranks)
-    if layout is not None and args.layout == "auto":
-        raise CocodiffError("--layout auto lets the planner choose: drop --ulysses/--ring/"
-                            "--batch, or drop --layout")
+    if layout is not None and args.layout is not None:
+        raise CocodiffError(f"--layout {args.layout} and --ulysses/--ring/--batch both choose "
+                            "the layout: drop one")
     if layout is not None:
         layout.check(num_ranks, model.num_heads, args.batch_size)
-        return dict.fromkeys(names, layout)
-    if args.layout == "auto":
+        return dict.fromkeys(names, layout), {}
+    choice = args.layout
+    if choice is None:  # pure Ulysses leaves ranks idle past the head count
+        auto = num_ranks > model.num_heads and args.activity is None
+        choice = AUTO if auto else PURE
+    if choice == AUTO:
         if args.activity is not None:
             raise CocodiffError("--activity-trace replays a pure-Ulysses run; it cannot use "
                                 "--layout auto")
-        from cocodiff.planner import best_layout
+        from cocodiff.planner import choose_layouts
 
-        return {name: best_layout(model, topology, streams, name, plan_options(args),
-                                  collective)
-                for name in names}
-    return dict.fromkeys(names)
+        choices = choose_layouts(model, topology, streams, names, options, collective,
+                                 workers=args.workers or local_cores())
+        return ({name: c.layout for name, c in choices.items()},
+                {name: c.result for name, c in choices.items() if c.result is not None})
+    return dict.fromkeys(names), {}
+
+
+def _layout_name(layout, num_ranks: int) -> str:
+    return layout.name if layout is not None else f"pure U{num_ranks}"
 
 
 def _layout_json(layout) -> dict | None:
@@ -321,143 +330,12 @@ def _notes(results, steps, collective, topology, model, placement, layouts=None)
             f"(simulated {r.simulated_ranks} of {r.num_ranks} ranks"
             + (", folded" if r.folded else "") + f", {r.wall_s:.2f} s wall)"
         )
-    for name, layout in (layouts or {}).items():
-        if layout is not None:
-            notes.append(f"{name}: layout {layout.name} (Ulysses {layout.ulysses} x Ring "
-                         f"{layout.ring} x batch {layout.batch})")
+    if any((layouts or {}).values()):
+        notes.append("layout UxRxB = Ulysses x Ring x batch degrees ('/ring-inner': the Ring "
+                     "on the fast tiers); `cocodiff plan` ranks them all")
     heads = model.num_heads
     if placement.num_ranks > heads and not any((layouts or {}).values()):
         notes.append(f"{placement.num_ranks} ranks > {heads} heads: "
                      f"{placement.num_ranks - heads} ranks hold no head during attention "
                      "(the pure-Ulysses limit)")
     return notes
-
-
-def _sweep(args, names, options, collective) -> int:
-    from rich.table import Table
-
-    from cocodiff.atomic import atomic_write, atomic_write_text
-    from cocodiff.console import plain_console
-    from cocodiff.models import load_model_spec
-    from cocodiff.simulate import simulate_schedule
-    from topology import Placement, build_topology, get_preset
-
-    models = _sweep_values(args.sweep_models, SWEEP["models"], str, "model")
-    resolutions = _sweep_values(args.sweep_resolutions, SWEEP["resolutions"], int, "resolution")
-    nodes_list = _sweep_values(args.sweep_nodes, SWEEP["nodes"], int, "node count")
-    specs = {name: load_model_spec(name) for name in models}
-    if BASELINE not in names:
-        names = [BASELINE, *names]
-    _check_sweep_resources(args, names, options, specs, resolutions, nodes_list)
-    rows = []
-    for model_name in models:
-        model = specs[model_name]
-        for resolution in resolutions:
-            model.check_resolution(resolution, resolution)
-            streams = (model.image_tokens(resolution, resolution), model.text_tokens)
-            for nodes in nodes_list:
-                topology = build_topology(get_preset("aurora", nodes))
-                placement = Placement.node_major(topology)
-                # Past the head count pure Ulysses leaves ranks idle: every schedule then
-                # runs on the planner's best layout for it (flat included: USP's baseline).
-                layouts = (_planned_layouts(model, topology, streams, names, options,
-                                            collective)
-                           if placement.num_ranks > model.num_heads else dict.fromkeys(names))
-                results = {name: simulate_schedule(name, model, topology, placement, streams,
-                                                   args.steps, options=options,
-                                                   collective=collective,
-                                                   parallel=layouts[name])
-                           for name in names}
-                flat = results[BASELINE].step_time_s
-                rows.append({
-                    "model": model_name, "resolution": resolution, "nodes": nodes,
-                    "num_ranks": placement.num_ranks,
-                    "layouts": {name: layouts[name].name if layouts[name] else "pure"
-                                for name in names},
-                    "results": [r.to_json() for r in results.values()],
-                    "speedup": {name: flat / r.step_time_s for name, r in results.items()},
-                })
-                print(f"{model_name} {resolution}px {nodes} node(s): " + ", ".join(
-                    f"{name} {rows[-1]['speedup'][name]:.2f}x" for name in names), flush=True)
-    table = Table(title="simulated speedup over flat Ulysses (Aurora)", title_justify="left")
-    for column in ("model", "px", "nodes", *names, "layout (flat / " + names[-1] + ")"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(row["model"], str(row["resolution"]), str(row["nodes"]),
-                      *(f"{row['speedup'][name]:.2f}x" for name in names),
-                      f"{row['layouts'][BASELINE]} / {row['layouts'][names[-1]]}")
-    plain_console(width=200).print(table)
-    best = names[-1]
-    speedups = [row["speedup"][best] for row in rows]
-    peak = max(rows, key=lambda row: row["speedup"][best])
-    print(f"{best} over flat: mean {sum(speedups) / len(speedups):.2f}x, peak "
-          f"{peak['speedup'][best]:.2f}x ({peak['model']}, {peak['resolution']}px, "
-          f"{peak['nodes']} nodes)")
-    if args.json:
-        atomic_write_text(args.json, json.dumps({"grid": {"models": models,
-                                                          "resolutions": resolutions,
-                                                          "nodes": nodes_list},
-                                                 "steps": args.steps, "rows": rows}, indent=2))
-    if args.plot:
-        atomic_write(args.plot, lambda tmp: _plot_sweep(rows, names, tmp))
-    return 0
-
-
-def _planned_layouts(model, topology, streams, names, options, collective) -> dict:
-    """The planner's best layout for each schedule, from one ranking (each schedule as its
-    registry entry's ``ranked_as``: V-Major's ``cocodiff`` takes ``vfirst``'s, the same
-    exchanges before V-Major trims them)."""
-    from cocodiff.planner import rank_layouts
-    from cocodiff.schedules import get_schedule
-
-    ranked_as = {name: get_schedule(name).ranked_as for name in names}
-    ranking = rank_layouts(model, topology, streams, tuple(dict.fromkeys(ranked_as.values())),
-                           options, collective=collective)
-    return {name: next(c.layout for c in ranking.candidates if c.schedule == ranked_as[name])
-            for name in names}
-
-
-def _sweep_values(text, default, kind, what):
-    if text is None:
-        return list(default)
-    values = []
-    for item in text.split(","):
-        try:
-            values.append(kind(item.strip()))
-        except ValueError:
-            raise CocodiffError(f"sweep {what} {item.strip()!r} is not valid") from None
-    if kind is str:
-        unknown = [v for v in values if v not in default]
-        if unknown:
-            raise CocodiffError(f"unknown sweep {what} {unknown[0]!r}; valid: "
-                                f"{', '.join(default)}")
-    elif any(v < 1 for v in values):
-        raise CocodiffError(f"sweep {what}s must be positive, got {text!r}")
-    return values
-
-
-def _plot_sweep(rows, names, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = list(dict.fromkeys(row["model"] for row in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.4), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
-        for resolution in sorted({row["resolution"] for row in rows}):
-            chosen = [row for row in rows if row["model"] == model
-                      and row["resolution"] == resolution]
-            for name, style in zip(names[1:], ("--", "-.", "-"), strict=False):
-                ax.plot([row["nodes"] for row in chosen],
-                        [row["speedup"][name] for row in chosen], style, marker="o",
-                        label=f"{name} {resolution}px")
-        ax.set_title(model, fontsize=9)
-        ax.set_xlabel("Aurora nodes")
-        ax.set_xscale("log", base=2)
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-    axes[0][0].set_ylabel("speedup over flat Ulysses")
-    axes[0][-1].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)

@@ -36,14 +36,27 @@ def test_default_aurora_8_nodes_writes_the_stable_json_keys(tmp_path, capsys):
     assert RESULT_KEYS <= result.keys()
     assert set(result["bytes_by_tier"]) == {"intra-gpu", "intra-node", "inter-node"}
     assert result["step_time_s"] == pytest.approx(result["compute_s"] + result["comm_exposed_s"])
-    assert "flat" in capsys.readouterr().out
+    # 96 ranks > 24 heads: every schedule on the planner's layout, shown in a column
+    out = capsys.readouterr().out
+    assert "flat" in out and "layout" in out and "hold no head" not in out
+    for result in record["results"]:
+        assert result["layout"]["ulysses"] <= 24
+        assert result["layout"]["name"] in out
+
+
+def test_layout_pure_forces_pure_ulysses_with_its_idle_rank_note(tmp_path, capsys):
+    record = simulate(tmp_path, "--nodes", "4", "--schedule", "flat", "--layout", "pure")
+    assert record["results"][0]["layout"] is None
+    out = capsys.readouterr().out
+    assert "pure U48" in out and "24 ranks hold no head" in out
 
 
 def test_all_to_all_share_rises_with_nodes_for_flux_1024(tmp_path):
     shares = []
     for nodes in (1, 2, 4, 8):
         result = simulate(
-            tmp_path, "--nodes", str(nodes), "--model", "flux1-dev", "--resolution", "1024"
+            tmp_path, "--nodes", str(nodes), "--model", "flux1-dev", "--resolution", "1024",
+            "--layout", "pure",
         )["results"][0]
         shares.append(result["comm_exposed_s"] / result["step_time_s"])
         assert result["bytes_by_tier"]["inter-node"] > 0 or nodes == 1
@@ -114,6 +127,8 @@ def test_a_toml_topology_and_a_config_json_model(tmp_path):
         (["--schedule", "nope"], "unknown schedule 'nope'"),
         (["--resolution", "abc"], "abc"),
         (["--resolution", "1000"], "1000"),
+        (["--layout", "nope"], "invalid choice"),
+        (["--layout", "pure", "--ulysses", "4"], "both choose the layout"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, capsys, args, message):
@@ -145,3 +160,16 @@ def test_the_console_script_exits_2_without_a_traceback():
     )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_the_planners_step_is_the_one_its_layout_simulates_to(tmp_path):
+    # past the head count simulate reuses the step the planner simulated for its choice
+    auto = simulate(tmp_path, "--nodes", "4", "--schedule", "tapa", "--steps", "2")
+    layout = auto["results"][0]["layout"]
+    explicit = simulate(tmp_path, "--nodes", "4", "--schedule", "tapa", "--steps", "2",
+                        "--ulysses", str(layout["ulysses"]), "--ring", str(layout["ring"]),
+                        *(["--ring-inner"] if layout["name"].endswith("/ring-inner") else []))
+    for record in (auto, explicit):
+        for key in ("sim_wall_s", "sim_flows", "sim_events"):
+            del record["results"][0][key]
+    assert auto["results"] == explicit["results"]

@@ -14,6 +14,7 @@ from cocodiff.simulate import simulate_plan
 from topology import Placement, build_topology, get_preset
 
 FLUX = REGISTRY["flux1-dev"]
+PIXART = REGISTRY["pixart-sigma"]  # 16 heads, 28 layers: a quick planner
 
 
 def test_candidates_are_every_valid_layout_once():
@@ -53,3 +54,30 @@ def test_ranking_is_sorted_and_beats_idle_ranks():
     assert best.step_time_s >= best.compute_s > 0 and best.bound_s > 0
     # pure Ring (no head exchange) is simulated once, whatever the schedules
     assert sum(1 for c in result.candidates if c.layout.ulysses == 1) == 1
+
+
+@pytest.mark.parametrize("name", ["flat", "tapa", "vfirst"])
+def test_step_floor_never_exceeds_the_simulation(name):
+    from cocodiff.bounds import step_floor_s
+    from transports.sim import collective_model_for
+
+    topology = build_topology(get_preset("aurora", 2))
+    placement = Placement.node_major(topology)
+    grid = RankGrid.from_placement(topology, placement)
+    model = collective_model_for("aurora")
+    for layout in candidate_layouts(24, 16):
+        plan = plan_hybrid(name, PIXART, grid, (1024, 512), layout)
+        step_s, _ = simulate_step(plan, topology, placement)
+        assert 0 < step_floor_s(plan, topology, placement, model) <= step_s * (1 + 1e-9)
+
+
+def test_pruned_search_picks_what_the_full_ranking_picks():
+    from cocodiff.planner import best_layouts
+
+    topology = build_topology(get_preset("aurora", 2))
+    names = ("flat", "vfirst", "cocodiff")  # cocodiff takes vfirst's layout
+    chosen = best_layouts(PIXART, topology, (1024, 512), names, workers=2)
+    assert chosen["cocodiff"] == chosen["vfirst"]
+    for name in ("flat", "vfirst"):
+        ranked = rank_layouts(PIXART, topology, (1024, 512), (name,), with_bounds=False)
+        assert chosen[name] == ranked.best.layout, name

@@ -243,6 +243,7 @@ class SimWorld:
         # Collectives match by (group, tag, n-th call with that tag on that group).
         self._pending: dict[tuple, _PendingCollective] = {}
         self._sequence: dict[tuple, int] = defaultdict(int)
+        self._expected: dict[tuple[int, ...], int] = {}
         self._sender_cache: dict[tuple, _SenderFlows] = {}
         self._launch_cache: dict[tuple, tuple[FlowBatch, dict[str, float]]] = {}
         self._spans: dict[tuple[int, ...], str] = {}
@@ -270,7 +271,10 @@ class SimWorld:
         pending = self._pending.setdefault((key_group, tag, sequence), _PendingCollective())
         pending.posted[rank] = send_bytes
         pending.events[rank] = self.simulation.env.event()
-        expected = sum(1 for r in key_group if r < self._num_simulated)
+        expected = self._expected.get(key_group)
+        if expected is None:  # the group's simulated members, counted once per group
+            expected = self._expected[key_group] = sum(
+                1 for r in key_group if r < self._num_simulated)
         if len(pending.posted) == expected:
             del self._pending[(key_group, tag, sequence)]
             self._launch(key_group, pending)

@@ -230,6 +230,17 @@ def run_pipeline(
     return latents.float()
 
 
+def diffusers_latents(pipe: DiffusionPipeline, latents: torch.Tensor) -> torch.Tensor:
+    """``run_pipeline``'s latents as the pipeline itself returns them with
+    ``output_type="latent"``: FLUX's and Qwen-Image's packed 2x2 tokens packed again
+    (``(b, c, h, w)`` or ``(b, c, 1, h, w)`` -> ``(b, h/2 * w/2, c * 4)``, the pipeline's
+    own ``_pack_latents``), other layouts as they are; in the pipeline's dtype."""
+    if hasattr(pipe, "_pack_latents") and hasattr(pipe, "_unpack_latents"):
+        batch, channels, height, width = latents.shape[0], latents.shape[1], *latents.shape[-2:]
+        latents = pipe._pack_latents(latents.contiguous(), batch, channels, height, width)
+    return latents.to(pipe.dtype)
+
+
 def _decode_kl(pipe: DiffusionPipeline, latents: torch.Tensor) -> Image.Image:
     config = pipe.vae.config
     latents = latents / config.scaling_factor + (getattr(config, "shift_factor", None) or 0.0)

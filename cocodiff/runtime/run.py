@@ -127,6 +127,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write timings as JSON here")
     parser.add_argument("--save-latents", type=Path, default=None,
                         help="write the final latents here (torch.save of one tensor)")
+    parser.add_argument("--latents-format", default="diffusers",
+                        choices=("diffusers", "unpacked"),
+                        help="diffusers: what the pipeline returns with output_type='latent' "
+                        "(FLUX and Qwen-Image packed 2x2; default); unpacked: the VAE's "
+                        "layout (batch, channels, [frames,] height/8, width/8), float32")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--no-guards", action="store_true",
                         help="do not check each step for NaN/Inf (one isfinite per attention "
@@ -657,10 +662,11 @@ def _write_outputs(args: argparse.Namespace, pipe, latents, image, record: dict)
     import torch
 
     from cocodiff.atomic import atomic_write, atomic_write_text
-    from cocodiff.runtime.pipelines import decode
+    from cocodiff.runtime.pipelines import decode, diffusers_latents
 
     if args.save_latents:
-        atomic_write(args.save_latents, lambda tmp: torch.save(latents.detach().cpu(), tmp))
+        saved = latents if args.latents_format == "unpacked" else diffusers_latents(pipe, latents)
+        atomic_write(args.save_latents, lambda tmp: torch.save(saved.detach().cpu(), tmp))
     if args.output:
         image = decode(pipe, latents) if image is None else image
         if isinstance(image, list):  # video: the frames side by side
