@@ -67,10 +67,12 @@ class Interrupted(KeyboardInterrupt):
 
 def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--model", default="tiny-flux",
-                        help="tiny-flux, tiny-sd3, tiny-qwen, tiny-wan, tiny-pixart, or a local "
+                        help="tiny-flux, tiny-sd3, tiny-qwen, tiny-wan, tiny-pixart, "
+                        "tiny-digits (trained on 8x8 digits; the prompt is a digit), or a local "
                         "diffusers pipeline directory (default: tiny-flux)")
-    parser.add_argument("--prompt", default="a lighthouse on a cliff at dawn",
-                        help="the text prompt")
+    parser.add_argument("--prompt", default=None,
+                        help="the text prompt (default: 3 for tiny-digits, else 'a lighthouse "
+                        "on a cliff at dawn')")
     parser.add_argument("--steps", type=positive_int, default=4, help="denoising steps (default 4)")
     parser.add_argument("--resolution", default=None,
                         help="PIXELS or WIDTHxHEIGHT (default: the model's)")
@@ -100,7 +102,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         "--activity-trace PATH` replays it)")
     parser.add_argument("--reference", action="store_true",
                         help="cocodiff: also run the exact plan (V-Major off) and report PSNR "
-                        "and SSIM of the image and the max abs error of the latents against it")
+                        "and SSIM of the image and the max abs error of the latents against it "
+                        "(tiny-digits: and the digit its classifier reads in each image)")
     parser.add_argument("--transport", default="auto",
                         help="auto, torch or mpi (auto: mpi under mpiexec when mpi4py is "
                         "installed, else torch)")
@@ -366,10 +369,11 @@ def _run(args: argparse.Namespace, launch) -> int:
     from cocodiff.atomic import atomic_write_text
     from cocodiff.quality import compare
     from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.runtime.digits import READERS, read_agreement
     from cocodiff.runtime.guards import NumericsGuard
     from cocodiff.runtime.parallel import UlyssesRuntime, parallelize
     from cocodiff.runtime.pipelines import decode, load_pipeline, run_pipeline, tiny_name_of
-    from cocodiff.runtime.tiny import TINY_DEFAULTS
+    from cocodiff.runtime.tiny import DEFAULT_PROMPT, TINY_DEFAULTS
     from cocodiff.runtime.vmajor import gather_activity
     from transports.registry import create_transport
 
@@ -388,6 +392,8 @@ def _run(args: argparse.Namespace, launch) -> int:
         dtype = getattr(torch, args.dtype)
         pipe = load_pipeline(args.model, dtype)
         tiny = tiny_name_of(args.model)
+        if args.prompt is None:
+            args.prompt = TINY_DEFAULTS[tiny].prompt if tiny else DEFAULT_PROMPT
         width, height, frames = _size(args, tiny)
         # Tiny models use short prompts; real ones keep their pipeline's default length.
         text_tokens = TINY_DEFAULTS[tiny].max_sequence_length if tiny else None
@@ -448,9 +454,15 @@ def _run(args: argparse.Namespace, launch) -> int:
             image = None
             if reference is not None:
                 image = decode(pipe, latents)
-                quality = compare(reference, latents, decode(pipe, reference), image)
+                reference_image = decode(pipe, reference)
+                quality = compare(reference, latents, reference_image, image)
                 record["quality"] = quality.to_json()
                 print(f"quality against the exact plan: {quality.summary()}", flush=True)
+                if tiny in READERS:
+                    agreement = read_agreement(READERS[tiny](), args.prompt, reference_image,
+                                               image)
+                    record["quality"]["classifier"] = agreement.to_json()
+                    print(agreement.summary(), flush=True)
             if args.record_activity and activity is not None:
                 atomic_write_text(args.record_activity, activity.to_json())
             _write_outputs(args, pipe, latents, image, {
