@@ -248,7 +248,9 @@ def _train(budget: Budget, out: Path, sample_steps: int, samples_per_digit: int)
     state = {}
     for name, module in (("transformer", pipe.transformer), ("vae", pipe.vae),
                          ("text_encoder", pipe.text_encoder), ("classifier", classifier)):
-        state.update({f"{name}.{k}": v.detach().contiguous()
+        # Copies: T5 ties its input embedding to ``shared``, and safetensors refuses
+        # tensors that share memory (loading sets both from equal copies).
+        state.update({f"{name}.{k}": v.detach().clone().contiguous()
                       for k, v in module.state_dict().items()})
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out), metadata={"vae": json.dumps({"scaling_factor": scaling}),
