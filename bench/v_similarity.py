@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"v_similarity: error: --steps {args.steps} < 2", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # the random model's prompt is truncated
     results = [measure(model, args.steps) for model in MODELS]
     sent = None
     if args.tradeoff is not None:

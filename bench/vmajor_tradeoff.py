@@ -55,7 +55,8 @@ def launch(model: str, schedules: list[str], steps: int, seeds: int, work: Path,
     job = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=timeout_s, stdin=subprocess.DEVNULL)
     if job.returncode != 0:
-        last = (job.stderr.strip().splitlines() or ["(no output)"])[-1]
+        errors = [line for line in job.stderr.splitlines() if "Error" in line]
+        last = (errors or job.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise RuntimeError(f"{model}: exit {job.returncode}: {last}")
     return json.loads(record.read_text())
 
@@ -81,7 +82,7 @@ def worker(model: str, schedules: list[str], steps: int, seeds: int, out: Path) 
     samples = ([(d, digit_prompt(d), seed) for seed in range(seeds) for d in range(10)]
                if reader else [(None, defaults.prompt, 0)])
 
-    def generate(options: VMajorOptions | None) -> tuple[list, dict]:
+    def generate(options: VMajorOptions | None) -> tuple[list, dict | None]:
         runtime.vmajor = options
         latents, reports = [], []
         for _, prompt, seed in samples:
@@ -90,8 +91,9 @@ def worker(model: str, schedules: list[str], steps: int, seeds: int, out: Path) 
             latents.append(run_pipeline(pipe, prompt, steps, defaults.width, defaults.height,
                                         defaults.frames, seed,
                                         max_sequence_length=defaults.max_sequence_length))
-            reports.append(gather_activity(runtime))
-        return latents, _activity_summary(reports, steps)
+            if options is not None:  # the exact plan records no V-Major activity
+                reports.append(gather_activity(runtime))
+        return latents, _activity_summary(reports, steps) if reports else None
 
     exact, _ = generate(None)
     exact_images = [decode(pipe, x) for x in exact]
