@@ -98,8 +98,8 @@ def test_training_is_deterministic(tmp_path):
 def test_run_reports_the_digit_it_reads(tmp_path):
     """One process: the exact plan is its own reference, and the classifier agrees."""
     record_path = tmp_path / "run.json"
-    job = run_job([sys.executable, "-m", "cocodiff", "run", "--quiet",
-                   "--model", "tiny-digits", "--prompt", "7", "--steps", "4", "--reference",
+    job = run_job([sys.executable, "-m", "cocodiff", "run", "--quiet", "--model", "tiny-digits",
+                   "--prompt", "7", "--schedule", "cocodiff", "--steps", "4", "--reference",
                    "--json", str(record_path)], tmp_path)
     assert job.returncode == 0, job.stderr[-3000:]
     classifier = json.loads(record_path.read_text())["quality"]["classifier"]
