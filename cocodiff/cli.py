@@ -116,10 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export-tiny",
         help="save a built-in tiny model as a diffusers directory",
-        description="Save a built-in tiny model (random weights from a fixed seed) as a "
-        "diffusers pipeline directory that `cocodiff run --model DIR` loads back.",
+        description="Save a built-in tiny model (random weights from a fixed seed; tiny-digits: "
+        "its trained weights) as a diffusers pipeline directory that `cocodiff run --model "
+        "DIR` loads back.",
     )
-    export.add_argument("name", help="tiny-flux, tiny-sd3, tiny-qwen, tiny-wan or tiny-pixart")
+    export.add_argument("name", help="tiny-flux, tiny-sd3, tiny-qwen, tiny-wan, tiny-pixart or "
+                        "tiny-digits")
     export.add_argument("directory", type=Path, help="where to write it")
     export.set_defaults(handler=_cmd_export_tiny)
     return parser

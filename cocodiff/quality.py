@@ -95,3 +95,32 @@ def compare(reference_latents: torch.Tensor, latents: torch.Tensor, reference_im
     error = (latents.double() - reference_latents.double()).abs().max().item()
     a, b = image_tensor(reference_image), image_tensor(image)
     return Quality(psnr_db(a, b), ssim(a, b), error)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassAgreement:
+    """What a classifier reads in the exact and the lossy image of one generation.
+
+    Args:
+        exact_class: the class read in the exact plan's image.
+        lossy_class: the class read in the lossy (V-Major) image.
+        requested_class: the class the prompt asked for, or None if it names none.
+    """
+
+    exact_class: int
+    lossy_class: int
+    requested_class: int | None
+
+    @property
+    def agree(self) -> bool:
+        return self.exact_class == self.lossy_class
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "agree": self.agree}
+
+    def summary(self) -> str:
+        asked = ("" if self.requested_class is None
+                 else f" (the prompt asked for {self.requested_class})")
+        verdict = "agree" if self.agree else "DISAGREE"
+        return (f"classifier reads {self.exact_class} in the exact image and {self.lossy_class} "
+                f"in this one: {verdict}{asked}")

@@ -143,7 +143,8 @@ def test_qwen_template_prefix_is_dropped_exactly() -> None:
     assert len(pipe.tokenizer(prefix).input_ids) == pipe.prompt_template_encode_start_idx
 
 
-@pytest.mark.parametrize("name", ["tiny-flux", "tiny-wan"])
+# tiny-digits: trained weights loaded from the package, exported, loaded back.
+@pytest.mark.parametrize("name", ["tiny-flux", "tiny-wan", "tiny-digits"])
 def test_export_load_round_trip(name: str, tmp_path: Path) -> None:
     directory = export_tiny(name, tmp_path / name)
     assert (directory / "model_index.json").is_file()

@@ -81,10 +81,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         "the schedule, steps, dtype, resolution, rank grid and layout; the "
                         "launch must have its rank count")
     parser.add_argument("--model", default=None,
-                        help="tiny-flux, tiny-sd3, tiny-qwen, tiny-wan, tiny-pixart, or a local "
+                        help="tiny-flux, tiny-sd3, tiny-qwen, tiny-wan, tiny-pixart, "
+                        "tiny-digits (trained on 8x8 digits; the prompt is a digit), or a local "
                         "diffusers pipeline directory (default: tiny-flux, or the plan's model)")
-    parser.add_argument("--prompt", default="a lighthouse on a cliff at dawn",
-                        help="the text prompt")
+    parser.add_argument("--prompt", default=None,
+                        help="the text prompt (default: 3 for tiny-digits, else 'a lighthouse "
+                        "on a cliff at dawn')")
     parser.add_argument("--steps", type=positive_int, default=None,
                         help="denoising steps (default 4)")
     parser.add_argument("--resolution", default=None,
@@ -115,7 +117,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         "--activity-trace PATH` replays it)")
     parser.add_argument("--reference", action="store_true",
                         help="cocodiff: also run the exact plan (V-Major off) and report PSNR "
-                        "and SSIM of the image and the max abs error of the latents against it")
+                        "and SSIM of the image and the max abs error of the latents against it "
+                        "(tiny-digits: and the digit its classifier reads in each image)")
     parser.add_argument("--transport", default="auto",
                         help="auto, torch or mpi (auto: mpi under mpiexec when mpi4py is "
                         "installed, else torch)")
@@ -432,10 +435,11 @@ def _run(args: argparse.Namespace, launch) -> int:
     from cocodiff.atomic import atomic_write_text
     from cocodiff.quality import compare
     from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.runtime.digits import READERS, read_agreement
     from cocodiff.runtime.guards import NumericsGuard
     from cocodiff.runtime.parallel import UlyssesRuntime, parallelize
     from cocodiff.runtime.pipelines import decode, load_pipeline, run_pipeline, tiny_name_of
-    from cocodiff.runtime.tiny import TINY_DEFAULTS
+    from cocodiff.runtime.tiny import DEFAULT_PROMPT, TINY_DEFAULTS
     from cocodiff.runtime.vmajor import gather_activity
     from cocodiff.schedules import DEFAULT_CHUNKS, PlanOptions, VMajorOptions
     from transports.registry import create_transport
@@ -457,6 +461,8 @@ def _run(args: argparse.Namespace, launch) -> int:
         dtype = getattr(torch, args.dtype)
         pipe = load_pipeline(args.model, dtype)
         tiny = tiny_name_of(args.model)
+        if args.prompt is None:
+            args.prompt = TINY_DEFAULTS[tiny].prompt if tiny else DEFAULT_PROMPT
         width, height, frames = _size(args, tiny)
         # Tiny models use short prompts; real ones keep their pipeline's default length.
         text_tokens = TINY_DEFAULTS[tiny].max_sequence_length if tiny else None
@@ -524,9 +530,15 @@ def _run(args: argparse.Namespace, launch) -> int:
             image = None
             if reference is not None:
                 image = decode(pipe, latents)
-                quality = compare(reference, latents, decode(pipe, reference), image)
+                reference_image = decode(pipe, reference)
+                quality = compare(reference, latents, reference_image, image)
                 record["quality"] = quality.to_json()
                 print(f"quality against the exact plan: {quality.summary()}", flush=True)
+                if tiny in READERS:
+                    agreement = read_agreement(READERS[tiny](), args.prompt, reference_image,
+                                               image)
+                    record["quality"]["classifier"] = agreement.to_json()
+                    print(agreement.summary(), flush=True)
             if args.record_activity and activity is not None:
                 atomic_write_text(args.record_activity, activity.to_json())
             _write_outputs(args, pipe, latents, image, {

@@ -1,4 +1,5 @@
-"""Built-in tiny diffusers pipelines with random weights, built offline from configs.
+"""Built-in tiny diffusers pipelines with random weights, built offline from configs
+(and ``tiny-digits``, whose trained weights ship with the package: :mod:`cocodiff.runtime.digits`).
 
 Nothing here touches the network: every component (transformer, VAE, text encoders, tokenizers,
 scheduler) is constructed from an in-code config, and every weight comes from a fixed seed, so
@@ -96,6 +97,10 @@ _QWEN_TEMPLATE = (
 )
 
 
+# What `cocodiff run` asks for when no --prompt is given (tiny-digits: a digit).
+DEFAULT_PROMPT = "a lighthouse on a cliff at dawn"
+
+
 @dataclass(frozen=True, slots=True)
 class TinyDefaults:
     """Default generation settings of a tiny model.
@@ -105,12 +110,14 @@ class TinyDefaults:
         height: image height in pixels.
         frames: number of video frames (1 for image models).
         max_sequence_length: text tokens the pipeline pads / truncates the prompt to.
+        prompt: the prompt used when none is given.
     """
 
     width: int
     height: int
     frames: int
     max_sequence_length: int
+    prompt: str = DEFAULT_PROMPT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -513,12 +520,21 @@ def build_pixart() -> PixArtSigmaPipeline:
     )
 
 
+def build_digits() -> PixArtSigmaPipeline:
+    """PixArt-Sigma-shaped, trained on 8x8 digits: the weights that ship with the package."""
+    # Imported here: cocodiff.runtime.digits builds on this module's tokenizer and T5 config.
+    from cocodiff.runtime.digits import build_digits as build_trained
+
+    return build_trained()
+
+
 TINY_MODELS: dict[str, Callable[[], DiffusionPipeline]] = {
     "tiny-flux": build_flux,
     "tiny-sd3": build_sd3,
     "tiny-qwen": build_qwen,
     "tiny-wan": build_wan,
     "tiny-pixart": build_pixart,
+    "tiny-digits": build_digits,
 }
 
 # Image models: 128 x 128 pixels -> 16 x 16 latents -> 8 x 8 = 64 image tokens (16 px per token).
@@ -529,6 +545,8 @@ TINY_DEFAULTS: dict[str, TinyDefaults] = {
     "tiny-qwen": TinyDefaults(128, 128, 1, TEXT_MAX_TOKENS),
     "tiny-wan": TinyDefaults(64, 64, 5, TEXT_MAX_TOKENS),
     "tiny-pixart": TinyDefaults(128, 128, 1, TEXT_MAX_TOKENS),
+    # 32 x 32 pixels -> 8 x 8 latents -> 64 image tokens (patch size 1).
+    "tiny-digits": TinyDefaults(32, 32, 1, TEXT_MAX_TOKENS, prompt="3"),
 }
 
 
