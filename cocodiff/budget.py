@@ -113,7 +113,9 @@ def _phase_sizes(spec, group: int) -> list[int]:
 
 def estimate_simulation(spec, num_layers: int, num_heads: int, schedules: dict[str, int],
                         chunks: int, group: int | None = None) -> Estimate:
-    """The cost of simulating ``schedules`` on the machine ``spec``.
+    """The cost of simulating ``schedules`` on the machine ``spec``, every layer counted:
+    exact for a full simulation (a recorded timeline), an upper bound when the simulator
+    extrapolates a step from one and two layers (:func:`cocodiff.simulate.simulate_layers`).
 
     Args:
         spec: the machine (a ``topology.TopologySpec``); every tile is a rank.
