@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from diffusers import (
     AutoencoderKL,
-    DPMSolverMultistepScheduler,
     PixArtSigmaPipeline,
     PixArtTransformer2DModel,
 )
@@ -28,7 +27,7 @@ from safetensors.torch import load_file, safe_open
 from transformers import T5EncoderModel
 
 from cocodiff.quality import ClassAgreement, image_tensor
-from cocodiff.runtime.tiny import _seeded, _t5_config, tiny_t5_tokenizer
+from cocodiff.runtime.tiny import _seeded, _t5_config, pixart_scheduler, tiny_t5_tokenizer
 
 WEIGHTS_PATH = Path(__file__).with_name("weights") / "tiny-digits.safetensors"
 NUM_CLASSES = 10
@@ -99,14 +98,7 @@ def build_architecture(vae_scaling_factor: float = 1.0) -> PixArtSigmaPipeline:
         text_encoder=_seeded(lambda: T5EncoderModel(_t5_config(tokenizer, TEXT_DIM))),
         vae=vae,
         transformer=transformer,
-        scheduler=DPMSolverMultistepScheduler(
-            beta_schedule="linear",
-            beta_start=0.0001,
-            beta_end=0.02,
-            num_train_timesteps=1000,
-            prediction_type="epsilon",
-            solver_order=2,
-        ),
+        scheduler=pixart_scheduler(),
     )
 
 

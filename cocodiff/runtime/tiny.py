@@ -487,6 +487,14 @@ def build_wan() -> WanPipeline:
     )
 
 
+def pixart_scheduler() -> DPMSolverMultistepScheduler:
+    """PixArt-Sigma's own scheduler (DPM-Solver++ on a linear beta schedule, epsilon
+    prediction), for every tiny PixArt pipeline."""
+    return DPMSolverMultistepScheduler(beta_schedule="linear", beta_start=0.0001,
+                                       beta_end=0.02, num_train_timesteps=1000,
+                                       prediction_type="epsilon", solver_order=2)
+
+
 def build_pixart() -> PixArtSigmaPipeline:
     """PixArt-Sigma-shaped: 1 block (self-attention + cross-attention to T5), SD VAE."""
     tokenizer = tiny_t5_tokenizer()
@@ -509,14 +517,7 @@ def build_pixart() -> PixArtSigmaPipeline:
         text_encoder=_seeded(lambda: T5EncoderModel(_t5_config(tokenizer, 32))),
         vae=_seeded(lambda: _autoencoder_kl(4, scaling_factor=0.13025)),
         transformer=transformer,
-        scheduler=DPMSolverMultistepScheduler(
-            beta_schedule="linear",
-            beta_start=0.0001,
-            beta_end=0.02,
-            num_train_timesteps=1000,
-            prediction_type="epsilon",
-            solver_order=2,
-        ),
+        scheduler=pixart_scheduler(),
     )
 
 
