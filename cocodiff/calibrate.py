@@ -653,6 +653,10 @@ def model_tokens(model: str, tokens: int | None, resolution: str | None):
         spec = spec_from_config(_tiny_transformer_config(tiny), name=tiny)
     else:
         spec = load_model_spec(model)
+    if tiny is not None and not Path(model).is_dir():
+        from cocodiff.runtime.tiny import TINY_DEFAULTS
+
+        spec = dataclasses.replace(spec, vae_scale=TINY_DEFAULTS[tiny].vae_scale)
     if tiny is not None and spec.text_tokens:
         from cocodiff.runtime.tiny import TINY_DEFAULTS
 

@@ -593,12 +593,17 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
 TINY_MARKER = "cocodiff_tiny.json"
 # The built-in tiny models' names (``cocodiff.runtime.tiny.TINY_MODELS`` builds them), here
 # so that commands can check a name without importing diffusers.
-TINY_NAMES = ("tiny-flux", "tiny-sd3", "tiny-qwen", "tiny-wan", "tiny-pixart")
+TINY_NAMES = ("tiny-flux", "tiny-sd3", "tiny-qwen", "tiny-wan", "tiny-pixart", "tiny-digits")
 
 
 def _with_prompt_length(spec: ModelSpec, marker: Path) -> ModelSpec:
-    """``spec`` with the text tokens an exported tiny model's pipeline really uses."""
-    text_tokens = (read_tiny_marker(marker.parent) or {}).get("text_tokens")
+    """``spec`` with the text tokens an exported tiny model's pipeline really uses, and its
+    VAE's scale where the marker records one."""
+    content = read_tiny_marker(marker.parent) or {}
+    vae_scale = content.get("vae_scale")
+    if _is_int(vae_scale) and vae_scale >= 1:
+        spec = replace(spec, vae_scale=vae_scale)
+    text_tokens = content.get("text_tokens")
     if not _is_int(text_tokens) or text_tokens < 1:
         return spec
     if spec.text_tokens:  # joint attention: the text joins the sequence

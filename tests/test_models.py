@@ -376,3 +376,23 @@ def test_an_exported_tiny_model_keeps_its_prompt_length(tmp_path, tiny, field):
 
     spec = load_model_spec(str(export_tiny(tiny, tmp_path / tiny)))
     assert getattr(spec, field) == TINY_DEFAULTS[tiny].max_sequence_length
+
+
+@pytest.mark.parametrize("tiny", ["tiny-pixart", "tiny-digits"])
+def test_a_tiny_model_has_the_image_tokens_its_pipeline_makes(tmp_path, tiny):
+    # tiny-digits' VAE downsamples 4x where the others' do 8x: the simulator's spec, by
+    # name and from an exported directory, must count the tokens the runtime shards
+    # (a plan made for 16 tokens was refused by the 64-token runtime).
+    from cocodiff.calibrate import model_tokens
+    from cocodiff.runtime.pipelines import export_tiny, load_pipeline
+    from cocodiff.runtime.tiny import TINY_DEFAULTS
+
+    defaults = TINY_DEFAULTS[tiny]
+    pipe = load_pipeline(tiny)
+    factor = 2 ** (len(pipe.vae.config.block_out_channels) - 1)  # diffusers' own rule
+    patch = pipe.transformer.config.patch_size
+    expected = (defaults.width // factor // patch) * (defaults.height // factor // patch)
+    by_name = model_tokens(tiny, None, None)[0]
+    exported = load_model_spec(str(export_tiny(tiny, tmp_path / tiny)))
+    for spec in (by_name, exported):
+        assert spec.image_tokens(defaults.width, defaults.height) == expected

@@ -132,7 +132,8 @@ def export_tiny(name: str, directory: str | os.PathLike[str]) -> Path:
     """
     path = Path(directory)
     build_tiny(name).save_pretrained(path, safe_serialization=True)
-    marker = {"tiny_model": name, "text_tokens": TINY_DEFAULTS[name].max_sequence_length}
+    marker = {"tiny_model": name, "text_tokens": TINY_DEFAULTS[name].max_sequence_length,
+              "vae_scale": TINY_DEFAULTS[name].vae_scale}
     (path / TINY_MARKER).write_text(json.dumps(marker))
     return path
 

@@ -111,6 +111,8 @@ class TinyDefaults:
         frames: number of video frames (1 for image models).
         max_sequence_length: text tokens the pipeline pads / truncates the prompt to.
         prompt: the prompt used when none is given.
+        vae_scale: image pixels per latent pixel, per side (the simulator's spec needs it:
+            tiny-digits' VAE downsamples 4x, where every other family's does 8x).
     """
 
     width: int
@@ -118,6 +120,7 @@ class TinyDefaults:
     frames: int
     max_sequence_length: int
     prompt: str = DEFAULT_PROMPT
+    vae_scale: int = 8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -547,7 +550,7 @@ TINY_DEFAULTS: dict[str, TinyDefaults] = {
     "tiny-wan": TinyDefaults(64, 64, 5, TEXT_MAX_TOKENS),
     "tiny-pixart": TinyDefaults(128, 128, 1, TEXT_MAX_TOKENS),
     # 32 x 32 pixels -> 8 x 8 latents -> 64 image tokens (patch size 1).
-    "tiny-digits": TinyDefaults(32, 32, 1, TEXT_MAX_TOKENS, prompt="3"),
+    "tiny-digits": TinyDefaults(32, 32, 1, TEXT_MAX_TOKENS, prompt="3", vae_scale=4),
 }
 
 
