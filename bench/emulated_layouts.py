@@ -112,8 +112,10 @@ def _run(args: argparse.Namespace) -> int:
     common = ["--model", str(model_dir), "--resolution", str(args.resolution)]
     reference = work / "reference.pt"
     subprocess.run([sys.executable, "-m", "cocodiff", "run", *common, "--steps",
-                    str(args.steps), "--dtype", "float32", "--quiet", "--save-latents",
-                    str(reference)], check=True, env=_single_process_env(), cwd=REPO,
+                    str(args.steps), "--dtype", "float32", "--quiet",
+                    # the sessions save run_pipeline's latents as they are (unpacked)
+                    "--latents-format", "unpacked", "--save-latents", str(reference)],
+                   check=True, env=_single_process_env(), cwd=REPO,
                    stdin=subprocess.DEVNULL, timeout=args.timeout)
     notes: list[str] = []
     results = [_measure(args, config, schedules, model_dir, spec, common, work, reference,

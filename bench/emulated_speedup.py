@@ -329,8 +329,10 @@ def _run(args: argparse.Namespace) -> int:
     check_steps = args.steps if args.dtype == "float32" else 2
     reference = work / "reference.pt"
     subprocess.run([sys.executable, "-m", "cocodiff", "run", *common, "--steps",
-                    str(check_steps), "--dtype", "float32", "--quiet", "--save-latents",
-                    str(reference)], check=True, env=_single_process_env(), cwd=REPO,
+                    str(check_steps), "--dtype", "float32", "--quiet",
+                    # the sessions save run_pipeline's latents as they are (unpacked)
+                    "--latents-format", "unpacked", "--save-latents", str(reference)],
+                   check=True, env=_single_process_env(), cwd=REPO,
                    stdin=subprocess.DEVNULL, timeout=args.timeout)
     report_configs = []
     notes: list[str] = []
