@@ -694,11 +694,9 @@ def tiny_transformer_config(model: str) -> dict[str, Any] | None:
 
 def _tiny_transformer_config(tiny: str) -> dict[str, Any]:
     """The transformer config of a built-in tiny model (built quietly, weights discarded)."""
-    import transformers
-    from diffusers.utils import logging as diffusers_logging
+    from cocodiff.runtime.quiet import quiet_libraries
 
-    transformers.logging.set_verbosity_error()
-    diffusers_logging.set_verbosity_error()
+    quiet_libraries()
     from cocodiff.runtime.tiny import TINY_MODELS
 
     if tiny not in TINY_MODELS:

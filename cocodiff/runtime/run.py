@@ -421,16 +421,12 @@ def _run(args: argparse.Namespace, launch) -> int:
                             "ranks on more than one node (or give such a --layout)")
 
     import torch
-    import transformers
-    from diffusers.utils import logging as diffusers_logging
 
-    # Library chatter (tokenizer length notes, deprecations) would drown the one line
-    # a user needs; errors still surface as exceptions.
-    transformers.logging.set_verbosity_error()
-    diffusers_logging.set_verbosity_error()
-    # Loading bars ("Loading pipeline components...") too: errors must stay one line.
-    transformers.logging.disable_progress_bar()
-    diffusers_logging.disable_progress_bar()
+    from cocodiff.runtime.quiet import quiet_libraries
+
+    # Library chatter (tokenizer length notes, deprecations, loading bars) would drown the
+    # one line a user needs.
+    quiet_libraries()
 
     from cocodiff.atomic import atomic_write_text
     from cocodiff.quality import compare
