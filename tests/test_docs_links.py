@@ -81,7 +81,7 @@ def test_readme_shows_every_plot() -> None:
 def test_link_parser_finds_and_skips() -> None:
     """The checks above pass only if the parser sees links at all: a known sample."""
     sample = (
-        "See [a](docs/a.md#x) and ![p](docs/p.png \"t\").\n"
+        'See [a](docs/a.md#x) and ![p](docs/p.png "t").\n'
         "`[not](code.md)`\n```\n[nor](fenced.md)\n```\n<!-- [nor](comment.md) -->\n"
         "[ref]: docs/b.md\n"
     )
