@@ -63,8 +63,9 @@ def launch(model: str, schedules: list[str], steps: int, seeds: int, work: Path,
 
 def worker(model: str, schedules: list[str], steps: int, seeds: int, out: Path) -> None:
     """One rank: every sample under the exact plan, then under each schedule."""
+    from cocodiff.models import load_object
     from cocodiff.quality import compare
-    from cocodiff.runtime.digits import READERS, digit_prompt, read_agreement
+    from cocodiff.runtime.digits import digit_prompt, read_agreement
     from cocodiff.runtime.parallel import parallelize
     from cocodiff.runtime.pipelines import decode, load_pipeline, run_pipeline
     from cocodiff.runtime.run import rank_grid
@@ -77,7 +78,7 @@ def worker(model: str, schedules: list[str], steps: int, seeds: int, out: Path) 
     defaults = TINY_DEFAULTS[model]
     pipe = load_pipeline(model)
     runtime = parallelize(pipe, transport, "cocodiff", rank_grid(LAYOUT, NUM_RANKS))
-    reader = READERS[model]() if model in READERS else None
+    reader = load_object(defaults.reader)() if defaults.reader else None
     # (requested digit or None, prompt, seed) of every sample
     samples = ([(d, digit_prompt(d), seed) for seed in range(seeds) for d in range(10)]
                if reader else [(None, defaults.prompt, 0)])

@@ -19,7 +19,7 @@ from cocodiff.cli import main
 from cocodiff.executor import PlanError
 from cocodiff.models import spec_from_config
 from cocodiff.quality import psnr_db, ssim
-from cocodiff.runtime.families import FAMILIES
+from cocodiff.runtime.families import runtime_family
 from cocodiff.runtime.tapa import PhasedHandle, plan_route
 from cocodiff.runtime.tiny import TINY_DEFAULTS, build_tiny, default_resolution
 from cocodiff.runtime.vmajor import VMajorCache, cache_bytes_bound, local_activity
@@ -216,7 +216,7 @@ def replayed_bytes_by_tier(model: str, trace) -> dict[str, int]:
     transformer = pipe.transformer
     spec = spec_from_config({"_class_name": type(transformer).__name__,
                              **dict(transformer.config)})
-    ops = FAMILIES[type(transformer).__name__].ops
+    ops = runtime_family(type(transformer).__name__).ops
     width, height, frames = default_resolution(model)
     tokens = {"image": spec.image_tokens(width, height, frames),
               "text": TINY_DEFAULTS[model].max_sequence_length}

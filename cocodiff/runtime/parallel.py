@@ -29,7 +29,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from cocodiff.errors import CocodiffError, ScheduleError
 from cocodiff.executor import PlanError, drive_blocking, run_steps
 from cocodiff.layout import ParallelLayout
-from cocodiff.models import ModelSpec, spec_from_config
+from cocodiff.models import ModelSpec, ModelSpecError, spec_from_config
 from cocodiff.plan import Compute, Exchange, LayerPlan, Plan
 from cocodiff.plan_file import RunPlan, build_run_plan, check_plan_fits_call, check_plan_fits_model
 from cocodiff.runtime.exchange import (
@@ -39,7 +39,7 @@ from cocodiff.runtime.exchange import (
     unpack_gather_heads,
     unpack_scatter_heads,
 )
-from cocodiff.runtime.families import FAMILIES
+from cocodiff.runtime.families import runtime_family
 from cocodiff.runtime.families.base import (
     AttentionOps,
     AttentionState,
@@ -420,12 +420,10 @@ class UlyssesAttnProcessor:
 
 
 def family_of(transformer: torch.nn.Module) -> Family:
-    name = type(transformer).__name__
-    if name not in FAMILIES:
-        raise UnsupportedModelError(
-            f"unsupported transformer class {name}; supported: {', '.join(sorted(FAMILIES))}"
-        )
-    return FAMILIES[name]
+    try:
+        return runtime_family(type(transformer).__name__)
+    except ModelSpecError as err:
+        raise UnsupportedModelError(str(err)) from None
 
 
 def parallelize(model: Any, transport: Transport, schedule: str = "flat",

@@ -429,9 +429,10 @@ def _run(args: argparse.Namespace, launch) -> int:
     quiet_libraries()
 
     from cocodiff.atomic import atomic_write_text
+    from cocodiff.models import load_object
     from cocodiff.quality import compare
     from cocodiff.runtime.baseline import BASELINES
-    from cocodiff.runtime.digits import READERS, read_agreement
+    from cocodiff.runtime.digits import read_agreement
     from cocodiff.runtime.guards import NumericsGuard
     from cocodiff.runtime.parallel import UlyssesRuntime, parallelize
     from cocodiff.runtime.pipelines import decode, load_pipeline, run_pipeline, tiny_name_of
@@ -530,9 +531,9 @@ def _run(args: argparse.Namespace, launch) -> int:
                 quality = compare(reference, latents, reference_image, image)
                 record["quality"] = quality.to_json()
                 print(f"quality against the exact plan: {quality.summary()}", flush=True)
-                if tiny in READERS:
-                    agreement = read_agreement(READERS[tiny](), args.prompt, reference_image,
-                                               image)
+                if tiny and TINY_DEFAULTS[tiny].reader:
+                    reader = load_object(TINY_DEFAULTS[tiny].reader)()
+                    agreement = read_agreement(reader, args.prompt, reference_image, image)
                     record["quality"]["classifier"] = agreement.to_json()
                     print(agreement.summary(), flush=True)
             if args.record_activity and activity is not None:
