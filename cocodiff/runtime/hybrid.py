@@ -159,7 +159,7 @@ class HybridRuntime(UlyssesRuntime):
         if route is None:
             assert self.plan is not None
             route = self._routes[step] = plan_route(step, self.ulysses_grid,
-                                                    self.plan.layout.heads, self.transport.rank)
+                                                    self.plan.head_split.heads, self.transport.rank)
         return route
 
     def block_tokens(self, ring_index: int, streams: tuple[str, ...]

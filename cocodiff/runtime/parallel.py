@@ -47,7 +47,7 @@ from cocodiff.runtime.families.base import (
     Split,
     module_matches,
 )
-from cocodiff.runtime.sharding import TokenLayout, TokenShard
+from cocodiff.runtime.sharding import TokenShard, TokenStreams
 from cocodiff.runtime.tapa import PhasedHandle, Route, plan_route
 from cocodiff.runtime.vmajor import VMajorCache
 from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, get_schedule
@@ -134,7 +134,7 @@ class UlyssesRuntime:
         self._run_plans: dict[tuple, RunPlan] = {}
         self._groups: dict[tuple[int, ...], Group] = {transport.world.ranks: transport.world}
         self._routes: dict[Exchange, Route] = {}
-        self._layouts: dict[tuple, tuple[TokenLayout, torch.Tensor]] = {}
+        self._layouts: dict[tuple, tuple[TokenStreams, torch.Tensor]] = {}
         self.records: list[StepRecord] | None = None  # set to [] to record
         self.run_plan: RunPlan | None = None  # the run's plan, once the first call made it
         self.plan: Plan | None = None  # the current step's
@@ -213,7 +213,7 @@ class UlyssesRuntime:
     def original_positions(self, streams: tuple[str, ...]) -> torch.Tensor:
         key = tuple((name, self.shards[name].total) for name in streams)
         if key not in self._layouts:
-            layout = TokenLayout(tuple(self.shards[name] for name in streams))
+            layout = TokenStreams(tuple(self.shards[name] for name in streams))
             self._layouts[key] = (layout, layout.original_positions())
         return self._layouts[key][1]
 
@@ -276,7 +276,7 @@ class UlyssesRuntime:
         route = self._routes.get(step)
         if route is None:
             assert self.plan is not None
-            route = self._routes[step] = plan_route(step, self.grid, self.plan.layout.heads,
+            route = self._routes[step] = plan_route(step, self.grid, self.plan.head_split.heads,
                                                     self.transport.rank)
         return route
 

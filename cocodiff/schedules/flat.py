@@ -23,18 +23,18 @@ from collections.abc import Callable, Hashable, Sequence
 
 from cocodiff.errors import ScheduleError
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Exchange, LayerPlan, Plan, RankProgram, Step, Tensor, UlyssesLayout, Wait
+from cocodiff.plan import Exchange, HeadSplit, LayerPlan, Plan, RankProgram, Step, Tensor, Wait
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.options import DEFAULT_OPTIONS, PlanOptions
 from cocodiff.schedules.tapa import TapaRows
 from cocodiff.schedules.ulysses import (
     compute,
     head_exchange,
+    head_split,
     layer_shape,
     post_attention_ops,
     qk_ops,
     smallest_period,
-    ulysses_layout,
 )
 from cocodiff.schedules.vmajor import blocks_per_row
 
@@ -53,7 +53,7 @@ def plan_flat(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
             joint-attention text); each is split over the ranks separately.
         options: dtype and batch (flat has no phases: ``chunks`` does not apply).
     """
-    layout = ulysses_layout(spec, grid.num_ranks, stream_tokens, options.batch)
+    layout = head_split(spec, grid.num_ranks, stream_tokens, options.batch)
     dtype_bytes = options.dtype_bytes
 
     def exchange(tensor: Tensor, rank: int) -> Exchange:
@@ -92,7 +92,7 @@ def plan_phased(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
                 options: PlanOptions, v_first: bool,
                 sent_fraction: dict[Tensor, dict[str, float]] | None = None) -> Plan:
     """A TAPA plan; ``sent_fraction[tensor][level]`` makes a phase partial (V-Major)."""
-    layout = ulysses_layout(spec, grid.num_ranks, stream_tokens, options.batch)
+    layout = head_split(spec, grid.num_ranks, stream_tokens, options.batch)
     dtype_bytes = options.dtype_bytes
     rows = {tensor: TapaRows(grid, layout.heads, "gather_heads" if tensor == "out"
                              else "scatter_heads") for tensor in ("q", "k", "v", "out")}
@@ -106,7 +106,7 @@ def plan_phased(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
                       share_key=None)
 
 
-def build_plan(name: str, spec: ModelSpec, layout: UlyssesLayout, grid: RankGrid,
+def build_plan(name: str, spec: ModelSpec, layout: HeadSplit, grid: RankGrid,
                dtype_bytes: int, exchange: ExchangeFor, v_first: bool,
                share_key: Callable[[int], Hashable] | None) -> Plan:
     """One program per rank. Ranks with equal ``share_key`` get the same layer object
@@ -128,7 +128,7 @@ def build_plan(name: str, spec: ModelSpec, layout: UlyssesLayout, grid: RankGrid
                 smallest_period(layout.heads) if in_order else None)
 
 
-def ulysses_layer(spec: ModelSpec, layout: UlyssesLayout, index: int, dtype_bytes: int,
+def ulysses_layer(spec: ModelSpec, layout: HeadSplit, index: int, dtype_bytes: int,
                   exchange: Callable[[Tensor], Exchange], v_first: bool) -> LayerPlan:
     """One layer on the rank at ``index`` of the Ulysses group."""
     shape = layer_shape(layout, index, dtype_bytes)

@@ -139,7 +139,7 @@ def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
     sub = schedule.plan(spec, local, group_streams,
                         replace(options, batch=options.batch // parallel.batch), cache_ratio)
     dtype_bytes = options.dtype_bytes
-    layout = sub.layout
+    layout = sub.head_split
     programs: list[RankProgram | None] = [None] * grid.num_ranks
     for leader, members in groups.items():
         positions = parallel.ulysses_group(leader)
