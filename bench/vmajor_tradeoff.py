@@ -2,7 +2,7 @@
 
 For each model, one launch of 4 ranks (2 nodes x 2, torchrun, gloo) parallelises the
 pipeline under the ``cocodiff`` schedule exactly as ``cocodiff run --schedule cocodiff
---layout 2x2x1`` does, and generates every sample under the exact plan (V-Major off) and
+--grid 2x2x1`` does, and generates every sample under the exact plan (V-Major off) and
 under each V-Major ratio schedule. Per schedule it records the share of V's inter-node
 blocks sent (overall and step by step), the inter-node bytes of all attention exchanges,
 and per sample PSNR / SSIM of the image and the max abs error of the latents against the
