@@ -120,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         "its trained weights) as a diffusers pipeline directory that `cocodiff run --model "
         "DIR` loads back.",
     )
-    export.add_argument("name", help="tiny-flux, tiny-sd3, tiny-qwen, tiny-wan, tiny-pixart or "
-                        "tiny-digits")
+    from cocodiff.models import TINY_NAMES
+
+    export.add_argument("name", help=f"one of {', '.join(TINY_NAMES)}")
     export.add_argument("directory", type=Path, help="where to write it")
     export.set_defaults(handler=_cmd_export_tiny)
     return parser

@@ -82,10 +82,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         help="execute this plan file (`cocodiff plan ... --out PATH`): it fixes "
                         "the schedule, steps, dtype, resolution, rank grid and layout; the "
                         "launch must have its rank count")
+    from cocodiff.models import TINY_NAMES
+
     parser.add_argument("--model", default=None,
-                        help="tiny-flux, tiny-sd3, tiny-qwen, tiny-wan, tiny-pixart, "
-                        "tiny-digits (trained on 8x8 digits; the prompt is a digit), or a local "
-                        "diffusers pipeline directory (default: tiny-flux, or the plan's model)")
+                        help=f"a built-in tiny model ({', '.join(TINY_NAMES)}; tiny-digits is "
+                        "trained on 8x8 digits and its prompt is a digit), or a local diffusers "
+                        "pipeline directory (default: tiny-flux, or the plan's model)")
     parser.add_argument("--prompt", default=None,
                         help="the text prompt (default: 3 for tiny-digits, else 'a lighthouse "
                         "on a cliff at dawn')")
