@@ -80,9 +80,9 @@ def all_to_all_plan(grid: RankGrid, block_bytes: int, schedule: str) -> Plan:
             exchange = tapa.exchange(exchange, rank, chunks=1)
         layer = LayerPlan(before=(), attention=(exchange, Wait("q")), after=())
         programs.append(RankProgram(rank, (layer,)))
-    layout = HeadSplit(num_ranks, num_ranks, ones, head_dim=0)
+    split = HeadSplit(num_ranks, num_ranks, ones, head_dim=0)
     _, gpus, tiles = grid.shape
-    return Plan(f"all-to-all {schedule}", "all-to-all", layout, tuple(programs),
+    return Plan(f"all-to-all {schedule}", "all-to-all", split, tuple(programs),
                 shift_period=gpus * tiles)
 
 

@@ -134,7 +134,7 @@ class UlyssesRuntime:
         self._run_plans: dict[tuple, RunPlan] = {}
         self._groups: dict[tuple[int, ...], Group] = {transport.world.ranks: transport.world}
         self._routes: dict[Exchange, Route] = {}
-        self._layouts: dict[tuple, tuple[TokenStreams, torch.Tensor]] = {}
+        self._token_streams: dict[tuple, tuple[TokenStreams, torch.Tensor]] = {}
         self.records: list[StepRecord] | None = None  # set to [] to record
         self.run_plan: RunPlan | None = None  # the run's plan, once the first call made it
         self.plan: Plan | None = None  # the current step's
@@ -212,10 +212,10 @@ class UlyssesRuntime:
 
     def original_positions(self, streams: tuple[str, ...]) -> torch.Tensor:
         key = tuple((name, self.shards[name].total) for name in streams)
-        if key not in self._layouts:
-            layout = TokenStreams(tuple(self.shards[name] for name in streams))
-            self._layouts[key] = (layout, layout.original_positions())
-        return self._layouts[key][1]
+        if key not in self._token_streams:
+            token_streams = TokenStreams(tuple(self.shards[name] for name in streams))
+            self._token_streams[key] = (token_streams, token_streams.original_positions())
+        return self._token_streams[key][1]
 
     # -- plans --------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cocodiff.errors import CocodiffError, one_line
+from cocodiff.models import TINY_NAMES
 from cocodiff.plan_command import (
     AUTO,
     PURE,
@@ -82,8 +83,6 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         help="execute this plan file (`cocodiff plan ... --out PATH`): it fixes "
                         "the schedule, steps, dtype, resolution, rank grid and layout; the "
                         "launch must have its rank count")
-    from cocodiff.models import TINY_NAMES
-
     parser.add_argument("--model", default=None,
                         help=f"a built-in tiny model ({', '.join(TINY_NAMES)}; tiny-digits is "
                         "trained on 8x8 digits and its prompt is a digit), or a local diffusers "

@@ -49,11 +49,11 @@ def head_split(
 ulysses_layout = head_split
 
 
-def layer_shape(layout: HeadSplit, rank_in_group: int, dtype_bytes: int) -> LayerShape:
+def layer_shape(split: HeadSplit, rank_in_group: int, dtype_bytes: int) -> LayerShape:
     return LayerShape(
-        local_tokens=layout.local_tokens,
-        total_tokens=layout.padded_tokens,
-        local_heads=layout.heads[rank_in_group],
+        local_tokens=split.local_tokens,
+        total_tokens=split.padded_tokens,
+        local_heads=split.heads[rank_in_group],
         dtype_bytes=dtype_bytes,
     )
 
@@ -77,7 +77,7 @@ def compute(spec: ModelSpec, op: str, shape: LayerShape, batch: int = 1) -> Comp
 
 def head_exchange(
     tensor: Tensor,
-    layout: HeadSplit,
+    split: HeadSplit,
     group: tuple[int, ...],
     rank_in_group: int,
     dtype_bytes: int,
@@ -88,8 +88,8 @@ def head_exchange(
     Q/K/V go (S/P tokens, all heads) -> (S tokens, my heads): I send member j its
     heads' rows and receive my heads' rows from everyone; the output goes back.
     """
-    heads = layout.heads
-    row_bytes = layout.batch * layout.local_tokens * layout.head_dim * dtype_bytes
+    heads = split.heads
+    row_bytes = split.batch * split.local_tokens * split.head_dim * dtype_bytes
     mine = heads[rank_in_group]
     if tensor == "out":
         # (S, H/P, d) -> (S/P, H, d): my heads of every member's tokens go back to it.

@@ -18,13 +18,13 @@ def runtime_family(transformer_class: str) -> Family:
             its family (the message lists the classes it can).
     """
     try:
-        record = family_of_class(transformer_class)
-    except ModelSpecError:
-        record = None
-    if record is None or record.runtime is None:
+        adapter = family_of_class(transformer_class).runtime
+    except ModelSpecError:  # no family at all: the same message as a family without one
+        adapter = None
+    if adapter is None:
         raise ModelSpecError(f"unsupported transformer class {transformer_class}; supported: "
                              f"{', '.join(runtime_classes())}")
-    return load_object(record.runtime)
+    return load_object(adapter)
 
 
 __all__ = ["Family", "runtime_family"]
