@@ -12,6 +12,7 @@ This module must stay importable without torch or diffusers: the simulator CLI u
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeGuard
 
 # Upper bounds of what a spec may say: an order of magnitude past any real DiT (the largest
 # here: 60 layers, 48 heads, head dim 128, MLP ratio 4.5, 81 frames). Beyond them the input
@@ -210,7 +211,7 @@ def parse_resolution(text: str) -> tuple[int, int]:
     return width, height
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
