@@ -2,7 +2,7 @@
 
 For each model, one launch of 4 ranks (2 nodes x 2, torchrun, gloo) parallelises the
 pipeline under the ``cocodiff`` schedule exactly as ``cocodiff run --schedule cocodiff
---layout 2x2x1`` does, and generates every sample under the exact plan (V-Major off) and
+--grid 2x2x1`` does, and generates every sample under the exact plan (V-Major off) and
 under each V-Major ratio schedule. Per schedule it records the share of V's inter-node
 blocks sent (overall and step by step), the inter-node bytes of all attention exchanges,
 and per sample PSNR / SSIM of the image and the max abs error of the latents against the
@@ -63,8 +63,9 @@ def launch(model: str, schedules: list[str], steps: int, seeds: int, work: Path,
 
 def worker(model: str, schedules: list[str], steps: int, seeds: int, out: Path) -> None:
     """One rank: every sample under the exact plan, then under each schedule."""
+    from cocodiff.models import load_object
     from cocodiff.quality import compare
-    from cocodiff.runtime.digits import READERS, digit_prompt, read_agreement
+    from cocodiff.runtime.digits import digit_prompt, read_agreement
     from cocodiff.runtime.parallel import parallelize
     from cocodiff.runtime.pipelines import decode, load_pipeline, run_pipeline
     from cocodiff.runtime.run import rank_grid
@@ -77,7 +78,7 @@ def worker(model: str, schedules: list[str], steps: int, seeds: int, out: Path) 
     defaults = TINY_DEFAULTS[model]
     pipe = load_pipeline(model)
     runtime = parallelize(pipe, transport, "cocodiff", rank_grid(LAYOUT, NUM_RANKS))
-    reader = READERS[model]() if model in READERS else None
+    reader = load_object(defaults.reader)() if defaults.reader else None
     # (requested digit or None, prompt, seed) of every sample
     samples = ([(d, digit_prompt(d), seed) for seed in range(seeds) for d in range(10)]
                if reader else [(None, defaults.prompt, 0)])

@@ -15,6 +15,7 @@ from pathlib import Path
 from cocodiff.calibrate import add_calibrate_arguments, calibrate_command
 from cocodiff.doctor import add_doctor_arguments, doctor_command
 from cocodiff.errors import CocodiffError, one_line
+from cocodiff.models import TINY_NAMES
 from cocodiff.plan_command import add_plan_arguments, plan_command
 from cocodiff.runtime.run import add_run_arguments, run_command
 from cocodiff.simulate_command import add_simulate_arguments, simulate_command
@@ -120,8 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         "its trained weights) as a diffusers pipeline directory that `cocodiff run --model "
         "DIR` loads back.",
     )
-    export.add_argument("name", help="tiny-flux, tiny-sd3, tiny-qwen, tiny-wan, tiny-pixart or "
-                        "tiny-digits")
+    export.add_argument("name", help=f"one of {', '.join(TINY_NAMES)}")
     export.add_argument("directory", type=Path, help="where to write it")
     export.set_defaults(handler=_cmd_export_tiny)
     return parser
@@ -129,7 +129,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_export_tiny(args: argparse.Namespace) -> int:
     from cocodiff.atomic import check_output_directory
-    from cocodiff.models import TINY_NAMES
     from cocodiff.runtime.quiet import quiet_libraries
 
     # Checked before diffusers is imported: it takes seconds and warns as it loads.

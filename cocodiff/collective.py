@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cocodiff.plan import Exchange, LayerPlan, Plan, RankProgram, UlyssesLayout, Wait
+from cocodiff.plan import Exchange, HeadSplit, LayerPlan, Plan, RankProgram, Wait
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.tapa import TapaRows
 from topology import Placement, Topology, TopologyError
@@ -80,9 +80,9 @@ def all_to_all_plan(grid: RankGrid, block_bytes: int, schedule: str) -> Plan:
             exchange = tapa.exchange(exchange, rank, chunks=1)
         layer = LayerPlan(before=(), attention=(exchange, Wait("q")), after=())
         programs.append(RankProgram(rank, (layer,)))
-    layout = UlyssesLayout(num_ranks, num_ranks, ones, head_dim=0)
+    split = HeadSplit(num_ranks, num_ranks, ones, head_dim=0)
     _, gpus, tiles = grid.shape
-    return Plan(f"all-to-all {schedule}", "all-to-all", layout, tuple(programs),
+    return Plan(f"all-to-all {schedule}", "all-to-all", split, tuple(programs),
                 shift_period=gpus * tiles)
 
 

@@ -159,8 +159,9 @@ class RankProgram:
 
 
 @dataclass(frozen=True, slots=True)
-class UlyssesLayout:
-    """How a sequence and the heads are split over a Ulysses group.
+class HeadSplit:
+    """How a Ulysses group splits the sequence's tokens (before the exchange) and the
+    heads (after it).
 
     Args:
         sequence_tokens: real tokens (image + joint text).
@@ -194,18 +195,18 @@ class Plan:
     Args:
         schedule: the scheduler's registry name.
         model: the model spec's name.
-        layout: the Ulysses split.
+        head_split: the Ulysses group's split of tokens and heads.
         programs: one program per rank, indexed by global rank.
         shift_period: the plan is unchanged when every rank is shifted by this many
             ranks (mod the rank count), or None. The simulator folds node-symmetric
             traffic onto one node when the ranks per node is a multiple of it.
         parallel: the Ulysses x Ring x batch layout (``cocodiff.layout``); None for pure
-            Ulysses over every rank, when ``layout`` is the whole story.
+            Ulysses over every rank, when ``head_split`` is the whole story.
     """
 
     schedule: str
     model: str
-    layout: UlyssesLayout
+    head_split: HeadSplit
     programs: tuple[RankProgram, ...] = field(repr=False)
     shift_period: int | None
     parallel: ParallelLayout | None = None
@@ -224,7 +225,7 @@ class Plan:
             {
                 "schedule": self.schedule,
                 "model": self.model,
-                "layout": asdict(self.layout),
+                "head_split": asdict(self.head_split),
                 "shift_period": self.shift_period,
                 "parallel": None if self.parallel is None else asdict(self.parallel),
                 "programs": [_program_json(self.programs[r]) for r in chosen],

@@ -2,7 +2,7 @@
 simulated step time on a machine; the layout flags ``simulate`` and ``run`` share, and
 the machine and model flags ``simulate`` shares.
 
-Layout flags: ``--layout auto`` (the planner's choice) or explicit ``--ulysses U
+Layout flags: ``--parallel-layout auto`` (the planner's choice) or explicit ``--ulysses U
 --ring R --batch B`` (a missing degree is filled so that they multiply to the rank
 count); neither: pure Ulysses over every rank. ``--ring-inner`` places the Ring on the
 fast tiers and Ulysses across the slow ones (the default is the opposite).
@@ -17,7 +17,8 @@ from pathlib import Path
 from cocodiff.errors import CocodiffError
 from cocodiff.layout import DEFAULT_ORDER, ParallelLayout, parse_degrees
 
-AUTO = "auto"
+# --parallel-layout: the planner's choice, or pure Ulysses over every rank.
+AUTO, PURE = "auto", "pure"
 DEFAULT_TOPOLOGY = "aurora"
 # Denoising steps beyond any real sampler (V-Major plans are made per step).
 MAX_STEPS = 10_000

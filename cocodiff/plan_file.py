@@ -29,6 +29,7 @@ from cocodiff.models import ModelSpec
 from cocodiff.plan import (
     Compute,
     Exchange,
+    HeadSplit,
     LayerPlan,
     Level,
     Phase,
@@ -36,7 +37,6 @@ from cocodiff.plan import (
     RankProgram,
     Step,
     Tensor,
-    UlyssesLayout,
     Wait,
 )
 from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, get_schedule, plan_for_step
@@ -241,7 +241,7 @@ def _plan_json(plan: Plan, layers: _LayerTable) -> dict:
     return {
         "schedule": plan.schedule,
         "model": plan.model,
-        "layout": asdict(plan.layout),
+        "head_split": asdict(plan.head_split),
         "shift_period": plan.shift_period,
         "parallel": _parallel_json(plan.parallel),
         "programs": [[layers.index(layer) for layer in program.layers]
@@ -361,14 +361,16 @@ def _run_plan_from(data: dict) -> RunPlan:
                            "not match it:", part.group)
     plans = []
     for plan in data["plans"]:
-        layout = _dataclass_from(UlyssesLayout, plan["layout"], "layout",
-                                 heads=_ints(plan["layout"]["heads"], "layout.heads"))
+        # Files written before the rename call the head split "layout"; read them as such.
+        split = plan["head_split"] if "head_split" in plan else plan["layout"]
+        head_split = _dataclass_from(HeadSplit, split, "head_split",
+                                     heads=_ints(split["heads"], "head_split.heads"))
         ids = [_ints(program, "a program") for program in plan["programs"]]
         _check(all(0 <= i < len(layers) for program in ids for i in program),
                "a program names a layer that is not in the table:", plan["programs"])
         programs = tuple(RankProgram(rank, tuple(layers[i] for i in program))
                          for rank, program in enumerate(ids))
-        plans.append(Plan(plan["schedule"], plan["model"], layout, programs,
+        plans.append(Plan(plan["schedule"], plan["model"], head_split, programs,
                           plan["shift_period"], _parallel_from(plan["parallel"])))
     step_plans = _ints(data["steps"], "steps")
     if not step_plans or any(not 0 <= i < len(plans) for i in step_plans):

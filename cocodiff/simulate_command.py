@@ -14,8 +14,10 @@ from pathlib import Path
 from cocodiff.errors import CocodiffError
 from cocodiff.fanout import local_cores, map_local
 from cocodiff.plan_command import (
+    AUTO,
     DEFAULT_TOPOLOGY,
     MAX_STEPS,
+    PURE,
     add_degree_arguments,
     add_machine_arguments,
     add_schedule_option_arguments,
@@ -29,10 +31,10 @@ from cocodiff.schedules.registry import BASELINE
 
 PLAN_FIXES = ("model", "resolution", "frames", "steps", "schedule", "dtype", "batch_size",
               "chunks", "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh",
-              "activity_trace", "layout", "ulysses", "ring", "batch", "ring_inner", "sweep")
+              "activity_trace", "parallel_layout", "ulysses", "ring", "batch", "ring_inner",
+              "sweep")
 
-# --layout: the planner's layouts, or pure Ulysses over every rank.
-AUTO, PURE = "auto", "pure"
+# --parallel-layout: the planner's layouts, or pure Ulysses over every rank.
 LAYOUT_CHOICES = (AUTO, PURE)
 
 
@@ -51,11 +53,13 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
     parser.add_argument("--activity-trace", type=Path, default=None,
                         help="replay a recorded V-Major activity trace (JSON, "
                         "cocodiff-activity/1) in the cocodiff schedule")
-    parser.add_argument("--layout", default=None, choices=LAYOUT_CHOICES,
+    parser.add_argument("--parallel-layout", "--layout", dest="parallel_layout", default=None,
+                        choices=LAYOUT_CHOICES,
                         help="auto: each schedule on the planner's best Ulysses x Ring x batch "
                         "layout (`cocodiff plan`); pure: pure Ulysses over every rank; "
                         "default: pure up to the head count, auto past it (or the layout "
-                        "--ulysses/--ring/--batch give)")
+                        "--ulysses/--ring/--batch give). --layout is the old name, kept as an "
+                        "alias for one release")
     add_degree_arguments(parser, positive_int)
     parser.add_argument("--sweep", action="store_true",
                         help="run the paper's grid (models flux1-dev, qwen-image, sd35-large, "
@@ -98,10 +102,11 @@ def simulate_command(args: argparse.Namespace) -> int:
     else:
         args.activity = None
     degrees = (args.ulysses, args.ring, args.batch)
-    if args.sweep and (args.layout or args.ring_inner or args.batch_size != 1
+    if args.sweep and (args.parallel_layout or args.ring_inner or args.batch_size != 1
                        or any(d is not None for d in degrees)):
         raise CocodiffError("--sweep chooses its own layouts (the planner's where pure Ulysses "
-                            "cannot run); drop --layout, --ulysses/--ring/--batch, --batch-size")
+                            "cannot run); drop --parallel-layout, --ulysses/--ring/--batch, "
+                            "--batch-size")
     if args.sweep:
         from cocodiff.sweep import run_sweep
 
@@ -229,8 +234,8 @@ def _check_resources(args, names, options, machine, model):
              for name in names}
     estimate = budget.estimate_simulation(machine, model.num_layers, model.num_heads, plans,
                                           options.chunks, group=args.ulysses)
-    planned = args.layout == AUTO or (
-        args.layout is None and args.activity is None and args.ulysses is None
+    planned = args.parallel_layout == AUTO or (
+        args.parallel_layout is None and args.activity is None and args.ulysses is None
         and args.ring is None and args.batch is None and machine.num_tiles > model.num_heads)
     if planned:  # the planner ranks the layouts first (an upper bound: it prunes)
         estimate = budget.combine([estimate, budget.estimate_planner(
@@ -282,20 +287,20 @@ def _layouts(args, names, model, topology, streams, options, collective, num_ran
     """Each schedule's parallel layout: None (pure Ulysses), the flags', or the planner's;
     and the steps the planner simulated for its choices (by schedule)."""
     layout = explicit_layout(args, num_ranks)
-    if layout is not None and args.layout is not None:
-        raise CocodiffError(f"--layout {args.layout} and --ulysses/--ring/--batch both choose "
-                            "the layout: drop one")
+    if layout is not None and args.parallel_layout is not None:
+        raise CocodiffError(f"--parallel-layout {args.parallel_layout} and "
+                            "--ulysses/--ring/--batch both choose the layout: drop one")
     if layout is not None:
         layout.check(num_ranks, model.num_heads, args.batch_size)
         return dict.fromkeys(names, layout), {}
-    choice = args.layout
+    choice = args.parallel_layout
     if choice is None:  # pure Ulysses leaves ranks idle past the head count
         auto = num_ranks > model.num_heads and args.activity is None
         choice = AUTO if auto else PURE
     if choice == AUTO:
         if args.activity is not None:
             raise CocodiffError("--activity-trace replays a pure-Ulysses run; it cannot use "
-                                "--layout auto")
+                                "--parallel-layout auto")
         from cocodiff.planner import choose_layouts
 
         choices = choose_layouts(model, topology, streams, names, options, collective,

@@ -28,7 +28,7 @@ def test_plan_prints_the_best_layouts(capsys, tmp_path):
 def test_simulate_layout_auto_and_explicit(capsys, tmp_path):
     out = tmp_path / "sim.json"
     assert main(["simulate", "--nodes", "4", "--resolution", "512", "--steps", "2",
-                 "--schedule", "flat", "--layout", "auto", "--json", str(out)]) == 0
+                 "--schedule", "flat", "--parallel-layout", "auto", "--json", str(out)]) == 0
     auto = json.loads(out.read_text())["results"][0]
     assert auto["layout"]["ulysses"] * auto["layout"]["ring"] == 48
     assert auto["layout"]["name"] in capsys.readouterr().out  # the layout column
@@ -44,8 +44,10 @@ def test_simulate_layout_auto_and_explicit(capsys, tmp_path):
     (["simulate", "--nodes", "4", "--ulysses", "48"], "ulysses degree 48 is above the model's"),
     (["simulate", "--nodes", "1", "--ulysses", "6", "--batch", "2"],
      "batch degree 2 does not divide the 1 sample"),
-    (["simulate", "--layout", "auto", "--ring", "2"],
-     "--layout auto and --ulysses/--ring/--batch both choose"),
+    (["simulate", "--parallel-layout", "auto", "--ring", "2"],
+     "--parallel-layout auto and --ulysses/--ring/--batch both choose"),
+    (["simulate", "--layout", "auto", "--ring", "2"],  # the old name, for one release
+     "--parallel-layout auto and --ulysses/--ring/--batch both choose"),
     (["simulate", "--sweep", "--ring", "2"], "--sweep chooses its own layouts"),
     (["simulate", "--ring-inner"], "--ring-inner places a Ring"),
     (["plan", "--schedule", "nope"], "unknown schedule 'nope'"),
@@ -54,7 +56,9 @@ def test_simulate_layout_auto_and_explicit(capsys, tmp_path):
     (["plan", "--nodes", "0"], "expected a positive integer"),
     # run checks its layout flags on every rank before any collective or model load
     (["run", "--quiet", "--ulysses", "2"], "multiply to 2, which does not divide the 1 ranks"),
-    (["run", "--quiet", "--layout", "auto", "--schedule", "diffusers"],
+    (["run", "--quiet", "--parallel-layout", "auto", "--schedule", "diffusers"],
+     "--schedule diffusers runs pure Ulysses only"),
+    (["run", "--quiet", "--layout", "auto", "--schedule", "diffusers"],  # the old name
      "--schedule diffusers runs pure Ulysses only"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):

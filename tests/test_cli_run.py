@@ -101,9 +101,14 @@ def test_an_exported_tiny_model_loads_back_identically(tmp_path):
         (None, ["--schedule", "nope"], "unknown schedule 'nope'"),
         (None, ["--output", "/no/such/dir/x.png"], "does not exist"),
         (None, ["--dtype", "float8"], "invalid choice"),
-        (None, ["--layout", "2x2"], "--layout must be NODESxGPUSxTILES"),
-        (None, ["--layout", "2x0x1"], "--layout must be NODESxGPUSxTILES"),
-        (None, ["--layout", "2x2x1"], "--layout 2x2x1 holds 4 ranks, the launch has 1"),
+        (None, ["--grid", "2x2"], "--grid must be NODESxGPUSxTILES"),
+        (None, ["--grid", "2x0x1"], "--grid must be NODESxGPUSxTILES"),
+        (None, ["--grid", "2x2x1"], "--grid 2x2x1 holds 4 ranks, the launch has 1"),
+        # --layout: the old name of --grid (and of --parallel-layout auto) for one release
+        (None, ["--layout", "2x2x1"], "--grid 2x2x1 holds 4 ranks, the launch has 1"),
+        (None, ["--layout", "1x1x1", "--grid", "1x1x1"], "--layout is the old name of --grid"),
+        (None, ["--parallel-layout", "pure", "--ulysses", "1"],
+         "--parallel-layout pure and --ulysses/--ring/--batch both choose the layout"),
         (None, ["--chunks", "2"], "--chunks pipelines the phases .* flat has none"),
     ],
 )
@@ -168,8 +173,8 @@ def test_a_grid_that_does_not_hold_the_ranks_in_order_is_refused(grid, message):
 @needs_mpi
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(("args", "message"), [
-    (["--schedule", "tapa", "--layout", "2x2x1"], "--layout 2x2x1 holds 4 ranks, the launch has 2"),
-    (["--schedule", "cocodiff", "--layout", "2x1x1", "--vmajor-ratio-schedule", "linear:2"],
+    (["--schedule", "tapa", "--grid", "2x2x1"], "--grid 2x2x1 holds 4 ranks, the launch has 2"),
+    (["--schedule", "cocodiff", "--grid", "2x1x1", "--vmajor-ratio-schedule", "linear:2"],
      "V-Major ratio 2.0 is outside [0, 1]"),
 ])
 def test_a_bad_layout_or_vmajor_option_stops_every_rank(tmp_path, args, message):

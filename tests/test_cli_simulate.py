@@ -45,7 +45,7 @@ def test_default_aurora_8_nodes_writes_the_stable_json_keys(tmp_path, capsys):
 
 
 def test_layout_pure_forces_pure_ulysses_with_its_idle_rank_note(tmp_path, capsys):
-    record = simulate(tmp_path, "--nodes", "4", "--schedule", "flat", "--layout", "pure")
+    record = simulate(tmp_path, "--nodes", "4", "--schedule", "flat", "--parallel-layout", "pure")
     assert record["results"][0]["layout"] is None
     out = capsys.readouterr().out
     assert "pure U48" in out and "24 ranks hold no head" in out
@@ -56,7 +56,7 @@ def test_all_to_all_share_rises_with_nodes_for_flux_1024(tmp_path):
     for nodes in (1, 2, 4, 8):
         result = simulate(
             tmp_path, "--nodes", str(nodes), "--model", "flux1-dev", "--resolution", "1024",
-            "--layout", "pure",
+            "--parallel-layout", "pure",
         )["results"][0]
         shares.append(result["comm_exposed_s"] / result["step_time_s"])
         assert result["bytes_by_tier"]["inter-node"] > 0 or nodes == 1
@@ -127,8 +127,8 @@ def test_a_toml_topology_and_a_config_json_model(tmp_path):
         (["--schedule", "nope"], "unknown schedule 'nope'"),
         (["--resolution", "abc"], "abc"),
         (["--resolution", "1000"], "1000"),
-        (["--layout", "nope"], "invalid choice"),
-        (["--layout", "pure", "--ulysses", "4"], "both choose the layout"),
+        (["--parallel-layout", "nope"], "invalid choice"),
+        (["--parallel-layout", "pure", "--ulysses", "4"], "both choose the layout"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, capsys, args, message):

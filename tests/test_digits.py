@@ -111,7 +111,7 @@ def test_run_reports_the_digit_it_reads(tmp_path):
 @pytest.mark.multiprocess
 def test_vmajor_defaults_on_tiny_digits_report_classifier_agreement(tmp_path):
     record_path = tmp_path / "run.json"
-    cmd = [*launcher_prefix("torchrun", 4), "-m", "cocodiff", "run", "--quiet", "--layout",
+    cmd = [*launcher_prefix("torchrun", 4), "-m", "cocodiff", "run", "--quiet", "--grid",
            "2x2x1", "--model", "tiny-digits", "--prompt", "4", "--schedule", "cocodiff",
            "--steps", str(STEPS), "--reference", "--json", str(record_path)]
     job = run_job(cmd, tmp_path, timeout_s=300)

@@ -61,7 +61,7 @@ def test_aurora_dry_run_launches_12_ranks_per_node_bound_to_tiles(tmp_path):
         assert any(word.endswith("gpu_tile_compact.sh") for word in command)
     assert _cocodiff_args(doctor).command == "doctor"
     args = _cocodiff_args(run)
-    assert args.command == "run" and args.layout == "3x6x2" and args.transport == "torch"
+    assert args.command == "run" and args.grid == "3x6x2" and args.transport == "torch"
 
 
 def test_cuda_dry_run_matches_its_rank_grid():
@@ -73,7 +73,7 @@ def test_cuda_dry_run_matches_its_rank_grid():
         assert command[command.index("--master-addr") + 1] == "node0"
     assert _cocodiff_args(doctor).command == "doctor"
     args = _cocodiff_args(run)
-    assert args.layout == "2x8x1" and args.dtype == "bfloat16"
+    assert args.grid == "2x8x1" and args.dtype == "bfloat16"
 
 
 def test_cuda_script_refuses_a_missing_setting():

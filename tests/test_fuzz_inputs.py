@@ -489,8 +489,9 @@ RUN_OPTIONS = {
     "--dtype": st.sampled_from(["float32", "bfloat16", "float8", "int"]),
     "--steps": st.sampled_from(["2", "0", "x"]),
     "--frames": st.sampled_from(["1", "0", "x"]),
-    "--layout": st.one_of(st.sampled_from(["1x1x1", "2x1x1", "1x2", "0x1x1", "axbxc", ""]),
-                          argv_texts),
+    "--grid": st.one_of(st.sampled_from(["1x1x1", "2x1x1", "1x2", "0x1x1", "axbxc", ""]),
+                        argv_texts),
+    "--parallel-layout": st.sampled_from(["auto", "pure", "nope", ""]),
     "--output": path_like,
     "--json": path_like,
     "--save-latents": path_like,
@@ -499,7 +500,7 @@ RUN_OPTIONS = {
 RUN_BAD = {
     "--schedule": "nope", "--transport": "carrier-pigeon", "--timeout": "nan",
     "--seed": str(2**64), "--resolution": "x", "--dtype": "float8", "--steps": "0",
-    "--frames": "x", "--layout": "2x1x1", "--output": "{tmp}/no/such/dir/x.png",
+    "--frames": "x", "--grid": "2x1x1", "--output": "{tmp}/no/such/dir/x.png",
     "--json": "{tmp}", "--save-latents": "{tmp}/no/such/dir/x.pt",
 }
 junk_args = st.one_of(st.sampled_from(["--", "-", "--nope", "-x", "--json", "--nodes=", "-h"]),

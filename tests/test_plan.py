@@ -32,7 +32,7 @@ def test_split_heads_is_contiguous_balanced_and_complete(num_heads, num_ranks):
 def test_every_exchange_is_matched_by_its_peers(num_ranks, image_tokens, text_tokens, batch):
     plan = plan_flat(FLUX, RankGrid.line(num_ranks), (image_tokens, text_tokens),
                      PlanOptions(batch=batch))
-    layout = plan.layout
+    layout = plan.head_split
     assert layout.padded_tokens % num_ranks == 0
     assert layout.padded_tokens >= image_tokens + text_tokens
     for tensor_index in range(4):

@@ -46,6 +46,16 @@ def test_written_read_and_written_again_is_byte_identical(schedule, parallel, op
     assert (again.grid, again.parallel, again.options) == (run_plan.grid, parallel, options)
 
 
+def test_a_file_from_before_the_head_split_rename_still_loads():
+    run_plan = build_run_plan("tapa", FLUX, GRID, STREAMS, 2, PlanOptions())
+    data = json.loads(run_plan.to_json())
+    for plan in data["plans"]:  # the key the head split had before it was renamed
+        plan["layout"] = plan.pop("head_split")
+    again = RunPlan.from_json(json.dumps(data))
+    assert again.plans == run_plan.plans
+    assert again.to_json() == run_plan.to_json()  # written again under the new key
+
+
 def test_a_step_dependent_schedule_has_one_plan_per_planned_ratio():
     options = PlanOptions(vmajor=VMajorOptions("linear", 1.0, warmup=1))
     run_plan = build_run_plan("cocodiff", FLUX, GRID, STREAMS, 6, options)

@@ -13,12 +13,14 @@ from diffusers.models._modeling_parallel import ContextParallelInput
 from launching import WORKERS, launcher_prefix, needs_mpi, needs_torchrun, run_job
 
 from cocodiff.errors import CocodiffError
+from cocodiff.models import FAMILIES
 from cocodiff.runtime.baseline import _even_split_check, enable_diffusers_ulysses
 from cocodiff.runtime.tiny import build_tiny
 from transports.base import Group
 
 # The tiny models whose transformer class diffusers has a _cp_plan for.
-WITH_CP_PLAN = ["tiny-flux", "tiny-qwen", "tiny-wan"]
+WITH_CP_PLAN = [tiny.name for family in FAMILIES.values() if family.diffusers_context_parallel
+                for tiny in family.tiny_models]
 
 
 @needs_torchrun

@@ -123,7 +123,7 @@ def phased(transport, plan, grid, tensors: Sequence[str]) -> dict[str, torch.Ten
         exchange = layer.exchanges[TENSORS.index(tensor)]
         assert exchange.tensor == tensor and exchange.phases
         groups = [transport.new_group(phase.group) for phase in exchange.phases]
-        route = plan_route(exchange, grid, plan.layout.heads, rank)
+        route = plan_route(exchange, grid, plan.head_split.heads, rank)
         send = send_buffer(exchange, grid.position(rank))
         handles[tensor] = PhasedHandle(transport, groups, route, send, exchange.chunks)
     return {tensor: handles[tensor].wait() for tensor in tensors}
@@ -164,7 +164,7 @@ def test_a_plan_whose_phase_rows_disagree_with_the_grid_is_refused():
     wrong = replace(phase, send_rows=(phase.send_rows[0] + 1, *phase.send_rows[1:]))
     bad = replace(exchange, phases=(wrong, *exchange.phases[1:]))
     with pytest.raises(PlanError, match=r"phase 0 \(node\): the plan sends"):
-        plan_route(bad, grid, plan.layout.heads, 0)
+        plan_route(bad, grid, plan.head_split.heads, 0)
 
 
 def test_a_plan_missing_a_phase_is_refused():
@@ -172,7 +172,7 @@ def test_a_plan_missing_a_phase_is_refused():
     plan = plan_tapa(heads_spec(4), grid, (16,))
     exchange = plan.program(0).layers[0].exchanges[0]
     with pytest.raises(PlanError, match="holds 4 blocks, 2 of them bound for other ranks"):
-        plan_route(replace(exchange, phases=exchange.phases[:1]), grid, plan.layout.heads, 0)
+        plan_route(replace(exchange, phases=exchange.phases[:1]), grid, plan.head_split.heads, 0)
 
 
 def test_chunks_split_rows_as_evenly_as_possible():

@@ -19,7 +19,7 @@ from cocodiff.cli import main
 from cocodiff.executor import PlanError
 from cocodiff.models import spec_from_config
 from cocodiff.quality import psnr_db, ssim
-from cocodiff.runtime.families import FAMILIES
+from cocodiff.runtime.families import runtime_family
 from cocodiff.runtime.tapa import PhasedHandle, plan_route
 from cocodiff.runtime.tiny import TINY_DEFAULTS, build_tiny, default_resolution
 from cocodiff.runtime.vmajor import VMajorCache, cache_bytes_bound, local_activity
@@ -96,7 +96,8 @@ def v_rows(plan, rank: int, step: int, change: str) -> torch.Tensor:
     row); ``change`` "none" keeps step 0's values, "all" adds the step to every value."""
     rows = sum(v_exchange(plan, rank).send_rows)
     generator = torch.Generator().manual_seed(rank)
-    base = torch.randn(rows, 1, plan.layout.local_tokens, plan.layout.head_dim, generator=generator,
+    split = plan.head_split
+    base = torch.randn(rows, 1, split.local_tokens, split.head_dim, generator=generator,
                        dtype=torch.float64)
     return base + (step if change == "all" else 0)
 
@@ -111,7 +112,7 @@ def exchange_v(transport, plans, change: str, cache: VMajorCache) -> list[torch.
         codecs = {i: cache.codec("v", step, 0, 0, phase.sent_fraction, phase.blocks_per_row)
                   for i, phase in enumerate(exchange.phases) if phase.selective}
         assert codecs, "the node phase of V is selective"
-        route = plan_route(exchange, GRID, plan.layout.heads, rank)
+        route = plan_route(exchange, GRID, plan.head_split.heads, rank)
         handle = PhasedHandle(transport, groups, route, v_rows(plan, rank, step, change),
                               exchange.chunks, codecs)
         out.append(handle.wait())
@@ -121,7 +122,7 @@ def exchange_v(transport, plans, change: str, cache: VMajorCache) -> list[torch.
 def exact_v(plan, rank: int, step_of_source) -> torch.Tensor:
     """What the flat all-to-all delivers to ``rank`` when source s sends its V of step
     ``step_of_source(s)``: rows grouped by source."""
-    heads = plan.layout.heads
+    heads = plan.head_split.heads
     me = GRID.position(rank)
     parts = []
     for source in range(GRID.num_ranks):
@@ -216,7 +217,7 @@ def replayed_bytes_by_tier(model: str, trace) -> dict[str, int]:
     transformer = pipe.transformer
     spec = spec_from_config({"_class_name": type(transformer).__name__,
                              **dict(transformer.config)})
-    ops = FAMILIES[type(transformer).__name__].ops
+    ops = runtime_family(type(transformer).__name__).ops
     width, height, frames = default_resolution(model)
     tokens = {"image": spec.image_tokens(width, height, frames),
               "text": TINY_DEFAULTS[model].max_sequence_length}

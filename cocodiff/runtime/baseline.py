@@ -85,8 +85,8 @@ def enable_diffusers_ulysses(model: Any, transport: Transport) -> BaselineRuntim
     if not getattr(transformer, "_cp_plan", None):
         raise CocodiffError(
             f"diffusers has no context-parallel plan for {class_name}, so --schedule "
-            f"{DIFFUSERS} cannot run it (diffusers {_diffusers_version()} has one for FLUX, "
-            "Qwen-Image, Wan and a few others)"
+            f"{DIFFUSERS} cannot run it (diffusers {_diffusers_version()} has one for the "
+            f"families {', '.join(_families_with_cp_plan())})"
         )
     heads = int(transformer.config.num_attention_heads)
     if heads % world_size:
@@ -129,6 +129,12 @@ def _even_split_check(inputs: dict[str, Any], world_size: int) -> Callable[..., 
                 )
 
     return check
+
+
+def _families_with_cp_plan() -> list[str]:
+    from cocodiff.models import FAMILIES
+
+    return [f.name for f in FAMILIES.values() if f.diffusers_context_parallel]
 
 
 def _diffusers_version() -> str:

@@ -12,7 +12,6 @@ cocodiff.runtime.digits_train`` writes; scikit-learn is needed only there.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,7 +26,8 @@ from safetensors.torch import load_file, safe_open
 from transformers import T5EncoderModel
 
 from cocodiff.quality import ClassAgreement, image_tensor
-from cocodiff.runtime.tiny import _seeded, _t5_config, pixart_scheduler, tiny_t5_tokenizer
+from cocodiff.runtime.tiny.builders import _seeded, pixart_scheduler
+from cocodiff.runtime.tiny.text import _t5_config, tiny_t5_tokenizer
 
 WEIGHTS_PATH = Path(__file__).with_name("weights") / "tiny-digits.safetensors"
 NUM_CLASSES = 10
@@ -174,6 +174,3 @@ def read_agreement(reader: DigitReader, prompt: str, reference_image: Image.Imag
                                           image_tensor(image)])).tolist()
     return ClassAgreement(exact, lossy, requested_digit(prompt))
 
-
-# Tiny models whose outputs a classifier can read (``cocodiff run --reference``).
-READERS: dict[str, Callable[[], DigitReader]] = {"tiny-digits": DigitReader}

@@ -4,7 +4,7 @@
 :class:`~cocodiff.layout.ParallelLayout`:
 
 * **batch**: the step's samples are cut into ``batch`` shares where they enter the
-  transformer (the arguments :data:`BATCH_ARGUMENTS` names, dim 0) and the output is
+  transformer (the arguments its family's ``batch_arguments`` names, dim 0) and the output is
   gathered over the batch group where it leaves;
 * **sequence**: each token stream is split over the ``ulysses * ring`` ranks of a batch
   group (the rank at ring index r, Ulysses index u holds chunk ``r * ulysses + u``) and
@@ -44,22 +44,6 @@ from cocodiff.runtime.tapa import Route, plan_route
 from cocodiff.schedules import PlanOptions, RankGrid
 from cocodiff.schedules.hybrid import ulysses_grids
 from transports.base import Group, Handle, Transport
-
-# Arguments of each transformer's forward that carry the batch in dim 0 (a tensor whose
-# dim 0 is the batch, or a list with one entry per sample; dicts are searched).
-BATCH_ARGUMENTS: dict[str, tuple[str, ...]] = {
-    "FluxTransformer2DModel": ("hidden_states", "encoder_hidden_states", "pooled_projections",
-                               "timestep", "guidance"),
-    "SD3Transformer2DModel": ("hidden_states", "encoder_hidden_states", "pooled_projections",
-                              "timestep"),
-    "QwenImageTransformer2DModel": ("hidden_states", "encoder_hidden_states",
-                                    "encoder_hidden_states_mask", "timestep", "guidance",
-                                    "img_shapes", "txt_seq_lens"),
-    "PixArtTransformer2DModel": ("hidden_states", "encoder_hidden_states",
-                                 "encoder_attention_mask", "timestep", "added_cond_kwargs"),
-    "WanTransformer3DModel": ("hidden_states", "encoder_hidden_states", "timestep",
-                              "encoder_hidden_states_image"),
-}
 
 # torch's flash attention for CPU returns the log-sum-exp the Ring merge needs; checked
 # once here rather than assumed (it is an internal op).
@@ -175,7 +159,7 @@ class HybridRuntime(UlyssesRuntime):
         if route is None:
             assert self.plan is not None
             route = self._routes[step] = plan_route(step, self.ulysses_grid,
-                                                    self.plan.layout.heads, self.transport.rank)
+                                                    self.plan.head_split.heads, self.transport.rank)
         return route
 
     def block_tokens(self, ring_index: int, streams: tuple[str, ...]
@@ -286,7 +270,7 @@ def _install_batch_split(runtime: HybridRuntime) -> None:
     if parallel.batch == 1:
         return
     transformer = runtime.transformer
-    names = BATCH_ARGUMENTS[type(transformer).__name__]
+    names = runtime.family.batch_arguments
     index = parallel.coords(runtime.position)[0]
 
     def split_batch(module, args, kwargs):
@@ -335,8 +319,6 @@ def parallelize_hybrid(model: Any, transport: Transport, schedule: str,
         LayoutError: the layout does not fit the job or the model.
     """
     transformer = getattr(model, "transformer", model)
-    if type(transformer).__name__ not in BATCH_ARGUMENTS:
-        family_of(transformer)  # an unsupported class gets the family registry's message
     runtime = HybridRuntime(transformer, transport, family_of(transformer), schedule,
                             parallel, grid, options, run_plan)
     _install_batch_split(runtime)

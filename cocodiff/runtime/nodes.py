@@ -2,7 +2,7 @@
 
 A node is a host and a network namespace: the ranks of one namespace of the emulated
 cluster (``bench/cluster``) share a hostname with every other namespace but not a
-loopback. ``cocodiff run`` takes its rank grid from this when ``--layout`` is not given,
+loopback. ``cocodiff run`` takes its rank grid from this when ``--grid`` is not given,
 and ``cocodiff calibrate`` measures each tier between the nodes found.
 """
 

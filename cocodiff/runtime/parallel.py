@@ -29,7 +29,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from cocodiff.errors import CocodiffError, ScheduleError
 from cocodiff.executor import PlanError, drive_blocking, run_steps
 from cocodiff.layout import ParallelLayout
-from cocodiff.models import ModelSpec, spec_from_config
+from cocodiff.models import ModelSpec, ModelSpecError, spec_from_config
 from cocodiff.plan import Compute, Exchange, LayerPlan, Plan
 from cocodiff.plan_file import RunPlan, build_run_plan, check_plan_fits_call, check_plan_fits_model
 from cocodiff.runtime.exchange import (
@@ -39,7 +39,7 @@ from cocodiff.runtime.exchange import (
     unpack_gather_heads,
     unpack_scatter_heads,
 )
-from cocodiff.runtime.families import FAMILIES
+from cocodiff.runtime.families import runtime_family
 from cocodiff.runtime.families.base import (
     AttentionOps,
     AttentionState,
@@ -47,7 +47,7 @@ from cocodiff.runtime.families.base import (
     Split,
     module_matches,
 )
-from cocodiff.runtime.sharding import TokenLayout, TokenShard
+from cocodiff.runtime.sharding import TokenShard, TokenStreams
 from cocodiff.runtime.tapa import PhasedHandle, Route, plan_route
 from cocodiff.runtime.vmajor import VMajorCache
 from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, get_schedule
@@ -134,7 +134,7 @@ class UlyssesRuntime:
         self._run_plans: dict[tuple, RunPlan] = {}
         self._groups: dict[tuple[int, ...], Group] = {transport.world.ranks: transport.world}
         self._routes: dict[Exchange, Route] = {}
-        self._layouts: dict[tuple, tuple[TokenLayout, torch.Tensor]] = {}
+        self._token_streams: dict[tuple, tuple[TokenStreams, torch.Tensor]] = {}
         self.records: list[StepRecord] | None = None  # set to [] to record
         self.run_plan: RunPlan | None = None  # the run's plan, once the first call made it
         self.plan: Plan | None = None  # the current step's
@@ -212,10 +212,10 @@ class UlyssesRuntime:
 
     def original_positions(self, streams: tuple[str, ...]) -> torch.Tensor:
         key = tuple((name, self.shards[name].total) for name in streams)
-        if key not in self._layouts:
-            layout = TokenLayout(tuple(self.shards[name] for name in streams))
-            self._layouts[key] = (layout, layout.original_positions())
-        return self._layouts[key][1]
+        if key not in self._token_streams:
+            token_streams = TokenStreams(tuple(self.shards[name] for name in streams))
+            self._token_streams[key] = (token_streams, token_streams.original_positions())
+        return self._token_streams[key][1]
 
     # -- plans --------------------------------------------------------------------------
 
@@ -276,7 +276,7 @@ class UlyssesRuntime:
         route = self._routes.get(step)
         if route is None:
             assert self.plan is not None
-            route = self._routes[step] = plan_route(step, self.grid, self.plan.layout.heads,
+            route = self._routes[step] = plan_route(step, self.grid, self.plan.head_split.heads,
                                                     self.transport.rank)
         return route
 
@@ -420,12 +420,10 @@ class UlyssesAttnProcessor:
 
 
 def family_of(transformer: torch.nn.Module) -> Family:
-    name = type(transformer).__name__
-    if name not in FAMILIES:
-        raise UnsupportedModelError(
-            f"unsupported transformer class {name}; supported: {', '.join(sorted(FAMILIES))}"
-        )
-    return FAMILIES[name]
+    try:
+        return runtime_family(type(transformer).__name__)
+    except ModelSpecError as err:
+        raise UnsupportedModelError(str(err)) from None
 
 
 def parallelize(model: Any, transport: Transport, schedule: str = "flat",

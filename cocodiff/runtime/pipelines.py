@@ -25,17 +25,15 @@ from packaging.version import Version  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from cocodiff.jsonfile import read_json  # noqa: E402
-from cocodiff.models import TINY_MARKER, read_tiny_marker  # noqa: E402
-from cocodiff.runtime.tiny import TINY_DEFAULTS, TINY_MODELS, build_tiny  # noqa: E402
-
-# Transformer classes the runtime knows how to parallelise (model_index.json "transformer" entry).
-SUPPORTED_TRANSFORMERS = (
-    "FluxTransformer2DModel",
-    "SD3Transformer2DModel",
-    "QwenImageTransformer2DModel",
-    "WanTransformer3DModel",
-    "PixArtTransformer2DModel",
+from cocodiff.models import (  # noqa: E402
+    TINY_MARKER,
+    TINY_MODELS,
+    read_tiny_marker,
+    runtime_classes,
+    tiny_model,
 )
+from cocodiff.runtime.families import runtime_family  # noqa: E402
+from cocodiff.runtime.tiny import build_tiny  # noqa: E402
 
 # diffusers 0.42 renamed from_pretrained's torch_dtype to dtype (the old name warns).
 _DTYPE_KWARG = "dtype" if Version(diffusers.__version__) >= Version("0.42") else "torch_dtype"
@@ -62,7 +60,7 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32) -> DiffusionPi
 
     Raises:
         ModelLoadError: ``model`` is neither a tiny name nor a loadable pipeline directory, or
-            its transformer class is not one of ``SUPPORTED_TRANSFORMERS``.
+            the runtime cannot parallelise its transformer class.
     """
     if model in TINY_MODELS:
         return build_tiny(model, dtype)
@@ -82,10 +80,10 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32) -> DiffusionPi
         raise ModelLoadError(
             f"{index_path} names no transformer: not a Diffusion Transformer pipeline"
         ) from err
-    if transformer_class not in SUPPORTED_TRANSFORMERS:
+    if transformer_class not in runtime_classes():
         raise ModelLoadError(
             f"unsupported transformer class {transformer_class!r} in {index_path}; "
-            f"supported: {', '.join(SUPPORTED_TRANSFORMERS)}"
+            f"supported: {', '.join(runtime_classes())}"
         )
     try:
         pipe = DiffusionPipeline.from_pretrained(
@@ -132,8 +130,9 @@ def export_tiny(name: str, directory: str | os.PathLike[str]) -> Path:
     """
     path = Path(directory)
     build_tiny(name).save_pretrained(path, safe_serialization=True)
-    marker = {"tiny_model": name, "text_tokens": TINY_DEFAULTS[name].max_sequence_length,
-              "vae_scale": TINY_DEFAULTS[name].vae_scale}
+    tiny = tiny_model(name)
+    marker = {"tiny_model": name, "text_tokens": tiny.max_sequence_length,
+              "vae_scale": tiny.vae_scale}
     (path / TINY_MARKER).write_text(json.dumps(marker))
     return path
 
@@ -174,7 +173,7 @@ def run_pipeline(
         seed: seed of the initial noise.
         callback: called as ``callback(steps_done, steps)`` after each step.
         max_sequence_length: text tokens to pad / truncate the prompt to; None keeps the
-            pipeline's default (tiny models: ``TINY_DEFAULTS[name].max_sequence_length``).
+            pipeline's default (tiny models: their record's ``max_sequence_length``).
 
     Returns:
         float32 latents in the VAE's layout, not yet un-scaled: (batch, channels, height/8,
@@ -242,41 +241,6 @@ def diffusers_latents(pipe: DiffusionPipeline, latents: torch.Tensor) -> torch.T
     return latents.to(pipe.dtype)
 
 
-def _decode_kl(pipe: DiffusionPipeline, latents: torch.Tensor) -> Image.Image:
-    config = pipe.vae.config
-    latents = latents / config.scaling_factor + (getattr(config, "shift_factor", None) or 0.0)
-    image = pipe.vae.decode(latents.to(pipe.vae.device, pipe.vae.dtype), return_dict=False)[0]
-    return pipe.image_processor.postprocess(image, output_type="pil")[0]
-
-
-def _unnormalise_3d(pipe: DiffusionPipeline, latents: torch.Tensor) -> torch.Tensor:
-    config = pipe.vae.config
-    # (z,) -> (1, z, 1, 1, 1) to broadcast over (b, z, f, h, w)
-    mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1).to(latents.device)
-    std = torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1).to(latents.device)
-    return (latents * std + mean).to(pipe.vae.device, pipe.vae.dtype)
-
-
-def _decode_qwen(pipe: DiffusionPipeline, latents: torch.Tensor) -> Image.Image:
-    # (b, 3, 1, h, w) -> (b, 3, h, w): the single frame
-    image = pipe.vae.decode(_unnormalise_3d(pipe, latents), return_dict=False)[0][:, :, 0]
-    return pipe.image_processor.postprocess(image, output_type="pil")[0]
-
-
-def _decode_wan(pipe: DiffusionPipeline, latents: torch.Tensor) -> list[Image.Image]:
-    video = pipe.vae.decode(_unnormalise_3d(pipe, latents), return_dict=False)[0]
-    return pipe.video_processor.postprocess_video(video, output_type="pil")[0]
-
-
-_DECODERS: dict[str, Callable[[DiffusionPipeline, torch.Tensor], object]] = {
-    "FluxPipeline": _decode_kl,
-    "StableDiffusion3Pipeline": _decode_kl,
-    "PixArtSigmaPipeline": _decode_kl,
-    "QwenImagePipeline": _decode_qwen,
-    "WanPipeline": _decode_wan,
-}
-
-
 def decode(pipe: DiffusionPipeline, latents: torch.Tensor) -> Image.Image | list[Image.Image]:
     """Decodes ``run_pipeline`` latents to pixels, as the pipeline itself would.
 
@@ -288,10 +252,8 @@ def decode(pipe: DiffusionPipeline, latents: torch.Tensor) -> Image.Image | list
         A PIL image, or for video pipelines the list of PIL frames.
 
     Raises:
-        ValueError: no decoder for this pipeline class.
+        ModelSpecError: the runtime has no family for the pipeline's transformer.
     """
-    pipe_class = type(pipe).__name__
-    if pipe_class not in _DECODERS:
-        raise ValueError(f"no decoder for {pipe_class}; known: {', '.join(_DECODERS)}")
+    family = runtime_family(type(pipe.transformer).__name__)
     with torch.no_grad():
-        return _DECODERS[pipe_class](pipe, latents)
+        return family.decode(pipe, latents)

@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from cocodiff.errors import CocodiffError, one_line
+from cocodiff.models import TINY_NAMES
 from cocodiff.plan_command import (
     AUTO,
+    PURE,
     add_degree_arguments,
     add_vmajor_arguments,
     explicit_layout,
@@ -48,8 +50,9 @@ DTYPES = ("float32", "bfloat16")
 # Defaults of the flags a plan file fixes (None on the parser: "given" is then visible).
 DEFAULTS = {"model": "tiny-flux", "schedule": "flat", "steps": 4, "dtype": "float32"}
 # Flags that say what a plan file already says: refused beside --plan.
-PLAN_FIXES = ("schedule", "steps", "dtype", "resolution", "frames", "layout", "ulysses", "ring",
-              "batch", "chunks", "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh")
+PLAN_FIXES = ("schedule", "steps", "dtype", "resolution", "frames", "grid", "parallel_layout",
+              "ulysses", "ring", "batch", "chunks", "vmajor_ratio_schedule", "vmajor_warmup",
+              "vmajor_refresh")
 # --timeout above this is a typo, not a wish: gloo's timeout is in int milliseconds.
 MAX_TIMEOUT_S = 1e6
 # torch.Generator.manual_seed accepts [-2**63, 2**64).
@@ -81,9 +84,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         "the schedule, steps, dtype, resolution, rank grid and layout; the "
                         "launch must have its rank count")
     parser.add_argument("--model", default=None,
-                        help="tiny-flux, tiny-sd3, tiny-qwen, tiny-wan, tiny-pixart, "
-                        "tiny-digits (trained on 8x8 digits; the prompt is a digit), or a local "
-                        "diffusers pipeline directory (default: tiny-flux, or the plan's model)")
+                        help=f"a built-in tiny model ({', '.join(TINY_NAMES)}; tiny-digits is "
+                        "trained on 8x8 digits and its prompt is a digit), or a local diffusers "
+                        "pipeline directory (default: tiny-flux, or the plan's model)")
     parser.add_argument("--prompt", default=None,
                         help="the text prompt (default: 3 for tiny-digits, else 'a lighthouse "
                         "on a cliff at dawn')")
@@ -98,14 +101,20 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         help="plan schedule: flat, tapa, vfirst or cocodiff; or diffusers: "
                         "diffusers' own Ulysses context parallelism, torch transport only "
                         "(default: flat)")
+    parser.add_argument("--grid", default=None, metavar="NODESxGPUSxTILES",
+                        help="the rank grid: where the launched ranks sit, e.g. 2x4x1: rank r "
+                        "on node r // (GPUS*TILES); the product must be the number of ranks. "
+                        "tapa and vfirst carry each all-to-all as one phase per level with more "
+                        "than one member (default: the nodes the launch spans, found by host "
+                        "and network namespace, one GPU per rank; on one node they carry each "
+                        "all-to-all flat, like flat)")
+    parser.add_argument("--parallel-layout", default=None, choices=(AUTO, PURE),
+                        help="auto: the planner chooses the Ulysses x Ring x batch degrees for "
+                        "the rank grid (`cocodiff plan`); pure: pure Ulysses over every rank "
+                        "(default: pure, or the degrees --ulysses/--ring/--batch give)")
     parser.add_argument("--layout", default=None, metavar="NODESxGPUSxTILES|auto",
-                        help="where the launched ranks sit, e.g. 2x4x1: rank r on node "
-                        "r // (GPUS*TILES); the product must be the number of ranks. tapa and "
-                        "vfirst carry each all-to-all as one phase per level with more than one "
-                        "member (default: the nodes the launch spans, found by host and "
-                        "network namespace, one GPU per rank; on one node they carry each "
-                        "all-to-all flat, like flat). auto: those nodes, and the planner "
-                        "chooses the Ulysses x Ring x batch degrees (`cocodiff plan`)")
+                        help="deprecated alias, kept for one release: --layout "
+                        "NODESxGPUSxTILES is --grid, --layout auto is --parallel-layout auto")
     add_degree_arguments(parser, positive_int)
     parser.add_argument("--chunks", type=positive_int, default=None,
                         help="pipeline chunks of TAPA exchanges (tapa, vfirst, cocodiff; "
@@ -320,7 +329,7 @@ def _apply_plan_file(args: argparse.Namespace, world_size: int):
     return run_plan
 
 
-def parse_layout(text: str) -> tuple[int, int, int]:
+def parse_grid(text: str) -> tuple[int, int, int]:
     """``NODESxGPUSxTILES`` (e.g. ``2x4x1``) -> (nodes, GPUs per node, tiles per GPU).
 
     Raises:
@@ -328,26 +337,26 @@ def parse_layout(text: str) -> tuple[int, int, int]:
     """
     parts = text.lower().split("x")
     if len(parts) != 3 or not all(part.isdecimal() and int(part) > 0 for part in parts):
-        raise CocodiffError(f"--layout must be NODESxGPUSxTILES with positive integers, "
+        raise CocodiffError(f"--grid must be NODESxGPUSxTILES with positive integers, "
                             f"e.g. 2x4x1; got {text!r}")
     nodes, gpus, tiles = map(int, parts)
     return nodes, gpus, tiles
 
 
-def rank_grid(layout: str | None, num_ranks: int):
-    """The :class:`~cocodiff.schedules.RankGrid` of ``--layout`` over ``num_ranks``
-    ranks (node-major), or None (no layout: the runtime's default line of ranks).
+def rank_grid(grid: str | None, num_ranks: int):
+    """The :class:`~cocodiff.schedules.RankGrid` of ``--grid`` over ``num_ranks``
+    ranks (node-major), or None (no grid: the runtime's default line of ranks).
 
     Raises:
-        CocodiffError: a malformed layout, or one that does not hold ``num_ranks`` ranks.
+        CocodiffError: a malformed grid, or one that does not hold ``num_ranks`` ranks.
     """
     from cocodiff.schedules import RankGrid
 
-    if layout is None or layout == AUTO:
+    if grid is None:
         return None
-    shape = parse_layout(layout)
+    shape = parse_grid(grid)
     if shape[0] * shape[1] * shape[2] != num_ranks:
-        raise CocodiffError(f"--layout {layout} holds {shape[0] * shape[1] * shape[2]} ranks, "
+        raise CocodiffError(f"--grid {grid} holds {shape[0] * shape[1] * shape[2]} ranks, "
                             f"the launch has {num_ranks}")
     return RankGrid(shape, tuple(range(num_ranks)))
 
@@ -368,16 +377,29 @@ def launched_grid(transport):
     return RankGrid((num_nodes, per_node, 1), tuple(range(transport.world_size)))
 
 
+def _apply_layout_alias(args: argparse.Namespace) -> None:
+    """The deprecated ``--layout``: ``NODESxGPUSxTILES`` is ``--grid``, ``auto`` is
+    ``--parallel-layout auto``."""
+    if args.layout is None:
+        return
+    new = "parallel_layout" if args.layout == AUTO else "grid"
+    if getattr(args, new) is not None:
+        raise CocodiffError(f"--layout is the old name of --{new.replace('_', '-')}: give "
+                            "only the new one")
+    setattr(args, new, args.layout)
+    args.layout = None
+
+
 def _explicit_parallel(args: argparse.Namespace, num_ranks: int):
     """The Ulysses x Ring x batch layout the flags give (None: pure Ulysses, or the
-    planner's under ``--layout auto``), checked before any collective."""
+    planner's under ``--parallel-layout auto``), checked before any collective."""
     from cocodiff.runtime.baseline import BASELINES
 
     parallel = explicit_layout(args, num_ranks)
-    if parallel is not None and args.layout == AUTO:
-        raise CocodiffError("--layout auto lets the planner choose the degrees: drop "
-                            "--ulysses/--ring/--batch, or give --layout NODESxGPUSxTILES")
-    if parallel is None and args.layout != AUTO:
+    if parallel is not None and args.parallel_layout is not None:
+        raise CocodiffError(f"--parallel-layout {args.parallel_layout} and "
+                            "--ulysses/--ring/--batch both choose the layout: give one")
+    if parallel is None and args.parallel_layout != AUTO:
         return None
     if args.schedule in BASELINES:
         raise CocodiffError(f"--schedule {args.schedule} runs pure Ulysses only; Ring and batch "
@@ -386,7 +408,7 @@ def _explicit_parallel(args: argparse.Namespace, num_ranks: int):
 
 
 def _planned_parallel(pipe, grid, num_ranks: int, width: int, height: int, frames: int):
-    """``--layout auto``: the planner's layout for this model on a one-node machine of
+    """``--parallel-layout auto``: the planner's layout for this model on a one-node machine of
     ``num_ranks`` ranks (the `cluster` preset; the ranks' grid when one is given)."""
     from cocodiff.models import spec_from_config
     from cocodiff.planner import rank_layouts
@@ -408,17 +430,18 @@ def _run(args: argparse.Namespace, launch) -> int:
     fault = fault_from_env()  # read once; None (and nothing installed) when unset
     # Every rank checks the plan, the flags and the layout before any collective: all of
     # them stop, none hangs.
+    _apply_layout_alias(args)
     run_plan = _apply_plan_file(args, launch.world_size)
     _check_arguments(args)
     if run_plan is not None:
         grid, parallel = run_plan.grid, run_plan.parallel
     else:
-        grid = rank_grid(args.layout, launch.world_size)
+        grid = rank_grid(args.grid, launch.world_size)
         parallel = _explicit_parallel(args, launch.world_size)
     if args.record_activity and (not launch.is_distributed
                                  or grid is not None and grid.shape[0] == 1):
         raise CocodiffError("--record-activity: V-Major acts on the inter-node tier; launch "
-                            "ranks on more than one node (or give such a --layout)")
+                            "ranks on more than one node (or give such a --grid)")
 
     import torch
 
@@ -429,9 +452,10 @@ def _run(args: argparse.Namespace, launch) -> int:
     quiet_libraries()
 
     from cocodiff.atomic import atomic_write_text
+    from cocodiff.models import load_object
     from cocodiff.quality import compare
     from cocodiff.runtime.baseline import BASELINES
-    from cocodiff.runtime.digits import READERS, read_agreement
+    from cocodiff.runtime.digits import read_agreement
     from cocodiff.runtime.guards import NumericsGuard
     from cocodiff.runtime.parallel import UlyssesRuntime, parallelize
     from cocodiff.runtime.pipelines import decode, load_pipeline, run_pipeline, tiny_name_of
@@ -453,7 +477,7 @@ def _run(args: argparse.Namespace, launch) -> int:
                 grid = launched_grid(transport)
             if args.record_activity and grid is None:
                 raise CocodiffError("--record-activity: V-Major acts on the inter-node tier, "
-                                    "and every rank is on one node; give --layout")
+                                    "and every rank is on one node; give --grid")
         dtype = getattr(torch, args.dtype)
         pipe = load_pipeline(args.model, dtype)
         tiny = tiny_name_of(args.model)
@@ -466,7 +490,7 @@ def _run(args: argparse.Namespace, launch) -> int:
         if transport is not None and args.schedule in BASELINES:
             runtime = BASELINES[args.schedule](pipe, transport)
         elif transport is not None:
-            if args.layout == AUTO:
+            if args.parallel_layout == AUTO:
                 parallel = _planned_parallel(pipe, grid, launch.world_size, width, height,
                                              frames)
             options = PlanOptions(chunks=args.chunks or DEFAULT_CHUNKS,
@@ -530,9 +554,9 @@ def _run(args: argparse.Namespace, launch) -> int:
                 quality = compare(reference, latents, reference_image, image)
                 record["quality"] = quality.to_json()
                 print(f"quality against the exact plan: {quality.summary()}", flush=True)
-                if tiny in READERS:
-                    agreement = read_agreement(READERS[tiny](), args.prompt, reference_image,
-                                               image)
+                if tiny and TINY_DEFAULTS[tiny].reader:
+                    reader = load_object(TINY_DEFAULTS[tiny].reader)()
+                    agreement = read_agreement(reader, args.prompt, reference_image, image)
                     record["quality"]["classifier"] = agreement.to_json()
                     print(agreement.summary(), flush=True)
             if args.record_activity and activity is not None:

@@ -7,7 +7,7 @@ is its chunks of the streams concatenated in the order the model concatenates th
 
 After the Q/K/V exchange a rank holds every rank's local sequence one after another
 (the *gathered* order). Attention runs on the real tokens in the model's *original*
-order instead: :meth:`TokenLayout.original_positions` picks them out, so the
+order instead: :meth:`TokenStreams.original_positions` picks them out, so the
 attention kernel sees exactly what the single-process model gives it, with no padding
 and no mask.
 """
@@ -48,7 +48,7 @@ class TokenShard:
 
 
 @dataclass(frozen=True, slots=True)
-class TokenLayout:
+class TokenStreams:
     """The streams of one attention call, in the model's concatenation order."""
 
     streams: tuple[TokenShard, ...]

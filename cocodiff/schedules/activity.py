@@ -182,4 +182,4 @@ def plan_from_activity(spec, grid, stream_tokens: Sequence[int], trace: Activity
         programs.append(RankProgram(rank, layers))
     full = plan_at(1.0)
     # Ranks select different blocks: nothing repeats, so the simulator runs every rank.
-    return Plan("cocodiff", spec.name, full.layout, tuple(programs), None)
+    return Plan("cocodiff", spec.name, full.head_split, tuple(programs), None)

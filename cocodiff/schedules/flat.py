@@ -23,18 +23,18 @@ from collections.abc import Callable, Hashable, Sequence
 
 from cocodiff.errors import ScheduleError
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Exchange, LayerPlan, Plan, RankProgram, Step, Tensor, UlyssesLayout, Wait
+from cocodiff.plan import Exchange, HeadSplit, LayerPlan, Plan, RankProgram, Step, Tensor, Wait
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.options import DEFAULT_OPTIONS, PlanOptions
 from cocodiff.schedules.tapa import TapaRows
 from cocodiff.schedules.ulysses import (
     compute,
     head_exchange,
+    head_split,
     layer_shape,
     post_attention_ops,
     qk_ops,
     smallest_period,
-    ulysses_layout,
 )
 from cocodiff.schedules.vmajor import blocks_per_row
 
@@ -53,14 +53,14 @@ def plan_flat(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
             joint-attention text); each is split over the ranks separately.
         options: dtype and batch (flat has no phases: ``chunks`` does not apply).
     """
-    layout = ulysses_layout(spec, grid.num_ranks, stream_tokens, options.batch)
+    split = head_split(spec, grid.num_ranks, stream_tokens, options.batch)
     dtype_bytes = options.dtype_bytes
 
     def exchange(tensor: Tensor, rank: int) -> Exchange:
-        return head_exchange(tensor, layout, grid.ranks, grid.position(rank), dtype_bytes)
+        return head_exchange(tensor, split, grid.ranks, grid.position(rank), dtype_bytes)
 
-    return build_plan("flat", spec, layout, grid, dtype_bytes, exchange, v_first=False,
-                      share_key=lambda rank: layout.heads[grid.position(rank)])
+    return build_plan("flat", spec, split, grid, dtype_bytes, exchange, v_first=False,
+                      share_key=lambda rank: split.heads[grid.position(rank)])
 
 
 def plan_tapa(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
@@ -92,21 +92,21 @@ def plan_phased(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
                 options: PlanOptions, v_first: bool,
                 sent_fraction: dict[Tensor, dict[str, float]] | None = None) -> Plan:
     """A TAPA plan; ``sent_fraction[tensor][level]`` makes a phase partial (V-Major)."""
-    layout = ulysses_layout(spec, grid.num_ranks, stream_tokens, options.batch)
+    split = head_split(spec, grid.num_ranks, stream_tokens, options.batch)
     dtype_bytes = options.dtype_bytes
-    rows = {tensor: TapaRows(grid, layout.heads, "gather_heads" if tensor == "out"
+    rows = {tensor: TapaRows(grid, split.heads, "gather_heads" if tensor == "out"
                              else "scatter_heads") for tensor in ("q", "k", "v", "out")}
 
     def exchange(tensor: Tensor, rank: int) -> Exchange:
-        flat = head_exchange(tensor, layout, grid.ranks, grid.position(rank), dtype_bytes)
+        flat = head_exchange(tensor, split, grid.ranks, grid.position(rank), dtype_bytes)
         return rows[tensor].exchange(flat, rank, options.chunks,
-                                     (sent_fraction or {}).get(tensor), blocks_per_row(layout))
+                                     (sent_fraction or {}).get(tensor), blocks_per_row(split))
 
-    return build_plan(name, spec, layout, grid, dtype_bytes, exchange, v_first,
+    return build_plan(name, spec, split, grid, dtype_bytes, exchange, v_first,
                       share_key=None)
 
 
-def build_plan(name: str, spec: ModelSpec, layout: UlyssesLayout, grid: RankGrid,
+def build_plan(name: str, spec: ModelSpec, split: HeadSplit, grid: RankGrid,
                dtype_bytes: int, exchange: ExchangeFor, v_first: bool,
                share_key: Callable[[int], Hashable] | None) -> Plan:
     """One program per rank. Ranks with equal ``share_key`` get the same layer object
@@ -117,22 +117,22 @@ def build_plan(name: str, spec: ModelSpec, layout: UlyssesLayout, grid: RankGrid
         key = share_key(rank) if share_key else None
         layer = shared.get(key) if key is not None else None
         if layer is None:
-            layer = ulysses_layer(spec, layout, grid.position(rank), dtype_bytes,
+            layer = ulysses_layer(spec, split, grid.position(rank), dtype_bytes,
                                   lambda tensor, rank=rank: exchange(tensor, rank), v_first)
             if key is not None:
                 shared[key] = layer
         programs.append(RankProgram(rank, (layer,) * spec.num_layers))
     # The plan repeats every `period` ranks when heads do and ranks sit in grid order.
     in_order = grid.ranks == tuple(range(grid.num_ranks))
-    return Plan(name, spec.name, layout, tuple(programs),
-                smallest_period(layout.heads) if in_order else None)
+    return Plan(name, spec.name, split, tuple(programs),
+                smallest_period(split.heads) if in_order else None)
 
 
-def ulysses_layer(spec: ModelSpec, layout: UlyssesLayout, index: int, dtype_bytes: int,
+def ulysses_layer(spec: ModelSpec, split: HeadSplit, index: int, dtype_bytes: int,
                   exchange: Callable[[Tensor], Exchange], v_first: bool) -> LayerPlan:
     """One layer on the rank at ``index`` of the Ulysses group."""
-    shape = layer_shape(layout, index, dtype_bytes)
-    batch = layout.batch
+    shape = layer_shape(split, index, dtype_bytes)
+    batch = split.batch
 
     def op(name: str):
         return compute(spec, name, shape, batch)

@@ -139,7 +139,7 @@ def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
     sub = schedule.plan(spec, local, group_streams,
                         replace(options, batch=options.batch // parallel.batch), cache_ratio)
     dtype_bytes = options.dtype_bytes
-    layout = sub.layout
+    split = sub.head_split
     programs: list[RankProgram | None] = [None] * grid.num_ranks
     for leader, members in groups.items():
         positions = parallel.ulysses_group(leader)
@@ -148,8 +148,8 @@ def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
             rank = grid.ranks[position]
             ring_ranks = tuple(grid.ranks[p] for p in parallel.ring_group(position))
             # One row = this rank's K and V for one block: (2, batch, S/ring, heads, d).
-            row_bytes = 2 * layout.batch * layout.padded_tokens * layout.heads[u] \
-                * layout.head_dim * dtype_bytes
+            row_bytes = 2 * split.batch * split.padded_tokens * split.heads[u] \
+                * split.head_dim * dtype_bytes
             kv_pass = ring_pass(ring_ranks, parallel.coords(position)[1], row_bytes)
             done: dict[int, LayerPlan] = {}
             layers = []
@@ -163,6 +163,6 @@ def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
                 layers.append(done[key])
             programs[rank] = RankProgram(rank, tuple(layers))
     in_order = grid.ranks == tuple(range(grid.num_ranks))
-    period = parallel.shift_period(layout.heads) if in_order else None
-    return Plan(name, spec.name, layout, tuple(programs), period,  # type: ignore[arg-type]
+    period = parallel.shift_period(split.heads) if in_order else None
+    return Plan(name, spec.name, split, tuple(programs), period,  # type: ignore[arg-type]
                 parallel)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from cocodiff.cost import Cost, LayerShape, op_cost
 from cocodiff.errors import ScheduleError
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Compute, Exchange, Tensor, UlyssesLayout
+from cocodiff.plan import Compute, Exchange, HeadSplit, Tensor
 
 
 def split_heads(num_heads: int, num_ranks: int) -> tuple[int, ...]:
@@ -29,9 +29,9 @@ def split_heads(num_heads: int, num_ranks: int) -> tuple[int, ...]:
     return tuple(bounds[rank + 1] - bounds[rank] for rank in range(num_ranks))
 
 
-def ulysses_layout(
+def head_split(
     spec: ModelSpec, num_ranks: int, stream_tokens: Sequence[int], batch: int = 1
-) -> UlyssesLayout:
+) -> HeadSplit:
     """Split the token streams (image, joint text) and the heads over ``num_ranks``.
 
     Each stream is cut into equal chunks, one per rank, padded when it does not divide
@@ -41,15 +41,19 @@ def ulysses_layout(
     if not streams:
         raise ScheduleError("a plan needs at least one token")
     padded = sum(-(-tokens // num_ranks) for tokens in streams) * num_ranks
-    return UlyssesLayout(sum(streams), padded, split_heads(spec.num_heads, num_ranks),
-                         spec.head_dim, batch)
+    return HeadSplit(sum(streams), padded, split_heads(spec.num_heads, num_ranks),
+                     spec.head_dim, batch)
 
 
-def layer_shape(layout: UlyssesLayout, rank_in_group: int, dtype_bytes: int) -> LayerShape:
+# The old name, for callers not yet renamed (cocodiff/calibrate.py); remove with them.
+ulysses_layout = head_split
+
+
+def layer_shape(split: HeadSplit, rank_in_group: int, dtype_bytes: int) -> LayerShape:
     return LayerShape(
-        local_tokens=layout.local_tokens,
-        total_tokens=layout.padded_tokens,
-        local_heads=layout.heads[rank_in_group],
+        local_tokens=split.local_tokens,
+        total_tokens=split.padded_tokens,
+        local_heads=split.heads[rank_in_group],
         dtype_bytes=dtype_bytes,
     )
 
@@ -73,7 +77,7 @@ def compute(spec: ModelSpec, op: str, shape: LayerShape, batch: int = 1) -> Comp
 
 def head_exchange(
     tensor: Tensor,
-    layout: UlyssesLayout,
+    split: HeadSplit,
     group: tuple[int, ...],
     rank_in_group: int,
     dtype_bytes: int,
@@ -84,8 +88,8 @@ def head_exchange(
     Q/K/V go (S/P tokens, all heads) -> (S tokens, my heads): I send member j its
     heads' rows and receive my heads' rows from everyone; the output goes back.
     """
-    heads = layout.heads
-    row_bytes = layout.batch * layout.local_tokens * layout.head_dim * dtype_bytes
+    heads = split.heads
+    row_bytes = split.batch * split.local_tokens * split.head_dim * dtype_bytes
     mine = heads[rank_in_group]
     if tensor == "out":
         # (S, H/P, d) -> (S/P, H, d): my heads of every member's tokens go back to it.

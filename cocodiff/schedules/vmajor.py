@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cocodiff.errors import ScheduleError
-from cocodiff.plan import UlyssesLayout
+from cocodiff.plan import HeadSplit
 
 RATIO_SCHEDULES = ("linear", "constant")
 # Tokens per V-Major block: 4 KiB at head_dim 128 in bf16, against a 4-byte index.
@@ -35,9 +35,9 @@ def block_tokens(local_tokens: int, wanted: int = BLOCK_TOKENS) -> int:
     return max(d for d in range(1, min(wanted, local_tokens) + 1) if local_tokens % d == 0)
 
 
-def blocks_per_row(layout: UlyssesLayout) -> int:
-    """V-Major blocks in one row of ``layout``'s exchanges."""
-    return layout.batch * (layout.local_tokens // block_tokens(layout.local_tokens))
+def blocks_per_row(split: HeadSplit) -> int:
+    """V-Major blocks in one row of ``split``'s exchanges."""
+    return split.batch * (split.local_tokens // block_tokens(split.local_tokens))
 
 
 def blocks_sent(num_blocks: int, fraction: float) -> int:

@@ -23,7 +23,7 @@ LAUNCH=(torchrun --nnodes "${NNODES}" --nproc-per-node "${GPUS_PER_NODE}"
         --master-port "${MASTER_PORT}")
 DOCTOR=("${LAUNCH[@]}" -m cocodiff doctor --transport torch)
 RUN=("${LAUNCH[@]}" -m cocodiff run --model "${MODEL}" --transport torch --dtype bfloat16
-     --schedule vfirst --layout "${NNODES}x${GPUS_PER_NODE}x1" --resolution 1024 --steps 28
+     --schedule vfirst --grid "${NNODES}x${GPUS_PER_NODE}x1" --resolution 1024 --steps 28
      --output flux.png --json flux.json)
 
 if [[ "${DRY_RUN:-0}" == 1 ]]; then

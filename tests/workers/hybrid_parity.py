@@ -11,7 +11,7 @@ All in float32 with atol = rtol = 1e-5 (the flat plan's tolerance).
 
 Usage: hybrid_parity.py TRANSPORT LAYOUT CASE[,CASE...] MODEL...
 
-LAYOUT is NODESxGPUSxTILES (as ``cocodiff run --layout``) or "line". A CASE is
+LAYOUT is NODESxGPUSxTILES (as ``cocodiff run --grid``) or "line". A CASE is
 ``UxRxB[i]/SCHEDULE``: Ulysses, Ring and batch degrees, ``i`` to place the Ring inside
 the Ulysses groups (on the fast tiers). Rank 0 prints one line per model and case with
 the largest differences; exits 0 when everything matches, prints each mismatch and

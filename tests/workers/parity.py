@@ -9,7 +9,7 @@ All in float32 with atol = rtol = 1e-5.
 
 Usage: parity.py TRANSPORT LAYOUT SCHEDULE[/CHUNKS][,...] MODEL[:HEADS]...
 
-LAYOUT is NODESxGPUSxTILES (as ``cocodiff run --layout``) or "line" (the runtime's
+LAYOUT is NODESxGPUSxTILES (as ``cocodiff run --grid``) or "line" (the runtime's
 default); SCHEDULE/CHUNKS pipelines the phases in CHUNKS chunks. MODEL:HEADS builds the
 tiny model's transformer with HEADS attention heads (same config otherwise, seeded
 weights), so that more ranks than the tiny models' 4 heads can split them. Rank 0 prints

@@ -1,16 +1,30 @@
-"""The diffusers model families the runtime can parallelise, keyed by transformer class."""
+"""The runtime's adapters of the diffusers model families it can parallelise.
+
+Which family a transformer class belongs to, and whether the runtime has an adapter for
+it, is the family record's to say (:mod:`cocodiff.models.families`).
+"""
 
 from __future__ import annotations
 
+from cocodiff.models import ModelSpecError, family_of_class, load_object, runtime_classes
 from cocodiff.runtime.families.base import Family
-from cocodiff.runtime.families.flux import FLUX
-from cocodiff.runtime.families.pixart import PIXART
-from cocodiff.runtime.families.qwen import QWEN
-from cocodiff.runtime.families.sd3 import SD3
-from cocodiff.runtime.families.wan import WAN
 
-FAMILIES: dict[str, Family] = {
-    family.transformer_class: family for family in (FLUX, SD3, PIXART, WAN, QWEN)
-}
 
-__all__ = ["FAMILIES", "Family"]
+def runtime_family(transformer_class: str) -> Family:
+    """The runtime's adapter for a diffusers transformer class.
+
+    Raises:
+        ModelSpecError: no family claims the class, or the runtime cannot parallelise
+            its family (the message lists the classes it can).
+    """
+    try:
+        adapter = family_of_class(transformer_class).runtime
+    except ModelSpecError:  # no family at all: the same message as a family without one
+        adapter = None
+    if adapter is None:
+        raise ModelSpecError(f"unsupported transformer class {transformer_class}; supported: "
+                             f"{', '.join(runtime_classes())}")
+    return load_object(adapter)
+
+
+__all__ = ["Family", "runtime_family"]

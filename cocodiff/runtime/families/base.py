@@ -12,6 +12,7 @@ matching exactly one part ("transformer_blocks.*" is every block, not their chil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Protocol
@@ -97,17 +98,23 @@ class AttentionOps(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Family:
-    """Everything the runtime needs for one transformer class.
+    """Everything the runtime needs for one model family (its record,
+    :class:`cocodiff.models.ModelFamily`, names the transformer classes).
 
+    ``batch_arguments``: the transformer forward's arguments that carry the batch in dim
+    0 (a tensor whose dim 0 is the batch, or a list with one entry per sample; dicts are
+    searched), which a batch-parallel layout cuts. ``decode``: turns the first sample of
+    ``run_pipeline``'s latents into pixels, as the pipeline itself would.
     ``attention_modules``: a module name pattern limiting which attention modules get
     the parallel processor (self-attention, not the cross-attention next to it); None
     for every module with one of ``ops.processor_classes``.
     """
 
-    transformer_class: str
     splits: tuple[Split, ...]
     gathers: tuple[Gather, ...]
     ops: AttentionOps
+    batch_arguments: tuple[str, ...]
+    decode: Callable[[Any, torch.Tensor], Any]
     attention_modules: str | None = None
 
 

@@ -15,6 +15,7 @@ from cocodiff.runtime.families.base import (
     JointAttentionOps,
     Split,
 )
+from cocodiff.runtime.families.decode import decode_kl
 
 
 class FluxOps(JointAttentionOps):
@@ -46,7 +47,6 @@ class FluxOps(JointAttentionOps):
 
 
 FLUX = Family(
-    transformer_class="FluxTransformer2DModel",
     splits=(
         Split("", "hidden_states", 1, "image"),
         Split("", "encoder_hidden_states", 1, "text"),
@@ -55,4 +55,7 @@ FLUX = Family(
     ),
     gathers=(Gather("proj_out", 1, "image"),),
     ops=FluxOps(),
+    batch_arguments=("hidden_states", "encoder_hidden_states", "pooled_projections",
+                     "timestep", "guidance"),
+    decode=decode_kl,
 )

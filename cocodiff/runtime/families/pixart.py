@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from cocodiff.runtime.families.base import AttentionState, Family, Gather, JointAttentionOps, Split
+from cocodiff.runtime.families.decode import decode_kl
 
 
 class PixArtOps(JointAttentionOps):
@@ -39,9 +40,11 @@ class PixArtOps(JointAttentionOps):
 
 
 PIXART = Family(
-    transformer_class="PixArtTransformer2DModel",
     splits=(Split("pos_embed", 0, 1, "image", output=True),),
     gathers=(Gather("proj_out", 1, "image"),),
     ops=PixArtOps(),
+    batch_arguments=("hidden_states", "encoder_hidden_states", "encoder_attention_mask",
+                     "timestep", "added_cond_kwargs"),
+    decode=decode_kl,
     attention_modules="transformer_blocks.*.attn1",
 )

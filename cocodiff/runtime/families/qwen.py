@@ -26,6 +26,7 @@ from cocodiff.runtime.families.base import (
     JointAttentionOps,
     Split,
 )
+from cocodiff.runtime.families.decode import decode_qwen
 
 
 class QwenOps(JointAttentionOps):
@@ -76,7 +77,6 @@ class QwenOps(JointAttentionOps):
 
 
 QWEN = Family(
-    transformer_class="QwenImageTransformer2DModel",
     splits=(
         Split("transformer_blocks.0", "hidden_states", 1, "image"),
         Split("transformer_blocks.0", "encoder_hidden_states", 1, "text"),
@@ -86,4 +86,7 @@ QWEN = Family(
     ),
     gathers=(Gather("proj_out", 1, "image"),),
     ops=QwenOps(),
+    batch_arguments=("hidden_states", "encoder_hidden_states", "encoder_hidden_states_mask",
+                     "timestep", "guidance", "img_shapes", "txt_seq_lens"),
+    decode=decode_qwen,
 )

@@ -21,6 +21,7 @@ from cocodiff.runtime.families.base import (
     JointAttentionOps,
     Split,
 )
+from cocodiff.runtime.families.decode import decode_kl
 
 
 class SD3Ops(JointAttentionOps):
@@ -50,11 +51,13 @@ class SD3Ops(JointAttentionOps):
 
 
 SD3 = Family(
-    transformer_class="SD3Transformer2DModel",
     splits=(
         Split("pos_embed", 0, 1, "image", output=True),
         Split("context_embedder", 0, 1, "text", output=True),
     ),
     gathers=(Gather("proj_out", 1, "image"),),
     ops=SD3Ops(),
+    batch_arguments=("hidden_states", "encoder_hidden_states", "pooled_projections",
+                     "timestep"),
+    decode=decode_kl,
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from cocodiff.runtime.families.base import AttentionState, Family, Gather, JointAttentionOps, Split
+from cocodiff.runtime.families.decode import decode_wan
 
 
 def _apply_rotary_emb(x: torch.Tensor, freqs_cos: torch.Tensor,
@@ -59,7 +60,6 @@ class WanOps(JointAttentionOps):
 
 
 WAN = Family(
-    transformer_class="WanTransformer3DModel",
     splits=(
         Split("", "timestep", 1, "image", ndim=2),  # Wan 2.2 TI2V: one timestep per token
         Split("rope", 0, 1, "image", output=True),  # (1, S, 1, D) cos
@@ -68,5 +68,8 @@ WAN = Family(
     ),
     gathers=(Gather("proj_out", 1, "image"),),
     ops=WanOps(),
+    batch_arguments=("hidden_states", "encoder_hidden_states", "timestep",
+                     "encoder_hidden_states_image"),
+    decode=decode_wan,
     attention_modules="blocks.*.attn1",
 )
