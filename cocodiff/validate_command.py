@@ -141,6 +141,7 @@ def _check_arguments(args: argparse.Namespace, launch) -> dict[str, Any]:
     if args.resolution is not None:
         parse_resolution(args.resolution)
     check_output_paths([args.json])
+    collective = _collective(args)
     if not launch.is_distributed:
         raise CocodiffError("validate runs parallel schedules: launch it on 2 or more ranks "
                             "(mpiexec -n N cocodiff validate ..., or torchrun "
@@ -158,7 +159,7 @@ def _check_arguments(args: argparse.Namespace, launch) -> dict[str, Any]:
     elif args.nodes is not None:
         raise CocodiffError("--nodes shapes a preset topology: give --topology too")
     return {"schedules": schedules, "layouts": layouts, "described": described,
-            "collective": _collective(args)}
+            "collective": collective}
 
 
 def _collective(args: argparse.Namespace) -> tuple[Any, str]:
@@ -178,7 +179,7 @@ def _collective(args: argparse.Namespace) -> tuple[Any, str]:
     if not source.endswith(".json"):
         raise CocodiffError(f"unknown collective model {source!r}; valid: auto, "
                             f"{', '.join(COLLECTIVE_MODELS)}, or calibrate's JSON file")
-    data = read_json(Path(source))
+    data = read_json(Path(source), "calibration file", CocodiffError)
     measured = data.get("collective") if isinstance(data, dict) else None
     if not isinstance(measured, dict):
         if args.collective == COLLECTIVE_AUTO:
