@@ -19,6 +19,8 @@ from typing import Any
 
 
 def config_label(config: dict[str, Any]) -> str:
+    if "label" in config:  # the configuration's model and transport vary
+        return config["label"]
     cluster = config["cluster"]
     return (f"{cluster['num_nodes']} x {cluster['ranks_per_node']} @ "
             f"{cluster['inter_gbit']:g} Gbit/s")
@@ -97,8 +99,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     configs = report["configs"]
-    fig, axes = plt.subplots(1, len(configs), figsize=(3.6 * len(configs), 3.6), squeeze=False)
-    for ax, config in zip(axes[0], configs, strict=True):
+    columns = min(4, len(configs))
+    rows_of_panels = -(-len(configs) // columns)
+    fig, axes = plt.subplots(rows_of_panels, columns, figsize=(3.6 * columns,
+                                                               3.6 * rows_of_panels),
+                             squeeze=False)
+    for ax in axes.flat[len(configs):]:
+        ax.set_visible(False)
+    for ax, config in zip(axes.flat, configs, strict=False):  # spare panels hidden
         names = list(config["summary"])
         rows = [config["summary"][name] for name in names]
         measured = [row["measured_step_s"] * 1e3 for row in rows]
@@ -122,10 +130,15 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_title(config_label(config), fontsize=9)
         ax.set_ylabel("step time (ms)")
     axes[0][0].legend(fontsize=8)
-    model = report["model"]
-    fig.suptitle(f"{model['name']}: {model['tokens']} tokens, hidden {model['hidden_size']}, "
-                 f"{model['num_layers']} layers, {model['dtype']} (emulated cluster, gloo)",
-                 fontsize=10)
+    model = report.get("model")
+    if model is not None:  # one model for every configuration (earlier reports)
+        fig.suptitle(f"{model['name']}: {model['tokens']} tokens, hidden "
+                     f"{model['hidden_size']}, {model['num_layers']} layers, {model['dtype']} "
+                     "(emulated cluster, gloo)", fontsize=10)
+    else:
+        fig.suptitle("measured (bars) and predicted (markers) step times on the emulated "
+                     "cluster; label: nodes x ranks @ Gbit/s, transport, hidden, layers, "
+                     "resolution", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

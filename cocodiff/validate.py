@@ -21,7 +21,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from cocodiff.errors import CocodiffError
 from cocodiff.layout import DEFAULT_ORDER, ParallelLayout
@@ -36,6 +36,7 @@ PLAN_OF = {"diffusers": "flat"}
 EXACT_ATOL = 1e-5
 PICK_TOLERANCE = 0.05  # the planner's pick counts as right within 5% of the measured best
 RING_INNER_ORDER = ("batch", "ulysses", "ring")
+T = TypeVar("T")
 _LAYOUT_NAME = re.compile(r"U(\d+)xR(\d+)xB(\d+)(/ring-inner)?")
 
 
@@ -153,7 +154,7 @@ def make_cases(schedules: Sequence[str], layout_names: Sequence[str], num_ranks:
     return cases
 
 
-def round_order(cases: Sequence[Case], round_index: int) -> list[Case]:
+def round_order(cases: Sequence[T], round_index: int) -> list[T]:
     """Round ``round_index``'s order: the cases rotated by the round's number."""
     shift = round_index % len(cases)
     return [*cases[shift:], *cases[:shift]]
