@@ -130,8 +130,8 @@ def predict(model: EnlargedModel, described, collective) -> dict[str, float]:
     """Each schedule's predicted step (mean over the steps validate counts)."""
     from cocodiff.plan_file import build_run_plan
     from cocodiff.schedules import PlanOptions, RankGrid
-    from topology import Placement, build_topology
     from cocodiff.validate import predict_step_s
+    from topology import Placement, build_topology
 
     spec = model_spec(model)
     topology = build_topology(described)

@@ -197,6 +197,7 @@ def _validate(args: argparse.Namespace, launch) -> int:
     import torch
 
     from cocodiff.models import parse_resolution, spec_from_config
+    from cocodiff.runtime.faults import fault_from_env, install_faults
     from cocodiff.runtime.pipelines import load_pipeline, tiny_name_of
     from cocodiff.runtime.run import launched_grid
     from cocodiff.runtime.tiny import TINY_DEFAULTS, default_resolution
@@ -214,8 +215,10 @@ def _validate(args: argparse.Namespace, launch) -> int:
     from transports.registry import create_transport
 
     is_root = launch.rank == 0
+    fault = fault_from_env()  # COCODIFF_FAULT (tests): one rank misbehaves, as in `run`
     transport = create_transport(args.transport, timeout_s=args.timeout)
     try:
+        transport, step_fault = install_faults(fault, transport, launch.rank)
         _agree_on_arguments(transport, [*sys.argv[1:]])
         launched = launched_grid(transport)
         launched_shape = launched.shape if launched is not None else (1, launch.world_size, 1)
@@ -256,7 +259,16 @@ def _validate(args: argparse.Namespace, launch) -> int:
         measurements = Measurements()
         total = args.rounds * len(cases) * args.steps
         with _progress(is_root=is_root and not args.quiet, steps=total,
-                       label="validate") as advance:
+                       label="validate") as show_step:
+            steps_done = 0
+
+            def advance() -> None:
+                nonlocal steps_done
+                steps_done += 1
+                show_step()
+                if step_fault is not None:  # counts the steps of every run
+                    step_fault.after_step(steps_done)
+
             for round_index in range(args.rounds):
                 for case in round_order(cases, round_index):
                     if case.name in measurements.skipped:
@@ -266,7 +278,7 @@ def _validate(args: argparse.Namespace, launch) -> int:
                     except CocodiffError as error:  # refused alike on every rank
                         measurements.skipped[case.name] = str(error)
                         for _ in range(args.steps * (args.rounds - round_index)):
-                            advance()
+                            show_step()
                         continue
                     measurements.add(case, round_index, generation)
         if is_root:

@@ -7,6 +7,7 @@ never assert a time."""
 import json
 
 import pytest
+from jobwatch import watch_job
 from launching import launcher_prefix, needs_mpi, needs_torchrun, run_job
 
 from cocodiff.cli import main
@@ -91,6 +92,22 @@ def test_validate_measures_predicts_and_compares_every_schedule(launcher, tmp_pa
     assert report["exactness"]["passed"]
     assert {row["schedule"] for row in report["rows"] if row["exact_schedule"]} \
         == set(expected) - {"cocodiff"}
+
+
+@pytest.mark.multiprocess
+@needs_torchrun
+def test_a_rank_that_dies_mid_validation_stops_the_job(tmp_path):
+    report_path = tmp_path / "validate.json"
+    fault = "rank:1,point:step,count:3,action:kill"  # step 3: the second run's first
+    result = watch_job([*launcher_prefix("torchrun", 2), "-m", "cocodiff", "validate",
+                        "--steps", "2", "--rounds", "1", "--schedules", "flat,vfirst",
+                        "--no-reference", "--timeout", "10", "--json", str(report_path)],
+                       tmp_path, timeout_s=180, extra_env={"COCODIFF_FAULT": fault})
+    assert result.fault() is not None, result.output[-3000:]
+    assert not result.timed_out, f"job hung:\n{result.output[-3000:]}"
+    assert result.returncode != 0 and not result.leftovers, result.output[-3000:]
+    assert "cocodiff validate: rank 0:" in result.stderr, result.output[-3000:]
+    assert not report_path.exists()
 
 
 @pytest.mark.parametrize(("argv", "message"), [
