@@ -70,19 +70,27 @@ class SimBackend:
 
     def compute(self, step: Compute) -> SimHandle:
         duration_s = roofline_seconds(step.cost, self._tflops, self._memory_gbps)
-        self.compute_s += duration_s
         host = self.simulation.host
         if host is not None and host.compute_core_demand > 0:
-            # A CPU rank's compute: duration_s at its demand, shared with its host's tasks.
+            # A CPU rank's compute: duration_s at its demand, shared with its host's tasks;
+            # its compute time is what it took, sharing included.
             demand = host.compute_core_demand
-            return SimHandle(self.simulation.cpu_task(
-                self.transport.rank, duration_s * demand, demand,
-                self._track if self._record else None, step.op))
+            done = self.simulation.cpu_task(self.transport.rank, duration_s * demand, demand,
+                                            self._track if self._record else None, step.op)
+            start = self.simulation.now
+            done.callbacks.append(self._add_compute_since(start))
+            return SimHandle(done)
+        self.compute_s += duration_s
         if self._record:
             event = self.simulation.compute(self._tile, duration_s, self._track, step.op)
         else:
             event = self.simulation.env.timeout(duration_s)
         return SimHandle(event)
+
+    def _add_compute_since(self, start: float):
+        def add(_event) -> None:
+            self.compute_s += self.simulation.now - start
+        return add
 
     def blocked_on(self, handle: SimHandle) -> simpy.Event:
         """What the rank's process yields to wait for ``handle``: its event, or, on a host

@@ -55,6 +55,11 @@ def test_four_ranks_on_two_cores_take_twice_as_long_as_one() -> None:
     one = step_s(computing(1), HostSpec(cores=2))
     assert one == pytest.approx(COMPUTE_S, rel=1e-9)
     assert step_s(computing(4), HostSpec(cores=2)) == pytest.approx(2 * one, rel=1e-9)
+    # The time a rank computes is what its compute took, sharing included: no time is
+    # passed off as exposed communication.
+    result = simulate_plan(computing(4), machine(4, HostSpec(cores=2)), fold=False)
+    assert result.compute_s == pytest.approx(2 * COMPUTE_S, rel=1e-9)
+    assert result.comm_exposed_s == pytest.approx(0.0, abs=1e-12)
 
 
 def test_two_ranks_on_two_cores_take_as_long_as_one() -> None:
