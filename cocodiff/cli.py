@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cocodiff.calibrate import add_calibrate_arguments, calibrate_command
+from cocodiff.calibrate_command import add_calibrate_arguments, calibrate_command
 from cocodiff.doctor import add_doctor_arguments, doctor_command
 from cocodiff.errors import CocodiffError, one_line
 from cocodiff.plan_command import add_plan_arguments, plan_command
