@@ -16,14 +16,15 @@ its best predicted gain, as JSON that ``bench/emulated_speedup.py --configs`` ru
         --json results/regime_search.json --markdown docs/regime_search.md
 
 How a calibration made on one cluster stands for another (assumptions, written into the
-JSON; a topology with a ``[host]`` table, once the simulator models the host's cores,
-needs none of the compute scaling: ``--no-core-scaling``):
+JSON):
 
 * the inter-node link moves the same fraction of the tbf rate it moved in the
   calibration (gloo's pair exchange gets about half of it, bench/cluster/README.md), never
   more than the intra-node (loopback) link calibrated beside it;
-* the ranks share the same cores, so a rank's compute rate scales with calibrated ranks /
-  ranks (4 x 2 on the cores a 2 x 2 calibration shared: half the rate);
+* the ranks share the same cores: with a ``[host]`` table (calibrate writes one) the
+  simulator shares them itself (every rank on the one host, as the namespaces are);
+  without one, a rank's compute rate scales with calibrated ranks / ranks (4 x 2 on the
+  cores a 2 x 2 calibration shared: half the rate);
 * the compute rate calibrated on one model's real blocks holds for the other shapes (an
   extrapolation: small layers pay more dispatch per FLOP than large ones);
 * the collective model (per-transfer set-up, per span) is the calibration's.
@@ -106,7 +107,9 @@ def machine(calibration: Calibration, nodes: int, ranks_per_node: int, gbit: flo
     spec = calibration.spec
     intra = spec.gpu_link.bandwidth_gbps if spec.gpu_link is not None else float("inf")
     inter = min(calibration.link_fraction * gbit / 8 * TCP_PAYLOAD, intra)
-    scale = calibration.num_ranks / (nodes * ranks_per_node) if core_scaling else 1.0
+    # A topology with a host model shares the host's cores among its ranks itself.
+    scale = (calibration.num_ranks / (nodes * ranks_per_node)
+             if core_scaling and spec.host is None else 1.0)
     return dataclasses.replace(
         spec, num_nodes=nodes, gpus_per_node=ranks_per_node,
         gpu_link=spec.gpu_link if ranks_per_node > 1 else None,
@@ -195,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrated-gbit", type=float, required=True,
                         help="the inter-node tbf rate (Gbit/s) the calibrations ran at")
     parser.add_argument("--no-core-scaling", action="store_true",
-                        help="do not scale compute with the ranks sharing the cores (a "
-                        "topology whose host model already shares them)")
+                        help="without a [host] table: do not scale compute with the ranks "
+                        "sharing the cores")
     parser.add_argument("--top", type=int, default=20, help="rows printed (default 20)")
     parser.add_argument("--json", type=Path, default=REPO / "results" / "regime_search.json")
     parser.add_argument("--markdown", type=Path, default=None)
@@ -217,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                                        "inter_node_fraction_of_tbf": c.link_fraction,
                                        "collective": c.collective.to_json()}
                          for c in calibrations},
+        "host_model": {c.transport: dataclasses.asdict(c.spec.host) if c.spec.host else None
+                       for c in calibrations},
         "core_scaling": not args.no_core_scaling,
         "steps": STEPS,
         "gain_target": GAIN_TARGET,
