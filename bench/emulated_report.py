@@ -69,11 +69,13 @@ def _ratio(value: float | None) -> str:
 
 
 def text_table(config: dict[str, Any]) -> str:
-    """The terminal table of one configuration."""
+    """The terminal table of one configuration (the matrix-product rate's columns where
+    the report has them)."""
+    both = any("predicted_matmul_rate_step_s" in row for row in config["summary"].values())
     lines = [f"{config_label(config)}:",
              f"{'schedule':>10} {'measured':>10} {'(min-max)':>17} {'/flat':>6} "
-             f"{'/diffusers':>10} {'predicted':>10} {'error':>7} {'matmul-rate':>11} "
-             f"{'error':>7}"]
+             f"{'/diffusers':>10} {'predicted':>10} {'error':>7}"
+             + (f" {'matmul-rate':>11} {'error':>7}" if both else "")]
     for name, row in config["summary"].items():
         predicted = row.get("predicted_step_s")
         error = row.get("error")
@@ -83,9 +85,9 @@ def text_table(config: dict[str, Any]) -> str:
             f"{_ratio(row.get('measured_speedup_over_flat')):>6} "
             f"{_ratio(row.get('measured_speedup_over_diffusers')):>10} "
             f"{'-' if predicted is None else f'{predicted * 1e3:8.1f}ms':>10} "
-            f"{'-' if error is None else f'{error:+7.0%}':>7} "
-            f"{_ms(row.get('predicted_matmul_rate_step_s')):>11} "
-            f"{_pct(row.get('error_matmul_rate')):>7}"
+            f"{'-' if error is None else f'{error:+7.0%}':>7}"
+            + (f" {_ms(row.get('predicted_matmul_rate_step_s')):>11} "
+               f"{_pct(row.get('error_matmul_rate')):>7}" if both else "")
         )
     return "\n".join(lines)
 

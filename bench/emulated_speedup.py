@@ -372,7 +372,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}")
     if args.markdown is not None:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(markdown_table(report) + "\n\n" + overall_text(report) + "\n")
+        args.markdown.write_text(markdown_table(report) + "\n\n" + picks_table(report)
+                                 + "\n\n" + overall_text(report) + "\n")
         print(f"wrote {args.markdown}")
     print(f"wrote {args.json} in {report['wall_s']:.0f} s (work files in {work})")
     return 0
@@ -391,6 +392,24 @@ def overall(configs: list[dict[str, Any]]) -> dict[str, Any]:
             "within_15pct": sum(e <= 0.15 for e in errors) / len(errors) if errors else None,
             "within_20pct": sum(e <= 0.20 for e in errors) / len(errors) if errors else None,
             "pick_within_5pct": f"{sum(bool(p) for p in picks)} of {len(picks)}"}
+
+
+def picks_table(report: dict[str, Any]) -> str:
+    """Per configuration: the planner's pick against the measured best."""
+    lines = ["| cluster | planner's pick (predicted, measured) | measured best | pick slower by |",
+             "|---|---|---|---|"]
+    for config in report["configs"]:
+        validated = config["validate"]
+        pick, best = validated.get("planner_pick"), validated.get("measured_best")
+        if pick is None or best is None:
+            continue
+        lines.append(
+            f"| {config['label']} | `{pick['schedule']}` {pick['layout']} "
+            f"({pick['predicted_step_s'] * 1e3:.1f} ms, {pick['measured_step_s'] * 1e3:.1f} ms)"
+            f" | `{best['schedule']}` {best['layout']} ({best['measured_step_s'] * 1e3:.1f} ms)"
+            f" | {validated['pick_slower_than_best']:+.1%}"
+            f"{'' if validated['pick_within_5pct'] else ' (not within 5%)'} |")
+    return "\n".join(lines)
 
 
 def overall_text(report: dict[str, Any]) -> str:
