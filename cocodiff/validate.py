@@ -35,7 +35,6 @@ PROMPT = "a lighthouse on a cliff at dawn"  # cocodiff run's default
 PLAN_OF = {"diffusers": "flat"}
 EXACT_ATOL = 1e-5
 PICK_TOLERANCE = 0.05  # the planner's pick counts as right within 5% of the measured best
-RING_INNER_ORDER = ("batch", "ulysses", "ring")
 T = TypeVar("T")
 _LAYOUT_NAME = re.compile(r"U(\d+)xR(\d+)xB(\d+)(/ring-inner)?")
 
@@ -67,6 +66,8 @@ def parse_layout_name(text: str) -> ParallelLayout:
     Raises:
         CocodiffError: not such a name.
     """
+    from cocodiff.plan_command import RING_INNER_ORDER
+
     match = _LAYOUT_NAME.fullmatch(text)
     if match is None:
         raise CocodiffError(f"not a layout name (pure, or U4xR2xB1[/ring-inner]): {text!r}")
