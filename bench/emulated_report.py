@@ -19,6 +19,8 @@ from typing import Any
 
 
 def config_label(config: dict[str, Any]) -> str:
+    if "label" in config:  # the configuration's model and transport vary
+        return config["label"]
     cluster = config["cluster"]
     return (f"{cluster['num_nodes']} x {cluster['ranks_per_node']} @ "
             f"{cluster['inter_gbit']:g} Gbit/s")
@@ -67,11 +69,13 @@ def _ratio(value: float | None) -> str:
 
 
 def text_table(config: dict[str, Any]) -> str:
-    """The terminal table of one configuration."""
+    """The terminal table of one configuration (the matrix-product rate's columns where
+    the report has them)."""
+    both = any("predicted_matmul_rate_step_s" in row for row in config["summary"].values())
     lines = [f"{config_label(config)}:",
              f"{'schedule':>10} {'measured':>10} {'(min-max)':>17} {'/flat':>6} "
-             f"{'/diffusers':>10} {'predicted':>10} {'error':>7} {'matmul-rate':>11} "
-             f"{'error':>7}"]
+             f"{'/diffusers':>10} {'predicted':>10} {'error':>7}"
+             + (f" {'matmul-rate':>11} {'error':>7}" if both else "")]
     for name, row in config["summary"].items():
         predicted = row.get("predicted_step_s")
         error = row.get("error")
@@ -81,9 +85,9 @@ def text_table(config: dict[str, Any]) -> str:
             f"{_ratio(row.get('measured_speedup_over_flat')):>6} "
             f"{_ratio(row.get('measured_speedup_over_diffusers')):>10} "
             f"{'-' if predicted is None else f'{predicted * 1e3:8.1f}ms':>10} "
-            f"{'-' if error is None else f'{error:+7.0%}':>7} "
-            f"{_ms(row.get('predicted_matmul_rate_step_s')):>11} "
-            f"{_pct(row.get('error_matmul_rate')):>7}"
+            f"{'-' if error is None else f'{error:+7.0%}':>7}"
+            + (f" {_ms(row.get('predicted_matmul_rate_step_s')):>11} "
+               f"{_pct(row.get('error_matmul_rate')):>7}" if both else "")
         )
     return "\n".join(lines)
 
@@ -97,8 +101,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     configs = report["configs"]
-    fig, axes = plt.subplots(1, len(configs), figsize=(3.6 * len(configs), 3.6), squeeze=False)
-    for ax, config in zip(axes[0], configs, strict=True):
+    columns = min(4, len(configs))
+    rows_of_panels = -(-len(configs) // columns)
+    fig, axes = plt.subplots(rows_of_panels, columns, figsize=(3.6 * columns,
+                                                               3.6 * rows_of_panels),
+                             squeeze=False)
+    for ax in axes.flat[len(configs):]:
+        ax.set_visible(False)
+    for ax, config in zip(axes.flat, configs, strict=False):  # spare panels hidden
         names = list(config["summary"])
         rows = [config["summary"][name] for name in names]
         measured = [row["measured_step_s"] * 1e3 for row in rows]
@@ -122,10 +132,15 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_title(config_label(config), fontsize=9)
         ax.set_ylabel("step time (ms)")
     axes[0][0].legend(fontsize=8)
-    model = report["model"]
-    fig.suptitle(f"{model['name']}: {model['tokens']} tokens, hidden {model['hidden_size']}, "
-                 f"{model['num_layers']} layers, {model['dtype']} (emulated cluster, gloo)",
-                 fontsize=10)
+    model = report.get("model")
+    if model is not None:  # one model for every configuration (earlier reports)
+        fig.suptitle(f"{model['name']}: {model['tokens']} tokens, hidden "
+                     f"{model['hidden_size']}, {model['num_layers']} layers, {model['dtype']} "
+                     "(emulated cluster, gloo)", fontsize=10)
+    else:
+        fig.suptitle("measured (bars) and predicted (markers) step times on the emulated "
+                     "cluster; label: nodes x ranks @ Gbit/s, transport, hidden, layers, "
+                     "resolution", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -1,34 +1,38 @@
 """Measured step times of Ulysses schedules and of diffusers' own context parallelism on an
-emulated cluster, next to the simulator's prediction for each from a calibrated topology.
+emulated cluster, next to the simulator's prediction for each from a calibrated topology:
+a thin loop over ``cocodiff validate`` runs.
 
-1. Enlarge a built-in tiny model so that communication matters (more heads, more layers,
-   more tokens; same family, same text encoders and VAE), and save it as a diffusers
-   directory that ``cocodiff run --model DIR`` loads. Run it once in one process in
-   float32: the reference latents.
-2. For each configuration (``--configs``: nodes x ranks per node @ inter-node Gbit/s),
-   build the emulated cluster (``bench.cluster``: nodes = network namespaces, inter-node
-   links shaped with ``tc``) and run ``cocodiff calibrate`` across it at the enlarged
-   model's shapes: the calibrated topology TOML and collective model.
-3. Run every schedule (``flat``, ``tapa``, ``vfirst``, ``cocodiff`` and ``diffusers``, i.e.
-   ``ContextParallelConfig(ulysses_degree=P)`` on the same model, weights and inputs)
-   ``--repeats`` rounds, interleaved, the order rotated every round, in one launch across
-   the cluster (``bench/emulated_session.py``); every step time is recorded, the first
-   step of each run left out (it builds plans and warms caches).
-4. Check that the exact schedules' final latents (round 1, float32) equal the
-   single-process reference within 1e-5; with ``--dtype bfloat16`` a second, float32
-   session of the exact schedules does the check.
-5. Simulate each schedule's plans (diffusers: the flat plan, which is what it does) on the
-   calibrated topology with the calibrated collective model, and report each predicted
-   step time and its error against the measured median.
+For each configuration (nodes x ranks per node, inter-node tbf rate, transport, model
+shape):
 
-Writes JSON (default ``results/emulated_speedup.json``), prints a table per configuration,
-and with ``--plot`` draws measured against predicted step times
-(``bench/emulated_report.py`` prints the README's table from the JSON).
+1. enlarge a built-in tiny model (more heads, channels, layers, tokens; same family, text
+   encoders and VAE) and save it as a diffusers directory (once per shape);
+2. build the emulated cluster (``bench.cluster``: nodes = network namespaces, inter-node
+   links shaped with ``tc``) and run ``cocodiff calibrate`` across it at the model's
+   shapes: the calibrated topology TOML and its collective model (JSON beside it);
+3. run ``cocodiff validate`` across it on that topology: every schedule (``flat``,
+   ``tapa``, ``vfirst``, ``cocodiff`` and ``diffusers``) ``--repeats`` rounds,
+   interleaved, the order rotated every round, the first step of each run left out; the
+   plans that ran simulated on the calibrated topology; the exact schedules' final
+   latents (float32) checked against one single-process run.
 
-    python bench/emulated_speedup.py --plot docs/emulated_speedup.png     # ~15-20 min
+Writes JSON (default ``results/emulated_speedup.json``: every configuration with
+validate's report), prints a table per configuration, and with ``--plot`` /
+``--markdown`` draws measured against predicted step times and writes the table
+(``bench/emulated_report.py`` does both from the JSON).
+
+    python bench/emulated_speedup.py --plot docs/emulated_speedup.png \\
+        --markdown docs/emulated_speedup.md                     # the default 8 configurations
+    python bench/emulated_speedup.py --configs results/regime_search.json --top 6
     python bench/emulated_speedup.py --configs 2x2@1 --repeats 1 --steps 2 \\
         --quick-calibration --heads 4 --head-dim 16 --layers 1 --single-layers 1 \\
         --resolution 128                                                 # ~2 min smoke
+
+``--configs`` takes ``NODESxRANKS@GBIT[,...]`` (the model and transport from the flags) or
+a JSON file: a list of configurations, or ``{"configs": [...]}`` as
+``bench/regime_search.py`` writes it, each ``{"nodes", "ranks_per_node", "gbit",
+"transport", "model": {"heads", "head_dim", "layers", "single_layers", "resolution"}}``
+(``transport`` and ``model`` optional).
 
 Needs root (network namespaces, tc).
 """
@@ -38,7 +42,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,9 +55,7 @@ if str(REPO) not in sys.path:  # run as a script: make `bench` importable
 
 from bench.cluster import ClusterError, ClusterSpec, EmulatedCluster  # noqa: E402
 from bench.cluster.jobs import JobFailed, run_job  # noqa: E402
-from bench.emulated_report import plot, text_table  # noqa: E402
-from cocodiff.schedules.registry import BASELINE  # noqa: E402
-from cocodiff.schedules.registry import EXACT as PLAN_EXACT  # noqa: E402
+from bench.emulated_report import markdown_table, plot, text_table  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -143,36 +144,62 @@ def model_spec(directory: Path, model: EnlargedModel):
     return dataclasses.replace(spec, name=f"{model.base}-enlarged", text_tokens=text)
 
 
-# Schedules the simulator predicts with another schedule's plan: diffusers' context
-# parallelism is flat Ulysses (Q's, K's and V's all-to-alls over all ranks, each waited
-# before the next starts, then the output's), exactly our flat plan.
-PLAN_OF = {"diffusers": BASELINE}
-# Schedules whose output must equal single-process diffusers (float32, atol 1e-5).
-EXACT = (*PLAN_EXACT, "diffusers")
-EXACT_ATOL = 1e-5
-DEFAULT_CONFIGS = "2x2@1,2x2@5,4x2@1,4x2@5"
 DEFAULT_SCHEDULES = "flat,tapa,vfirst,cocodiff,diffusers"
+TRANSPORTS = ("torch", "mpi")
+# A small model (where each exchange's fixed cost dominates) and an enlarged one (more
+# compute and bytes per exchange).
+SMALL = EnlargedModel(heads=8, head_dim=16, layers=1, single_layers=1, resolution=256)
+ENLARGED = EnlargedModel(heads=8, head_dim=32, layers=2, single_layers=4, resolution=512)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Config:
-    """One emulated cluster: ``nodes`` x ``ranks_per_node`` ranks, inter-node ``gbit``."""
+    """One emulated cluster and what runs on it.
+
+    Attributes:
+        nodes: network namespaces.
+        ranks_per_node: ranks in each.
+        gbit: the inter-node tbf rate, Gbit/s.
+        transport: ``torch`` (gloo) or ``mpi``.
+        model: how the tiny model is enlarged.
+    """
 
     nodes: int
     ranks_per_node: int
     gbit: float
+    transport: str = "torch"
+    model: EnlargedModel = EnlargedModel()
 
     @property
     def label(self) -> str:
-        return f"{self.nodes}x{self.ranks_per_node}@{self.gbit:g}"
+        m = self.model
+        return (f"{self.nodes}x{self.ranks_per_node}@{self.gbit:g} {self.transport} "
+                f"h{m.hidden_size}l{m.layers + m.single_layers}r{m.resolution}")
 
     @property
     def layout(self) -> str:
         return f"{self.nodes}x{self.ranks_per_node}x1"
 
+    def to_json(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node, "gbit": self.gbit,
+                "transport": self.transport, "model": dataclasses.asdict(self.model)}
 
-def parse_configs(text: str) -> list[Config]:
-    """``NODESxRANKS@GBIT[,...]`` -> configurations (e.g. ``2x2@1,4x2@5``)."""
+
+# 2 x 2 and 4 x 2; a bandwidth-bound link (0.2 Gbit/s) and one where the CPU bounds the
+# exchanges (5 Gbit/s: loopback TCP itself moves ~5.4 here); a small and an enlarged
+# model: 8 configurations x 5 schedules = 40 rows.
+DEFAULT_CONFIGS = tuple(
+    Config(nodes, ranks, gbit, "torch", model)
+    for nodes, ranks in ((2, 2), (4, 2)) for gbit in (0.2, 5.0) for model in (SMALL, ENLARGED)
+)
+
+
+def parse_configs(text: str, model: EnlargedModel = EnlargedModel(),
+                  transport: str = "torch") -> list[Config]:
+    """``NODESxRANKS@GBIT[,...]`` (e.g. ``2x2@1,4x2@5``), or a JSON file of configurations
+    (see the module docstring) -> configurations."""
+    if text.endswith(".json"):
+        return load_configs(Path(text))
     configs = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         shape, at, gbit = item.partition("@")
@@ -185,45 +212,36 @@ def parse_configs(text: str) -> list[Config]:
             rate = 0.0
         if not at or len(parts) != 2 or nodes < 1 or ranks < 1 or not rate > 0:
             raise ValueError(f"--configs item {item!r} is not NODESxRANKS@GBIT (e.g. 2x2@1)")
-        configs.append(Config(nodes, ranks, rate))
+        configs.append(Config(nodes, ranks, rate, transport, model))
     if not configs:
         raise ValueError("--configs names no configuration")
     return configs
 
 
-def predict(schedules: list[str], spec, resolution: int, topology_path: Path, steps: int,
-            dtype: str, collective, tile_tflops: float | None = None
-            ) -> dict[str, dict[str, Any]]:
-    """Simulated step time of each schedule on the calibrated topology, averaged over the
-    steps that are measured (all but the first); ``tile_tflops`` replaces the topology's
-    compute rate (e.g. calibrate's matrix-product rate, to compare with the real blocks')."""
-    from cocodiff.schedules import PlanOptions, RankGrid, plan_for_step
-    from cocodiff.simulate import simulate_plan
-    from topology import Placement, build_topology, load_topology
-
-    described = load_topology(topology_path)
-    if tile_tflops is not None:
-        described = dataclasses.replace(described, tile_tflops=tile_tflops)
-    topology = build_topology(described)
-    placement = Placement.node_major(topology)
-    grid = RankGrid.from_placement(topology, placement)
-    streams = (spec.image_tokens(resolution, resolution), spec.text_tokens)
-    out = {}
-    for name in schedules:
-        plan_name = PLAN_OF.get(name, name)
-        results = [
-            simulate_plan(plan_for_step(plan_name, spec, grid, streams,
-                                        PlanOptions(dtype=dtype), step, steps),
-                          topology, placement, collective=collective)
-            for step in range(1, steps)
-        ]
-        out[name] = {
-            "predicted_with_plan": plan_name,
-            "predicted_step_s": statistics.fmean(r.step_time_s for r in results),
-            "predicted_compute_s": statistics.fmean(r.compute_s for r in results),
-            "predicted_comm_exposed_s": statistics.fmean(r.comm_exposed_s for r in results),
-        }
-    return out
+def load_configs(path: Path) -> list[Config]:
+    """Configurations from a JSON file (a list, or ``{"configs": [...]}``)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--configs {path}: {error}") from None
+    items = data.get("configs") if isinstance(data, dict) else data
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"--configs {path}: no list of configurations")
+    configs = []
+    for index, item in enumerate(items):
+        try:
+            model = EnlargedModel(**{key: item["model"][key] for key in
+                                     ("heads", "head_dim", "layers", "single_layers",
+                                      "resolution")}) if "model" in item else EnlargedModel()
+            config = Config(int(item["nodes"]), int(item["ranks_per_node"]),
+                            float(item["gbit"]), item.get("transport", "torch"), model)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"--configs {path}: configuration {index}: {error!r}") from None
+        if config.transport not in TRANSPORTS or min(config.nodes, config.ranks_per_node) < 1 \
+                or not config.gbit > 0:
+            raise ValueError(f"--configs {path}: configuration {index} is not valid: {item}")
+        configs.append(config)
+    return configs
 
 
 def collective_model(calibration_json: Path):
@@ -239,9 +257,13 @@ def collective_model(calibration_json: Path):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default=DEFAULT_CONFIGS,
-                        help="clusters to measure, NODESxRANKS@GBIT comma-separated "
-                        f"(default {DEFAULT_CONFIGS})")
+    parser.add_argument("--configs", default=None,
+                        help="NODESxRANKS@GBIT comma-separated (model and transport from the "
+                        "flags), or a JSON file of configurations (e.g. bench/regime_search.py's"
+                        "); default: 2x2 and 4x2 at 0.2 and 5 Gbit/s, a small and an enlarged "
+                        "model, gloo (8 configurations)")
+    parser.add_argument("--top", type=int, default=None,
+                        help="with a JSON --configs: only its first N configurations")
     parser.add_argument("--delay-ms", type=float, default=0.0,
                         help="inter-node one-way delay (needs netem; default 0)")
     parser.add_argument("--schedules", default=DEFAULT_SCHEDULES,
@@ -251,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=6,
                         help="denoising steps per run; the first is not counted (default 6)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="(default float32; the equality check always runs in float32)")
+                        help="(default float32; the equality check runs in float32 only)")
+    parser.add_argument("--transport", default="torch", choices=TRANSPORTS,
+                        help="for NODESxRANKS@GBIT configurations (default torch)")
     parser.add_argument("--base", default="tiny-flux", choices=sorted(ENLARGERS))
     add_model_arguments(parser)
     parser.add_argument("--quick-calibration", action="store_true",
@@ -259,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="per job, seconds")
     parser.add_argument("--json", type=Path, default=REPO / "results" / "emulated_speedup.json")
     parser.add_argument("--plot", type=Path, default=None, help="write the plot (PNG) here")
+    parser.add_argument("--markdown", type=Path, default=None,
+                        help="write the Markdown table here")
     return run_reporting_failures("emulated_speedup", _run, parser.parse_args(argv))
 
 
@@ -286,86 +312,113 @@ def run_reporting_failures(prog: str, run, args: argparse.Namespace) -> int:
 
 
 def _check_schedules(text: str) -> list[str]:
-    from cocodiff.runtime.baseline import BASELINES
-    from cocodiff.schedules import get_schedule
+    from cocodiff.errors import CocodiffError
+    from cocodiff.validate import parse_schedules
 
-    schedules = [name.strip() for name in text.split(",") if name.strip()]
-    if not schedules:
-        raise ValueError("--schedules names no schedule")
-    for name in schedules:
-        if name not in BASELINES:
-            try:
-                get_schedule(name)
-            except ValueError as error:
-                raise ValueError(f"{error}, or a baseline: {', '.join(BASELINES)}") from None
-    if len(set(schedules)) != len(schedules):
-        raise ValueError(f"--schedules repeats a schedule: {text}")
-    return schedules
+    try:
+        return parse_schedules(text)
+    except CocodiffError as error:
+        raise ValueError(str(error)) from None
+
+
+def _configs(args: argparse.Namespace) -> list[Config]:
+    if args.configs is None:
+        configs = list(DEFAULT_CONFIGS)
+    else:
+        model = EnlargedModel(args.base, args.heads, args.head_dim, args.layers,
+                              args.single_layers, args.resolution)
+        configs = parse_configs(args.configs, model, args.transport)
+    return configs[:args.top] if args.top is not None else configs
 
 
 def _run(args: argparse.Namespace) -> int:
     schedules = _check_schedules(args.schedules)
-    configs = parse_configs(args.configs)
+    configs = _configs(args)
     if args.steps < 2:
         raise ValueError(f"--steps must be at least 2 (the first is not counted), got {args.steps}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     began = time.monotonic()
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    model = EnlargedModel(args.base, args.heads, args.head_dim, args.layers, args.single_layers,
-                          args.resolution)
     work = Path(tempfile.mkdtemp(prefix="cocodiff-emulated-speedup-"))
-    model_dir = export_enlarged(model, work / "model")
-    spec = model_spec(model_dir, model)
-    tokens = spec.sequence_tokens(args.resolution, args.resolution)
-    image_tokens = spec.image_tokens(args.resolution, args.resolution)
-    print(f"model: {spec.name}, {tokens} tokens ({image_tokens} image + {spec.text_tokens} "
-          f"text at {args.resolution}px), hidden {spec.hidden_size} "
-          f"({spec.num_heads} heads x {spec.head_dim}), {spec.num_layers} layers "
-          f"({model.layers} double + {model.single_layers} single), {args.dtype}", flush=True)
-    common = ["--model", str(model_dir), "--resolution", str(args.resolution)]
-    # The equality check: every exact schedule's final latents against one single-process
-    # run, in float32. With --dtype float32 the timed runs of round 1 are those runs.
-    check_steps = args.steps if args.dtype == "float32" else 2
-    reference = work / "reference.pt"
-    subprocess.run([sys.executable, "-m", "cocodiff", "run", *common, "--steps",
-                    str(check_steps), "--dtype", "float32", "--quiet",
-                    # the sessions save run_pipeline's latents as they are (unpacked)
-                    "--latents-format", "unpacked", "--save-latents", str(reference)],
-                   check=True, env=_single_process_env(), cwd=REPO,
-                   stdin=subprocess.DEVNULL, timeout=args.timeout)
+    model_dirs: dict[EnlargedModel, Path] = {}
     report_configs = []
     notes: list[str] = []
-    for config in configs:
-        report_configs.append(_measure_config(args, config, schedules, model_dir, spec, common,
-                                              work, reference, check_steps, notes))
+    for index, config in enumerate(configs):
+        if config.model not in model_dirs:
+            model_dirs[config.model] = export_enlarged(config.model,
+                                                       work / f"model-{len(model_dirs)}")
+        report_configs.append(_measure_config(args, config, schedules,
+                                              model_dirs[config.model], work / f"c{index}",
+                                              notes))
     report = {
-        "model": {**dataclasses.asdict(model), "name": spec.name,
-                  "hidden_size": spec.hidden_size, "num_heads": spec.num_heads,
-                  "num_layers": spec.num_layers, "tokens": tokens, "image_tokens": image_tokens,
-                  "text_tokens": spec.text_tokens, "dtype": args.dtype},
-        "transport": "torch (gloo)",
         "steps": args.steps,
         "repeats": args.repeats,
+        "dtype": args.dtype,
         "schedules": schedules,
         "configs": report_configs,
         "notes": notes,
         "wall_s": time.monotonic() - began,
     }
+    report.update(overall(report_configs))
     args.json.write_text(json.dumps(report, indent=2))
     for config in report_configs:
         print(text_table(config))
-        equality = config["equality"]
-        print(f"  equality ({equality['dtype']}, atol {EXACT_ATOL:g}): " + ", ".join(
-            f"{name} {diff:.1e}" for name, diff in equality["max_abs_diff"].items())
-              + f" -> {'passed' if equality['passed'] else 'FAILED'}")
     for note in notes:
         print(f"note: {note}")
+    print(overall_text(report))
     if args.plot is not None:
         plot(report, args.plot)
         print(f"wrote {args.plot}")
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown_table(report) + "\n\n" + picks_table(report)
+                                 + "\n\n" + overall_text(report) + "\n")
+        print(f"wrote {args.markdown}")
     print(f"wrote {args.json} in {report['wall_s']:.0f} s (work files in {work})")
     return 0
+
+
+def overall(configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over every configuration: median |error|, the fraction of rows within 15% and 20%,
+    and in how many configurations the planner's pick was within 5% of the measured best."""
+    import statistics
+
+    errors = [abs(row["error"]) for config in configs for row in config["summary"].values()
+              if row.get("error") is not None]
+    picks = [config["validate"].get("pick_within_5pct") for config in configs]
+    return {"rows": len(errors),
+            "median_abs_error": statistics.median(errors) if errors else None,
+            "within_15pct": sum(e <= 0.15 for e in errors) / len(errors) if errors else None,
+            "within_20pct": sum(e <= 0.20 for e in errors) / len(errors) if errors else None,
+            "pick_within_5pct": f"{sum(bool(p) for p in picks)} of {len(picks)}"}
+
+
+def picks_table(report: dict[str, Any]) -> str:
+    """Per configuration: the planner's pick against the measured best."""
+    lines = ["| cluster | planner's pick (predicted, measured) | measured best | pick slower by |",
+             "|---|---|---|---|"]
+    for config in report["configs"]:
+        validated = config["validate"]
+        pick, best = validated.get("planner_pick"), validated.get("measured_best")
+        if pick is None or best is None:
+            continue
+        lines.append(
+            f"| {config['label']} | `{pick['schedule']}` {pick['layout']} "
+            f"({pick['predicted_step_s'] * 1e3:.1f} ms, {pick['measured_step_s'] * 1e3:.1f} ms)"
+            f" | `{best['schedule']}` {best['layout']} ({best['measured_step_s'] * 1e3:.1f} ms)"
+            f" | {validated['pick_slower_than_best']:+.1%}"
+            f"{'' if validated['pick_within_5pct'] else ' (not within 5%)'} |")
+    return "\n".join(lines)
+
+
+def overall_text(report: dict[str, Any]) -> str:
+    if not report["rows"]:
+        return "no predicted rows"
+    return (f"{report['rows']} rows: median |error| {report['median_abs_error']:.1%}, "
+            f"{report['within_15pct']:.0%} within 15%, {report['within_20pct']:.0%} within "
+            f"20%; the planner's pick within 5% of the measured best in "
+            f"{report['pick_within_5pct']} configurations")
 
 
 def _single_process_env() -> dict[str, str]:
@@ -379,93 +432,68 @@ def _single_process_env() -> dict[str, str]:
     return env
 
 
-def _measure_config(args, config: Config, schedules: list[str], model_dir: Path, spec,
-                    common: list[str], work: Path, reference: Path, check_steps: int,
+def _measure_config(args, config: Config, schedules: list[str], model_dir: Path, here: Path,
                     notes: list[str]) -> dict[str, Any]:
-    """Calibrate one cluster, run every schedule ``--repeats`` times interleaved, check the
-    exact schedules' outputs and predict every step time."""
+    """Calibrate one cluster, then ``cocodiff validate`` across it; its report, and the
+    rows keyed by schedule (``schedule@layout`` off pure Ulysses) with speedups."""
     cluster_spec = ClusterSpec(config.nodes, config.ranks_per_node, config.gbit, args.delay_ms)
-    here = work / config.label
-    here.mkdir()
+    here.mkdir(parents=True)
+    common = ["--model", str(model_dir), "--resolution", str(config.model.resolution)]
     print(f"{config.label}: {config.nodes} nodes x {config.ranks_per_node} ranks, "
-          f"inter-node {config.gbit:g} Gbit/s", flush=True)
+          f"inter-node {config.gbit:g} Gbit/s, {config.transport}", flush=True)
+    calibration = here / "calibrated.toml"
+    validated = here / "validate.json"
     with EmulatedCluster(cluster_spec) as cluster:
-        cluster.write_topology(here / "emulated.toml")
-        calibration = here / "calibrated.toml"
         started = time.monotonic()
         calibrate_job(cluster, [*common, "--dtype", args.dtype,
                                 *(["--quick"] if args.quick_calibration else [])],
-                      calibration, args.timeout, here, notes, config.label)
+                      calibration, args.timeout, here, notes, config.label, config.transport)
         print(f"  calibrated in {time.monotonic() - started:.0f} s", flush=True)
-
-        session = _run_session(args, cluster, config, schedules, model_dir, here / "session",
-                               args.dtype, args.steps, args.repeats)
-        if args.dtype != "float32":  # the equality check runs in float32
-            exact = [name for name in schedules if name in EXACT]
-            check = _run_session(args, cluster, config, exact, model_dir, here / "check",
-                                 "float32", check_steps, 1)
-            session["latents"] = check["latents"]
-    runs = []
-    for run in session["runs"]:
-        counted = run["step_times_s"][1:]
-        runs.append({**run, "median_step_s": statistics.median(counted)})
-    skipped = session["skipped"]
-    for name, message in skipped.items():
+        started = time.monotonic()
+        run_job(cluster, [sys.executable, "-m", "cocodiff", "validate", *common,
+                          "--topology", str(calibration), "--steps", str(args.steps),
+                          "--rounds", str(args.repeats), "--schedules", ",".join(schedules),
+                          "--transport", config.transport, "--dtype", args.dtype,
+                          "--timeout", str(args.timeout), "--quiet", "--json", str(validated)],
+                config.transport, timeout_s=args.timeout, log_dir=here / "validate-logs")
+        print(f"  validated in {time.monotonic() - started:.0f} s", flush=True)
+    report = json.loads(validated.read_text())
+    for name, message in report["skipped"].items():
         notes.append(f"{name} skipped on {config.label}: the runtime refused it ({message})")
-    latents = session["latents"]
-    measured_schedules = [name for name in schedules if name not in skipped]
-    equality = _equality(reference, latents)
-    collective = collective_model(calibration.with_suffix(".json"))
-    predicted = predict(measured_schedules, spec, args.resolution, calibration, args.steps,
-                        args.dtype, collective)
-    # calibrate writes the real blocks' effective rate when it timed them; the matrix
-    # products' rate (what it wrote before) is predicted beside it.
-    measured_compute = (_read_json(calibration.with_suffix(".json")) or {}).get("compute", {})
-    matmul = None
-    if measured_compute.get("block"):
-        matmul = predict(measured_schedules, spec, args.resolution, calibration, args.steps,
-                         args.dtype, collective, tile_tflops=measured_compute["tflops"])
-    summary: dict[str, dict[str, Any]] = {}
-    for name in measured_schedules:
-        medians = [r["median_step_s"] for r in runs if r["schedule"] == name]
-        measured = statistics.median(medians)
-        summary[name] = {"measured_step_s": measured, "min_step_s": min(medians),
-                         "max_step_s": max(medians), **predicted[name],
-                         "error": predicted[name]["predicted_step_s"] / measured - 1}
-        if matmul is not None:
-            summary[name]["predicted_matmul_rate_step_s"] = matmul[name]["predicted_step_s"]
-            summary[name]["error_matmul_rate"] = (matmul[name]["predicted_step_s"] / measured
-                                                  - 1)
-    for base in (BASELINE, "diffusers"):
+    summary = {(row["schedule"] if row["layout"] == "pure"
+                else f"{row['schedule']}@{row['layout']}"): dict(row) for row in report["rows"]}
+    for base in ("flat", "diffusers"):
         if base in summary:
             for row in summary.values():
                 row[f"measured_speedup_over_{base}"] = (summary[base]["measured_step_s"]
                                                         / row["measured_step_s"])
-                row[f"predicted_speedup_over_{base}"] = (summary[base]["predicted_step_s"]
-                                                         / row["predicted_step_s"])
+                if row.get("predicted_step_s") and summary[base].get("predicted_step_s"):
+                    row[f"predicted_speedup_over_{base}"] = (
+                        summary[base]["predicted_step_s"] / row["predicted_step_s"])
     return {
         "cluster": {**dataclasses.asdict(cluster_spec), "layout": config.layout},
+        "config": config.to_json(),
+        "label": config.label,
         "calibration": {"topology": calibration.read_text(),
-                        "collective": dataclasses.asdict(collective),
                         "measured": _read_json(calibration.with_suffix(".json"))},
-        "runs": runs,
-        "skipped": skipped,
-        "equality": equality,
+        "validate": report,
         "summary": summary,
+        "equality": report["exactness"],
     }
 
 
 def calibrate_job(cluster, options: list[str], calibration: Path, timeout_s: float,
-                  here: Path, notes: list[str], label: str, attempts: int = 2) -> None:
+                  here: Path, notes: list[str], label: str, transport: str = "torch",
+                  attempts: int = 2) -> None:
     """``cocodiff calibrate`` across the cluster, tried again once if a rank dies (a
     rank of gloo was seen aborting at exit, "terminate called without an active
     exception", after the outputs were written); each failure is kept in ``notes``."""
     for attempt in range(1, attempts + 1):
         try:
             run_job(cluster, [sys.executable, "-m", "cocodiff", "calibrate", *options,
-                              "--transport", "torch", "--output", str(calibration),
+                              "--transport", transport, "--output", str(calibration),
                               "--json", str(calibration.with_suffix(".json"))],
-                    "torch", timeout_s=timeout_s, log_dir=here / f"calibrate-logs-{attempt}")
+                    transport, timeout_s=timeout_s, log_dir=here / f"calibrate-logs-{attempt}")
             return
         except JobFailed as error:
             if attempt == attempts:
@@ -475,45 +503,8 @@ def calibrate_job(cluster, options: list[str], calibration: Path, timeout_s: flo
             print(f"  calibrate failed ({error}); again", flush=True)
 
 
-def _run_session(args, cluster, config: Config, schedules: list[str], model_dir: Path,
-                 out: Path, dtype: str, steps: int, repeats: int) -> dict[str, Any]:
-    """Run every schedule ``repeats`` rounds in one launch (``bench/emulated_session.py``);
-    its runs, skipped schedules and saved latents."""
-    out.mkdir()
-    started = time.monotonic()
-    result = run_job(
-        cluster,
-        [sys.executable, str(REPO / "bench" / "emulated_session.py"), str(model_dir),
-         str(args.resolution), str(steps), config.layout, dtype, str(repeats),
-         ",".join(schedules), str(out)],
-        "torch", timeout_s=args.timeout, log_dir=out / "logs",
-    )
-    for line in result.output(0).splitlines():
-        print(f"  {line}", flush=True)
-    print(f"  session ({dtype}, {repeats} round(s)) in {time.monotonic() - started:.0f} s",
-          flush=True)
-    session = json.loads((out / "session.json").read_text())
-    session["latents"] = {name: out / f"latents-{name}.pt" for name in schedules
-                          if (out / f"latents-{name}.pt").is_file()}
-    return session
-
-
 def _read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _equality(reference: Path, latents: dict[str, Path]) -> dict[str, Any]:
-    """Max abs difference of each schedule's final latents from the single-process run;
-    passed when every exact schedule's is within :data:`EXACT_ATOL`."""
-    import torch
-
-    expected = torch.load(reference, weights_only=True)
-    diffs = {name: float((torch.load(path, weights_only=True) - expected).abs().max())
-             for name, path in latents.items()}
-    exact = {name: diff for name, diff in diffs.items() if name in EXACT}
-    return {"dtype": "float32", "reference": "single process", "max_abs_diff": diffs,
-            "atol": EXACT_ATOL, "checked": sorted(exact),
-            "passed": bool(exact) and all(diff <= EXACT_ATOL for diff in exact.values())}
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cocodiff.calibrate import add_calibrate_arguments, calibrate_command
+from cocodiff.calibrate_command import add_calibrate_arguments, calibrate_command
 from cocodiff.doctor import add_doctor_arguments, doctor_command
 from cocodiff.errors import CocodiffError, one_line
 from cocodiff.models import TINY_NAMES
 from cocodiff.plan_command import add_plan_arguments, plan_command
 from cocodiff.runtime.run import add_run_arguments, run_command
 from cocodiff.simulate_command import add_simulate_arguments, simulate_command
+from cocodiff.validate_command import add_validate_arguments, validate_command
 
 EXIT_USAGE = 2
 
@@ -88,6 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_calibrate_arguments(calibrate, positive_int)
     calibrate.set_defaults(handler=calibrate_command)
+
+    validate = commands.add_parser(
+        "validate", help="run schedules for real, simulate the same plans, print the error",
+        description="Under the launcher (mpiexec, torchrun, or the emulated cluster), run "
+        "schedules and layouts for real, interleaved over rounds; simulate the same plans on "
+        "a calibrated topology; print measured and predicted steps, the error per row and "
+        "the planner's pick against the measured best.")
+    add_validate_arguments(validate, positive_int)
+    validate.set_defaults(handler=validate_command)
 
     collective = commands.add_parser(
         "collective",

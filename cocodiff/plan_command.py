@@ -150,7 +150,7 @@ def load_spec(name: str):
     from cocodiff.models import load_model_spec
 
     if name.startswith("tiny-"):
-        from cocodiff.calibrate import model_tokens
+        from cocodiff.calibration import model_tokens
 
         return model_tokens(name, None, None)[0]
     return load_model_spec(name)

@@ -43,6 +43,8 @@ from transports.sim import (
 )
 
 if TYPE_CHECKING:
+    import simpy
+
     from cocodiff.plan_file import RunPlan
 
 
@@ -64,15 +66,46 @@ class SimBackend:
         self.compute_s = 0.0
         self.exchanges_started = 0
         self.exchange_intervals: list[tuple[float, float]] = []  # start -> arrival
+        self._exchange_handles: set[int] = set()  # ids of exchanges a wait may spin on
 
     def compute(self, step: Compute) -> SimHandle:
         duration_s = roofline_seconds(step.cost, self._tflops, self._memory_gbps)
+        host = self.simulation.host
+        if host is not None and host.compute_core_demand > 0:
+            # A CPU rank's compute: duration_s at its demand, shared with its host's tasks;
+            # its compute time is what it took, sharing included.
+            demand = host.compute_core_demand
+            done = self.simulation.cpu_task(self.transport.rank, duration_s * demand, demand,
+                                            self._track if self._record else None, step.op)
+            start = self.simulation.now
+            done.callbacks.append(self._add_compute_since(start))
+            return SimHandle(done)
         self.compute_s += duration_s
         if self._record:
             event = self.simulation.compute(self._tile, duration_s, self._track, step.op)
         else:
             event = self.simulation.env.timeout(duration_s)
         return SimHandle(event)
+
+    def _add_compute_since(self, start: float):
+        def add(_event) -> None:
+            self.compute_s += self.simulation.now - start
+        return add
+
+    def blocked_on(self, handle: SimHandle) -> simpy.Event:
+        """What the rank's process yields to wait for ``handle``: its event, or, on a host
+        that busy-polls, a process that spins on a core until an exchange completes."""
+        if id(handle) not in self._exchange_handles:
+            return handle.event
+        self._exchange_handles.discard(id(handle))
+        if handle.event.processed:
+            return handle.event
+        return self.simulation.env.process(self._poll(handle))
+
+    def _poll(self, handle: SimHandle):
+        token = self.simulation.start_poll(self.transport.rank)
+        yield handle.event
+        self.simulation.stop_poll(token)
 
     def _group(self, ranks: tuple[int, ...]) -> Group:
         group = self._groups.get(ranks)
@@ -85,10 +118,14 @@ class SimBackend:
         self.exchanges_started += 1
         if step.phases:
             env = self.simulation.env
-            return SimHandle(env.process(self._phased(step)))
-        send = VirtualBuffer(sum(step.send_rows), step.row_bytes)
-        return self.transport.all_to_all(send, step.send_rows, step.recv_rows,
-                                         self._group(step.group), tag=step.tensor)
+            handle = SimHandle(env.process(self._phased(step)))
+        else:
+            send = VirtualBuffer(sum(step.send_rows), step.row_bytes)
+            handle = self.transport.all_to_all(send, step.send_rows, step.recv_rows,
+                                               self._group(step.group), tag=step.tensor)
+        if self.simulation.host is not None and self.simulation.host.busy_poll:
+            self._exchange_handles.add(id(handle))
+        return handle
 
     def _chunk_splits(self, step: Exchange, phase: Phase, chunk: int
                       ) -> tuple[list[int], list[int]]:
@@ -250,7 +287,8 @@ def simulate_plan(
         backend = SimBackend(world.transport(rank), placement.tile_of(rank), record_spans)
         backends[rank] = backend
         simulation.env.process(
-            _rank_process(simulation, run_program(plan.program(rank), backend), rank, finish_s)
+            _rank_process(simulation, run_program(plan.program(rank), backend), rank, finish_s,
+                          backend)
         )
     simulation.run()
     missing = [rank for rank in world.simulated_ranks if rank not in finish_s]
@@ -489,6 +527,9 @@ def _fold_period_nodes(plan: Plan, topology: Topology, placement: Placement) -> 
     if plan.shift_period is None or not placement.is_node_symmetric(topology):
         return None
     per_node = placement.ranks_per_node
+    host = topology.spec.host
+    if host is not None and (host.ranks_per_host is None or per_node % host.ranks_per_host):
+        return None  # a host that spans nodes: ranks of every node compete for its cores
     period_ranks = math.lcm(plan.shift_period, per_node)
     nodes = placement.num_ranks // per_node
     period_nodes = period_ranks // per_node
@@ -498,9 +539,9 @@ def _fold_period_nodes(plan: Plan, topology: Topology, placement: Placement) -> 
 
 
 def _rank_process(simulation: Simulation, execution: Execution, rank: int,
-                  finish_s: dict[int, float]):
+                  finish_s: dict[int, float], backend: SimBackend):
     for handle in execution:
-        yield handle.event
+        yield backend.blocked_on(handle)
     finish_s[rank] = simulation.now
 
 

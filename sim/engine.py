@@ -1,5 +1,13 @@
 """One simulation: a SimPy environment, a topology's links as a :class:`Network`,
-one compute device per tile, and the timeline of what ran where."""
+one compute device per tile, the hosts' cores, and the timeline of what ran where.
+
+Hosts. With a :class:`~topology.spec.HostSpec` the cores of each host are a second
+:class:`Network`: one "link" per host of capacity ``cores`` (core-seconds per second),
+and every CPU task (a rank's compute, an exchange's CPU work, a busy-poll) is a flow of
+its core-seconds over its host's link, capped at what one task can use (at most a core).
+Max-min sharing of one resource among capped flows is processor sharing: four one-core
+tasks on two cores each run at half speed, two run at full speed.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from sim.network import LinkId, Network
+from sim.network import FlowBatch, LinkId, Network
 from sim.timeline import Timeline
 
 if TYPE_CHECKING:
@@ -46,6 +54,13 @@ class Simulation:
         )
         self.timeline = Timeline()
         self._devices: dict[str, simpy.Resource] = {}
+        self.host = topology.spec.host
+        self.cpu: Network | None = None
+        if self.host is not None:
+            per_host = self.host.ranks_per_host or topology.spec.num_tiles
+            num_hosts = -(-topology.spec.num_tiles // per_host)
+            self.cpu = Network(self.env, dict.fromkeys(range(num_hosts), self.host.cores),
+                               record_intervals=False)
 
     @property
     def now(self) -> float:
@@ -63,6 +78,30 @@ class Simulation:
             start = self.env.now
             yield self.env.timeout(duration_s)
             self.timeline.add(track, name, "compute", start, self.env.now)
+
+    def cpu_task(self, rank: int, work_core_s: float, max_cores: float = 1.0,
+                 track: str | None = None, name: str = "") -> simpy.Event:
+        """Run ``work_core_s`` core-seconds of CPU work for global ``rank`` on its host,
+        at most ``max_cores`` at once, sharing the host's cores with every other task
+        there; records a span on ``track`` when given. Needs a host."""
+        task = FlowBatch.build([([self.host.host_of(rank)], work_core_s, 1, 0.0, (0,))],
+                               num_owners=1, max_rate=[max_cores])
+        (done,) = self.cpu.start(task)
+        if track is not None:
+            start = self.env.now
+            done.callbacks.append(
+                lambda _e: self.timeline.add(track, name, "compute", start, self.env.now))
+        return done
+
+    def start_poll(self, rank: int) -> simpy.Event:
+        """Keep one core of ``rank``'s host busy until :meth:`stop_poll` (a rank spinning
+        on a progress engine while it waits); returns the token to stop it with."""
+        spin = FlowBatch.build([([self.host.host_of(rank)], float("inf"), 1, 0.0, (0,))],
+                               num_owners=1, max_rate=[1.0])
+        return self.cpu.start_endless(spin)
+
+    def stop_poll(self, token: simpy.Event) -> None:
+        self.cpu.stop(token)
 
     def transfer(
         self,

@@ -235,6 +235,7 @@ class Network:
         # Batches recur (one per collective signature): their admission arrays are
         # prepared once, keyed by identity (the entry keeps the batch alive).
         self._prepared: dict[int, _Prepared] = {}
+        self._slot_of_endless: dict[simpy.Event, int] = {}
         self.num_reallocations = 0
         self.num_flows_started = 0
 
@@ -381,8 +382,26 @@ class Network:
             )
         self._last_update = now
 
+    def stop(self, owner_event: simpy.Event) -> None:
+        """End now the flows whose owner is ``owner_event`` (an event :meth:`start` gave),
+        whatever they have left: how an endless flow (``num_bytes = inf``, a task that
+        runs until told otherwise, such as a busy-poll) ends. Their event fires."""
+        slot = self._slot_of_endless.pop(owner_event)
+        self._advance()
+        self._remaining[(self._owners == slot).any(axis=1)] = 0.0
+        self._update()
+
+    def start_endless(self, batch: FlowBatch) -> simpy.Event:
+        """Start a one-owner batch of endless flows (``num_bytes`` inf); :meth:`stop` ends
+        them. Returns the owner's event."""
+        slot = len(self._owner_events)
+        (event,) = self.start(batch)
+        self._slot_of_endless[event] = slot
+        return event
+
     def _complete_finished(self) -> None:
-        done = self._remaining <= _REL_EPS * self._size
+        # inf <= eps * inf would count an endless flow as done: it ends only by stop().
+        done = (self._remaining <= _REL_EPS * self._size) & np.isfinite(self._remaining)
         if not done.any():
             return
         finished_owners = self._owners[done]
@@ -470,7 +489,10 @@ class Network:
         self._generation += 1
         if not len(self._remaining):
             return
-        positive = self._rate > 0
+        finite = np.isfinite(self._remaining)
+        if not finite.any():
+            return  # endless flows only: nothing ends until one is stopped
+        positive = (self._rate > 0) & finite
         if not positive.any():
             raise RuntimeError(f"{len(self._remaining)} flows stalled with zero rate")
         delay = float((self._remaining[positive] / self._rate[positive]).min())

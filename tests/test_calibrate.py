@@ -3,7 +3,6 @@ end on this machine (self-launched on loopback) and across an emulated cluster."
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 from launching import job_env
 
-from cocodiff.calibrate import (
+from cocodiff.calibration import (
     CalibrationError,
     LinkFit,
     build_transformer,
@@ -149,16 +148,23 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     assert (spec.num_nodes, spec.gpus_per_node) == (2, 1)
     data = json.loads(record.read_text())
     assert data["inter"]["source"] == "measured on loopback"
-    assert spec.nic_link.bandwidth_gbps == pytest.approx(data["inter"]["bandwidth_gbps"])
-    assert spec.nic_link.latency_us * 2 == pytest.approx(data["inter"]["latency_us"])
+    # The links are the pair fit less the CPU the host charges for each exchange.
+    wire = data["inter_wire"]
+    assert wire["source"] == "measured on loopback, less its CPU"
+    assert spec.nic_link.bandwidth_gbps == pytest.approx(wire["bandwidth_gbps"])
+    assert spec.nic_link.latency_us * 2 == pytest.approx(wire["latency_us"])
+    host = data["host"]
+    assert spec.host.cores == host["cores"] and spec.host.ranks_per_host is None
+    assert spec.host.message_cpu_us == pytest.approx(host["cpu"]["message_cpu_us"])
+    share = min(1.0, host["cores"] / 2)  # the cores each of the 2 ranks gets, all busy
     # tiny-flux's real blocks were timed: their effective rate is the tile's, the
     # matrix products' rate stays in the JSON beside it.
     block = data["compute"]["block"]
     assert block["effective_tflops"] > 0 and data["compute"]["tflops"] > 0
     assert block["layer_s"] > 0 and len(block["per_rank_layer_s"]) == 2
-    assert spec.tile_tflops == pytest.approx(data["compute"]["tile_tflops"])
+    assert spec.tile_tflops == pytest.approx(data["compute"]["tile_tflops"] / share)
     assert data["compute"]["tile_tflops"] == pytest.approx(block["effective_tflops"])
-    assert spec.tile_memory_gbps == pytest.approx(data["compute"]["tile_memory_gbps"])
+    assert spec.tile_memory_gbps == pytest.approx(data["compute"]["tile_memory_gbps"] / share)
     assert data["compute"]["tile_memory_gbps"] == pytest.approx(block["effective_memory_gbps"])
     # The host path is never the bottleneck, whatever the measured memory rate.
     assert spec.host_link.bandwidth_gbps >= 10 * spec.nic_link.bandwidth_gbps
@@ -201,14 +207,15 @@ def test_calibrate_usage_errors_are_one_line(tmp_path, capsys):
 
 
 def test_calibrate_refuses_a_node_count_that_does_not_split_the_ranks(monkeypatch):
-    import cocodiff.calibrate as module
+    import cocodiff.calibration.measure as module
+    from cocodiff.calibration import CalibrateOptions
 
     class ThreeRanks:
         world_size, rank, name = 3, 0, "fake"
 
     monkeypatch.setattr(module, "detect_nodes", lambda transport: [0, 0, 0])
     with pytest.raises(CalibrationError, match="3 ranks do not split into 2 nodes"):
-        module.calibrate(ThreeRanks(), argparse.Namespace(nodes=2))
+        module.calibrate(ThreeRanks(), CalibrateOptions(nodes=2))
 
 
 def _cluster_reason() -> str | None:

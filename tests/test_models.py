@@ -383,7 +383,7 @@ def test_a_tiny_model_has_the_image_tokens_its_pipeline_makes(tmp_path, tiny):
     # tiny-digits' VAE downsamples 4x where the others' do 8x: the simulator's spec, by
     # name and from an exported directory, must count the tokens the runtime shards
     # (a plan made for 16 tokens was refused by the 64-token runtime).
-    from cocodiff.calibrate import model_tokens
+    from cocodiff.calibration import model_tokens
     from cocodiff.runtime.pipelines import export_tiny, load_pipeline
     from cocodiff.runtime.tiny import TINY_DEFAULTS
 

@@ -147,3 +147,27 @@ def test_max_min_allocation_respects_capacity_and_has_a_bottleneck(flows):
     carried_upper_bound = sum(b * len(links) for links, b, _ in flows)
     assert sum(s.bytes_carried for s in network.stats.values()) <= carried_upper_bound * (1 + 1e-9)
     assert math.isfinite(total)
+
+
+def test_an_endless_flow_shares_until_stopped_and_then_frees_its_share():
+    # A 1 B/s link: an endless flow and a 2-byte flow share it (0.5 B/s each) until the
+    # endless one is stopped at t = 2, after which the other finishes its last byte alone.
+    from sim.network import FlowBatch
+
+    env = simpy.Environment()
+    network = Network(env, {"l": 1.0})
+    spin = network.start_endless(FlowBatch.build([([0], math.inf, 1, 0.0, (0,))], 1))
+    done = network.transfer(["l"], 2.0)
+    finished = []
+    done.callbacks.append(lambda _e: finished.append(env.now))
+
+    def stopper():
+        yield env.timeout(2.0)
+        network.stop(spin)
+
+    env.process(stopper())
+    env.run()
+    assert finished == [pytest.approx(3.0)]
+    # The endless flow never scheduled a completion: the run ends (stale timers of the
+    # shared phase, at t = 4, are the latest events), not at t = inf.
+    assert spin.triggered and env.now == pytest.approx(4.0)

@@ -367,7 +367,7 @@ BAD_CASES = {
     "unknown preset": (
         'preset = "frontier"\n',
         r"unknown preset 'frontier' in .*cluster\.toml "
-        r"\(valid: aurora, cluster, dgx-h100\)",
+        r"\(valid: aurora, cluster, cluster-local, dgx-h100\)",
     ),
     "empty name": (
         edit('name = "cluster"', 'name = ""'),

@@ -6,12 +6,13 @@ from topology.errors import TopologyError
 from topology.graph import TIERS, Topology, build_topology
 from topology.placement import Placement
 from topology.presets import PRESETS, get_preset
-from topology.spec import LinkSpec, TopologySpec
+from topology.spec import HostSpec, LinkSpec, TopologySpec
 from topology.toml_format import dump_topology, load_topology
 
 __all__ = [
     "PRESETS",
     "TIERS",
+    "HostSpec",
     "LinkSpec",
     "Placement",
     "Topology",

@@ -13,10 +13,12 @@ below is an assumption, a parameter to calibrate, and says so.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Callable
 
 from topology.errors import TopologyError
-from topology.spec import LinkSpec, TopologySpec, check_num_nodes, validate_spec
+from topology.spec import HostSpec, LinkSpec, TopologySpec, check_num_nodes, validate_spec
 
 PCIE_GEN5_X16_GBPS = 64.0  # 32 GT/s x 16 lanes, 128b/130b: ~63 GB/s per direction
 
@@ -136,9 +138,34 @@ def cluster(
     )
 
 
+# What one rank's exchange costs this machine's CPU before calibration says otherwise:
+# loopback TCP through gloo costs tens of microseconds of CPU per message and copies at a
+# few GB/s per core (assumptions; `cocodiff calibrate` measures both into [host]).
+LOCAL_MESSAGE_CPU_US = 30.0
+LOCAL_COPY_GBPS = 2.0
+
+
+def machine_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cluster_local(num_nodes: int = 2, ranks_per_node: int = 2) -> TopologySpec:
+    """The ``cluster`` preset with every rank on *this* machine's cores: a laptop, or the
+    emulated cluster whose namespaces all share one host. Compute and every exchange's
+    CPU work share :func:`machine_cores` cores (``[host]``, :class:`HostSpec`)."""
+    spec = cluster(num_nodes=num_nodes, ranks_per_node=ranks_per_node)
+    host = HostSpec(cores=float(machine_cores()), message_cpu_us=LOCAL_MESSAGE_CPU_US,
+                    copy_gbps=LOCAL_COPY_GBPS)
+    return dataclasses.replace(spec, name="cluster-local", host=host)
+
+
 PRESETS: dict[str, Callable[..., TopologySpec]] = {
     "aurora": aurora,
     "cluster": cluster,
+    "cluster-local": cluster_local,
     "dgx-h100": dgx_h100,
 }
 """Preset name -> function returning its spec; every function takes ``num_nodes``."""

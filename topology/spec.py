@@ -33,7 +33,55 @@ PHYSICAL_RANGE: dict[str, tuple[float, float, str, str]] = {
     "GB/s": (1e-9, 1e9, "1 B/s", "1 EB/s"),
     "TF/s": (1e-6, 1e9, "1 MFLOP/s", "1 ZFLOP/s"),
     "us": (0.0, 1e6, "0", "1 s"),
+    "cores": (1e-3, 1e6, "a thousandth of a core", "a million cores"),
 }
+
+HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "message_cpu_us", "copy_gbps",
+               "busy_poll")
+
+
+@dataclass(frozen=True, slots=True)
+class HostSpec:
+    """The CPU that ranks share: its cores, which ranks sit on it, and what they draw.
+
+    A rank's compute and the CPU work of each of its exchanges are tasks on its host's
+    cores, shared among all tasks running there at once as links share bandwidth
+    (processor sharing, each task at most one core). Without a ``HostSpec`` every rank
+    has a device of its own and handles its messages for free.
+
+    Attributes:
+        cores: cores of one host (core-seconds per second).
+        ranks_per_host: consecutive global ranks per host (ranks ``0..k-1`` on host 0,
+            ...); ``None``: every rank of the machine on one host (a laptop, or the
+            emulated cluster whose namespaces all share this machine).
+        compute_core_demand: cores one rank's compute occupies while it runs: 1 for a
+            rank computing on one CPU core, 0 for a rank whose compute runs on its own
+            accelerator (then compute never waits for the host).
+        message_cpu_us: CPU time per message sent or received in an exchange (LogGP's
+            ``o``: posting, protocol, the transport's threads).
+        copy_gbps: GB/s one core moves bytes through an exchange (staging copies, the
+            kernel's TCP stack); each byte sent or received costs ``1 / copy_gbps``
+            core-ns. ``None``: bytes cost no CPU.
+        busy_poll: a rank blocked on an exchange spins on a core until it completes (MPI
+            progress engines), instead of sleeping (gloo's waits).
+    """
+
+    cores: float
+    ranks_per_host: int | None = None
+    compute_core_demand: float = 1.0
+    message_cpu_us: float = 0.0
+    copy_gbps: float | None = None
+    busy_poll: bool = False
+
+    def host_of(self, rank: int) -> int:
+        """The host of global ``rank``."""
+        return 0 if self.ranks_per_host is None else rank // self.ranks_per_host
+
+    def exchange_cpu_s(self, num_messages: int, num_bytes: float) -> float:
+        """Core-seconds of CPU work to send or receive ``num_messages`` messages holding
+        ``num_bytes`` bytes in all."""
+        copy_s = 0.0 if self.copy_gbps is None else num_bytes / (self.copy_gbps * 1e9)
+        return num_messages * self.message_cpu_us * 1e-6 + copy_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +120,8 @@ class TopologySpec:
         nic_link: one NIC <-> the fabric switch. A route between nodes crosses two of
             them (one at each end), so it pays ``latency_us`` twice.
         fabric_latency_us: traversal of the inter-node fabric (switch hops x per-hop).
+        host: the CPU the ranks share (see :class:`HostSpec`); ``None``: every rank has
+            its own device and free message handling.
     """
 
     name: str
@@ -88,6 +138,7 @@ class TopologySpec:
     host_link: LinkSpec
     nic_link: LinkSpec
     fabric_latency_us: float
+    host: HostSpec | None = None
 
     @property
     def tiles_per_node(self) -> int:
@@ -177,6 +228,9 @@ def validate_spec(spec: TopologySpec, locations: Mapping[str, str] | None = None
         _check_number(link.bandwidth_gbps, "bandwidth", "GB/s", where(field), positive=True)
         _check_number(link.latency_us, "latency", "us", where(field))
 
+    if spec.host is not None:
+        _check_host(spec.host, where)
+
     # Every tile must reach every other tile.
     if spec.tiles_per_gpu > 1 and spec.tile_link is None:
         raise TopologyError(
@@ -204,15 +258,43 @@ def validate_spec(spec: TopologySpec, locations: Mapping[str, str] | None = None
         )
 
 
+def _check_host(host: object, where) -> None:
+    if not isinstance(host, HostSpec):
+        raise TopologyError(f"expected a HostSpec for {where('host')}, got {host!r}")
+    _check_number(host.cores, "core count", "cores", where("host.cores"), positive=True)
+    if host.ranks_per_host is not None and (
+        not _is_int(host.ranks_per_host) or host.ranks_per_host < 1
+    ):
+        raise TopologyError(f"ranks per host must be a positive integer, got "
+                            f"{host.ranks_per_host!r} in {where('host.ranks_per_host')}")
+    _check_number(host.compute_core_demand, "compute core demand", "cores",
+                  where("host.compute_core_demand"), zero_allowed=True)
+    if host.compute_core_demand > 1:
+        # One rank's compute is one task; a task runs on at most one core.
+        raise TopologyError(f"compute core demand {host.compute_core_demand!r} in "
+                            f"{where('host.compute_core_demand')} is above 1 core: one "
+                            "rank's compute is one task on one core")
+    _check_number(host.message_cpu_us, "CPU time per message", "us",
+                  where("host.message_cpu_us"))
+    if host.copy_gbps is not None:
+        _check_number(host.copy_gbps, "copy rate", "GB/s", where("host.copy_gbps"),
+                      positive=True)
+    if not isinstance(host.busy_poll, bool):
+        raise TopologyError(f"expected true or false for {where('host.busy_poll')}, "
+                            f"got {host.busy_poll!r}")
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_number(
-    value: object, what: str, unit: str, where: str, *, positive: bool = False
+    value: object, what: str, unit: str, where: str, *, positive: bool = False,
+    zero_allowed: bool = False,
 ) -> None:
     """A finite int or float; > 0 when ``positive``, else >= 0; within
-    :data:`PHYSICAL_RANGE` of ``unit``. Messages quote the value as given."""
+    :data:`PHYSICAL_RANGE` of ``unit`` (or exactly 0 when ``zero_allowed``). Messages
+    quote the value as given."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TopologyError(f"expected a number for {what} in {where}, got {value!r}")
     if not math.isfinite(value):
@@ -222,6 +304,8 @@ def _check_number(
     if positive and value == 0:
         raise TopologyError(f"zero {what} {value} {unit} in {where}")
     low, high, low_words, high_words = PHYSICAL_RANGE[unit]
+    if zero_allowed and value == 0:
+        return
     if value < low:
         raise TopologyError(f"{what} {value!r} {unit} in {where} is below {low_words}: "
                             "not a physical machine (a unit slip?)")

@@ -33,6 +33,16 @@ A file describes one node and how many of them there are; every node is identica
     [fabric]
     latency_us = 1.5           # inter-node switch traversal (default 0)
 
+    [host]                     # optional: the CPU the ranks share (topology.spec.HostSpec)
+    cores = 2                  # cores of one host (required in the table)
+    ranks_per_host = 4         # consecutive ranks per host (default: every rank on one host)
+    compute_core_demand = 1.0  # cores a rank's compute occupies: 1 CPU ranks, 0 accelerators
+    message_cpu_us = 30.0      # CPU per message sent or received in an exchange (default 0)
+    copy_gbps = 2.0            # GB/s one core moves exchange bytes (default: bytes are free)
+    busy_poll = false          # a rank blocked on an exchange spins on a core (MPI progress)
+
+Without ``[host]`` every rank has its own device and free message handling.
+
 Every ``[links.*]`` table takes ``bandwidth_gbps`` (> 0) and ``latency_us`` (>= 0). Numbers
 may be integers or floats, never booleans; counts are integers. With ``preset``, a table
 or key that is left out keeps the preset's value, and a link the new shape no longer has
@@ -52,14 +62,21 @@ from typing import Any
 
 from topology.errors import TopologyError
 from topology.presets import PRESETS
-from topology.spec import LinkSpec, TopologySpec, check_num_nodes, validate_spec
+from topology.spec import (
+    HOST_FIELDS,
+    HostSpec,
+    LinkSpec,
+    TopologySpec,
+    check_num_nodes,
+    validate_spec,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-_TOP_KEYS = ("preset", "name", "nodes", "tile", "links", "fabric")
+_TOP_KEYS = ("preset", "name", "nodes", "tile", "links", "fabric", "host")
 _NODES_KEYS = ("count", "gpus", "tiles_per_gpu", "nics")
 _TILE_KEYS = ("tflops", "memory_gbps")
 _LINK_NAMES = ("tile", "gpu", "port", "host", "nic")
@@ -82,6 +99,7 @@ _FIELD_KEYS: dict[str, tuple[str, str | None]] = {
     "host_link": ("links.host", None),
     "nic_link": ("links.nic", None),
     "fabric_latency_us": ("fabric", "latency_us"),
+    **{f"host.{key}": ("host", key) for key in HOST_FIELDS},
 }
 
 
@@ -162,8 +180,23 @@ def dump_topology(spec: TopologySpec) -> str:
     link_table("port", spec.port_link)
     link_table("host", spec.host_link)
     link_table("nic", spec.nic_link)
-    lines.extend(["", "[fabric]", f"latency_us = {_toml_float(spec.fabric_latency_us)}", ""])
+    lines.extend(["", "[fabric]", f"latency_us = {_toml_float(spec.fabric_latency_us)}"])
+    if spec.host is not None:
+        lines.extend(_host_lines(spec.host))
+    lines.append("")
     return "\n".join(lines)
+
+
+def _host_lines(host: HostSpec) -> list[str]:
+    lines = ["", "[host]", f"cores = {_toml_float(host.cores)}"]
+    if host.ranks_per_host is not None:
+        lines.append(f"ranks_per_host = {host.ranks_per_host}")
+    lines.append(f"compute_core_demand = {_toml_float(host.compute_core_demand)}")
+    lines.append(f"message_cpu_us = {_toml_float(host.message_cpu_us)}")
+    if host.copy_gbps is not None:
+        lines.append(f"copy_gbps = {_toml_float(host.copy_gbps)}")
+    lines.append(f"busy_poll = {'true' if host.busy_poll else 'false'}")
+    return lines
 
 
 class _Loader:
@@ -246,6 +279,8 @@ class _Loader:
             fabric, "fabric", "latency_us", base.fabric_latency_us if base else 0.0
         )
 
+        host = self.host(base.host if base else None)
+
         spec = TopologySpec(
             name=name,
             num_nodes=count,
@@ -261,6 +296,7 @@ class _Loader:
             host_link=host_link,
             nic_link=nic_link,
             fabric_latency_us=fabric_latency,
+            host=host,
         )
         locations = {field: self.where(*table_key) for field, table_key in _FIELD_KEYS.items()}
         validate_spec(spec, locations)
@@ -278,6 +314,33 @@ class _Loader:
                 f"unknown preset {preset!r} in {self.file} (valid: {', '.join(sorted(PRESETS))})"
             )
         return factory()
+
+    def host(self, default: HostSpec | None) -> HostSpec | None:
+        """The ``[host]`` table over the preset's host (if any); None without either."""
+        table = self.table(self.doc, "host")
+        self.check_keys(table, "host", HOST_FIELDS)
+        if not table:
+            return default
+        base = default or HostSpec(cores=table.get("cores", 0))
+        ranks = table.get("ranks_per_host", base.ranks_per_host)
+        if ranks is not None:
+            ranks = self.count(table, "host", "ranks_per_host", base.ranks_per_host, 1)
+        copy_gbps = table.get("copy_gbps", base.copy_gbps)
+        if copy_gbps is not None:
+            copy_gbps = self.number(table, "host", "copy_gbps", base.copy_gbps)
+        busy_poll = table.get("busy_poll", base.busy_poll)
+        if not isinstance(busy_poll, bool):
+            raise TopologyError(f"expected true or false for {self.where('host', 'busy_poll')},"
+                                f" got {_describe(busy_poll)}")
+        return HostSpec(
+            cores=self.number(table, "host", "cores", default.cores if default else None),
+            ranks_per_host=ranks,
+            compute_core_demand=self.number(table, "host", "compute_core_demand",
+                                            base.compute_core_demand),
+            message_cpu_us=self.number(table, "host", "message_cpu_us", base.message_cpu_us),
+            copy_gbps=copy_gbps,
+            busy_poll=busy_poll,
+        )
 
     def check_keys(self, doc: dict[str, Any], table: str | None, valid: tuple[str, ...]) -> None:
         for key in doc:

@@ -263,11 +263,14 @@ class SimWorld:
     # -- collectives ------------------------------------------------------------------
 
     def post_all_to_all(
-        self, rank: int, group: Group, send_bytes: tuple[int, ...], tag: Hashable = None
+        self, rank: int, group: Group, send_bytes: tuple[int, ...], tag: Hashable = None,
+        sequence: int | None = None,
     ) -> simpy.Event:
+        """Post ``rank``'s part; ``sequence`` (from :meth:`reserve`) when the call was made
+        earlier than it is posted (its CPU work came first)."""
         key_group = group.ranks
-        sequence = self._sequence[(rank, key_group, tag)]
-        self._sequence[(rank, key_group, tag)] = sequence + 1
+        if sequence is None:
+            sequence = self.reserve(rank, group, tag)
         pending = self._pending.setdefault((key_group, tag, sequence), _PendingCollective())
         pending.posted[rank] = send_bytes
         pending.events[rank] = self.simulation.env.event()
@@ -279,6 +282,14 @@ class SimWorld:
             del self._pending[(key_group, tag, sequence)]
             self._launch(key_group, pending)
         return pending.events[rank]
+
+    def reserve(self, rank: int, group: Group, tag: Hashable = None) -> int:
+        """The number of ``rank``'s call on ``(group, tag)``: calls match by it, in the
+        order the ranks make them, whenever they are posted."""
+        key = (rank, group.ranks, tag)
+        sequence = self._sequence[key]
+        self._sequence[key] = sequence + 1
+        return sequence
 
     def _launch(self, group_ranks: tuple[int, ...], pending: _PendingCollective) -> None:
         self.num_collectives += 1
@@ -368,6 +379,12 @@ class SimWorld:
         return span
 
 
+def _messages(bytes_per_member: Sequence[int], me: int) -> tuple[int, int]:
+    """(messages, bytes) to or from the other members (a rank's own part is not sent)."""
+    others = [b for member, b in enumerate(bytes_per_member) if member != me and b]
+    return len(others), sum(others)
+
+
 class SimHandle:
     """A simulated operation. A SimPy process yields ``handle.event``; ``wait()`` then
     returns the result (it cannot block: simulated time only moves by yielding)."""
@@ -447,8 +464,28 @@ class SimTransport:
             raise TransportError(f"send splits sum to {sum(send_splits)}, buffer has "
                                  f"{send.num_rows} rows")
         send_bytes = tuple(rows * send.row_bytes for rows in send_splits)
-        event = self._world.post_all_to_all(self._rank, group, send_bytes, tag)
-        return SimHandle(event, VirtualBuffer(sum(recv_splits), send.row_bytes))
+        received = VirtualBuffer(sum(recv_splits), send.row_bytes)
+        host = self.simulation.host
+        if host is None or (host.message_cpu_us == 0 and host.copy_gbps is None):
+            event = self._world.post_all_to_all(self._rank, group, send_bytes, tag)
+            return SimHandle(event, received)
+        me = group.group_rank(self._rank)
+        recv_bytes = [rows * send.row_bytes for rows in recv_splits]
+        send_cpu_s = host.exchange_cpu_s(*_messages(send_bytes, me))
+        recv_cpu_s = host.exchange_cpu_s(*_messages(recv_bytes, me))
+        sequence = self._world.reserve(self._rank, group, tag)
+        process = self.simulation.env.process(
+            self._with_cpu(group, send_bytes, tag, sequence, send_cpu_s, recv_cpu_s))
+        return SimHandle(process, received)
+
+    def _with_cpu(self, group: Group, send_bytes: tuple[int, ...], tag: Hashable,
+                  sequence: int, send_cpu_s: float, recv_cpu_s: float):
+        """An exchange on a host: the sending side's CPU work (posting, copying out) before
+        the bytes can leave, the receiving side's after they arrive, both on the rank's
+        host's cores."""
+        yield self.simulation.cpu_task(self._rank, send_cpu_s)
+        yield self._world.post_all_to_all(self._rank, group, send_bytes, tag, sequence)
+        yield self.simulation.cpu_task(self._rank, recv_cpu_s)
 
     def barrier(self) -> None:
         """A no-op: simulated ranks only synchronise through their collectives."""

@@ -541,7 +541,7 @@ def describe(spec: ClusterSpec, *, intra_gbps: float = ASSUMED_INTRA_GBPS,
 def _renamed(topology: TopologySpec, spec: ClusterSpec) -> TopologySpec:
     import dataclasses
 
-    from cocodiff.calibrate import unconstrained_host_links
+    from cocodiff.calibration import unconstrained_host_links
 
     return dataclasses.replace(topology, name=cluster_label(spec),
                                **unconstrained_host_links(topology))

@@ -1,0 +1,188 @@
+"""The model's real transformer blocks, timed on one rank's local shard (no communication),
+with attention corrected to the Ulysses shape."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cocodiff.calibration.collect import gather_floats
+from cocodiff.calibration.compute import (
+    ComputeRates,
+    effective_rates,
+    layer_roofline_seconds,
+    time_call,
+)
+from cocodiff.calibration.model_shapes import LayerShapes, model_tokens, tiny_transformer_config
+from cocodiff.calibration.options import CalibrateOptions, CalibrationError
+
+
+@dataclass(frozen=True, slots=True)
+class BlockTiming:
+    """One rank's timing of the model's real transformer blocks on its local shard.
+
+    Attributes:
+        blocks: transformer blocks timed per forward (the model's layers).
+        local_forward_s: seconds of all blocks in one forward on the local tokens (median).
+        attention_local_s: one attention call as it ran there (local tokens, all heads).
+        attention_ulysses_s: one attention call at the Ulysses shape (all tokens, the
+            rank's heads).
+        layer_s: seconds per layer with attention at the Ulysses shape:
+            ``(local_forward_s + blocks * (attention_ulysses_s - attention_local_s)) / blocks``.
+    """
+
+    blocks: int
+    local_forward_s: float
+    attention_local_s: float
+    attention_ulysses_s: float
+    layer_s: float
+
+
+def _flux_local_inputs(config, image_tokens: int, text_tokens: int, dtype) -> dict:
+    """FLUX transformer inputs holding ``image_tokens`` image and ``text_tokens`` text
+    tokens (one rank's shard; positions are a row of the image, values random)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    img_ids = torch.zeros(image_tokens, 3)
+    img_ids[:, 2] = torch.arange(float(image_tokens))
+    return {
+        "hidden_states": randn(1, image_tokens, config.in_channels),
+        "encoder_hidden_states": randn(1, text_tokens, config.joint_attention_dim),
+        "pooled_projections": randn(1, config.pooled_projection_dim),
+        "timestep": torch.full((1,), 0.5, dtype=dtype),
+        "guidance": torch.full((1,), 3.5, dtype=dtype) if config.guidance_embeds else None,
+        "img_ids": img_ids,
+        "txt_ids": torch.zeros(text_tokens, 3),
+    }
+
+
+# Transformer class -> (builder of local-shard inputs, block lists timed).
+_BLOCK_INPUTS: dict[str, tuple[Callable[..., dict], tuple[str, ...]]] = {
+    "FluxTransformer2DModel": (_flux_local_inputs,
+                               ("transformer_blocks", "single_transformer_blocks")),
+}
+
+
+
+def build_transformer(config: dict[str, Any]):
+    """The diffusers transformer of ``config`` (random weights from a fixed seed)."""
+    import diffusers
+    import torch
+
+    name = config.get("_class_name")
+    cls = getattr(diffusers, str(name), None) if name in _BLOCK_INPUTS else None
+    if cls is None:
+        raise CalibrationError(
+            f"cannot time the real blocks of {name}; supported: {', '.join(_BLOCK_INPUTS)}"
+        )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return cls.from_config(config).eval()
+
+
+def time_blocks(transformer, shapes: LayerShapes, stream_tokens: Sequence[int], world: int,
+                dtype_name: str = "float32", repeats: int = 5) -> BlockTiming:
+    """Time ``transformer``'s real blocks on one rank's local shard of ``stream_tokens``
+    (image, text) over ``world`` Ulysses ranks, without communication, and correct
+    attention to the Ulysses shape (see the module docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    name = type(transformer).__name__
+    if name not in _BLOCK_INPUTS:
+        raise CalibrationError(
+            f"cannot time the real blocks of {name}; supported: {', '.join(_BLOCK_INPUTS)}"
+        )
+    build_inputs, lists = _BLOCK_INPUTS[name]
+    dtype = getattr(torch, dtype_name)
+    transformer = transformer.to(dtype)
+    image, text = (math.ceil(tokens / world) for tokens in stream_tokens)
+    inputs = build_inputs(transformer.config, image, text, dtype)
+    blocks = [block for attr in lists for block in getattr(transformer, attr)]
+    began: list[float] = []
+    spent: list[float] = []
+
+    def before(module, args, kwargs) -> None:
+        began.append(time.perf_counter())
+
+    def after(module, args, kwargs, output) -> None:
+        spent.append(time.perf_counter() - began.pop())
+
+    handles = [hook for block in blocks for hook in (
+        block.register_forward_pre_hook(before, with_kwargs=True),
+        block.register_forward_hook(after, with_kwargs=True))]
+    totals = []
+    try:
+        with torch.inference_mode():
+            for index in range(repeats + 1):  # the first warms up
+                spent.clear()
+                transformer(**inputs, return_dict=False)
+                if index:
+                    totals.append(sum(spent))
+    finally:
+        for handle in handles:
+            handle.remove()
+    heads, hd = transformer.config.num_attention_heads, shapes.head_dim
+    gen = torch.Generator().manual_seed(1)
+
+    def attention(heads_: int, tokens: int) -> Callable[[], object]:
+        q, k, v = (torch.randn(1, heads_, tokens, hd, generator=gen).to(dtype)
+                   for _ in range(3))
+        return lambda: F.scaled_dot_product_attention(q, k, v)
+
+    with torch.inference_mode():
+        local = time_call(attention(heads, image + text), 0.02)
+        ulysses = time_call(attention(shapes.local_heads, shapes.total_tokens), 0.02)
+    forward = statistics.median(totals)
+    layer = (forward + len(blocks) * (ulysses - local)) / len(blocks)
+    return BlockTiming(len(blocks), forward, local, ulysses, layer)
+
+
+def measure_blocks(transport, options: CalibrateOptions, shapes: LayerShapes,
+                   compute: ComputeRates, world: int) -> dict[str, Any] | None:
+    """Time the model's real blocks on every rank at once (collective; the same decision
+    on every rank) and give the effective rate; None when the model's transformer is not
+    built here (see :func:`tiny_transformer_config`)."""
+    from cocodiff.schedules.ulysses import layer_shape, ulysses_layout
+
+    config = tiny_transformer_config(options.model)
+    if config is None or config.get("_class_name") not in _BLOCK_INPUTS:
+        return None
+    spec, tokens, image = model_tokens(options.model, options.tokens, options.resolution)
+    streams = (image, tokens - image)
+    transformer = build_transformer(config)
+    transport.barrier()
+    timing = time_blocks(transformer, shapes, streams, world, options.dtype,
+                         3 if options.quick else 5)
+    del transformer
+    per_rank = [row[0] for row in gather_floats(transport, [timing.layer_s])]
+    layer_s = statistics.median(per_rank)
+    # The layer as a plan charges it on rank 0 (padded per-stream shards, its heads).
+    cost_shape = layer_shape(ulysses_layout(spec, world, streams), 0,
+                             2 if options.dtype == "bfloat16" else 4)
+    effective, effective_memory = effective_rates(spec, cost_shape, layer_s, compute.tflops,
+                                                  compute.memory_gbps)
+    from cocodiff.cost import MATMUL_OPS, OPS, op_cost
+
+    return {
+        "method": "diffusers blocks on the local shard, attention at the Ulysses shape",
+        "layer_s": layer_s,
+        "per_rank_layer_s": per_rank,
+        "rank0": dataclasses.asdict(timing),
+        "layer_flops": sum(op_cost(spec, op, cost_shape).flops for op in OPS),
+        "layer_matmul_flops": sum(op_cost(spec, op, cost_shape).flops for op in MATMUL_OPS),
+        "matmul_rate_layer_s": layer_roofline_seconds(spec, cost_shape, compute.tflops,
+                                                      compute.memory_gbps),
+        "effective_tflops": effective,
+        "effective_memory_gbps": effective_memory,
+    }

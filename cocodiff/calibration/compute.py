@@ -1,0 +1,162 @@
+"""The compute rates of one rank: its layer's matrix products and elementwise work timed at
+the model's shapes, and the effective rates that make the roofline match a measured layer."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cocodiff.calibration.model_shapes import LayerShapes
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeRates:
+    """Effective rates of one rank while every rank computes.
+
+    Attributes:
+        tflops: matrix-product FLOP/s / 10^12 (median over ranks).
+        memory_gbps: elementwise bytes/s / 10^9 (median over ranks).
+        per_rank_tflops: each rank's own figure.
+        per_rank_memory_gbps: each rank's own figure.
+        op_seconds: seconds per call of each timed operation on rank 0.
+    """
+
+    tflops: float
+    memory_gbps: float
+    per_rank_tflops: tuple[float, ...]
+    per_rank_memory_gbps: tuple[float, ...]
+    op_seconds: dict[str, float] = field(default_factory=dict)
+    block: dict[str, Any] | None = None
+
+    @property
+    def tile_tflops(self) -> float:
+        """The rate the topology gets: the real blocks' effective rate when they were
+        timed, else the matrix products'."""
+        return self.block["effective_tflops"] if self.block else self.tflops
+
+    @property
+    def tile_memory_gbps(self) -> float:
+        """The memory rate the topology gets: the microbenchmark's, unless the real blocks
+        ran faster than it allows (see :func:`effective_rates`)."""
+        return self.block["effective_memory_gbps"] if self.block else self.memory_gbps
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "tile_tflops": self.tile_tflops,
+                "tile_memory_gbps": self.tile_memory_gbps}
+
+
+def time_call(fn: Callable[[], object], min_time_s: float, max_calls: int = 10_000) -> float:
+    """Median seconds per call over batches filling ``min_time_s`` (after one warm-up)."""
+    fn()
+    batches: list[float] = []
+    calls = 1
+    # Grow the batch until it takes ~1/5 of the budget, then time five batches of it.
+    while True:
+        began = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        elapsed = time.perf_counter() - began
+        if elapsed >= min_time_s / 5 or calls >= max_calls:
+            break
+        calls = min(max_calls, calls * 2)
+    batches.append(elapsed / calls)
+    for _ in range(4):
+        began = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        batches.append((time.perf_counter() - began) / calls)
+    return statistics.median(batches)
+
+
+def measure_compute(shapes: LayerShapes, dtype_name: str = "float32",
+                    min_time_s: float = 0.05) -> tuple[float, float, dict[str, float]]:
+    """Time one rank's layer operations at ``shapes``.
+
+    Returns:
+        ``(flop/s, bytes/s, seconds per call by op)``: the matrix products' FLOPs over their
+        time (weighted as often as they occur in a layer) and the elementwise bytes over
+        theirs, counted as :mod:`cocodiff.cost` counts them.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    dtype = getattr(torch, dtype_name)
+    size = torch.finfo(dtype).bits // 8
+    s_loc, d = shapes.local_tokens, shapes.hidden_size
+    inner = max(1, round(shapes.mlp_ratio * d))
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype)
+
+    x, w, w_up, w_down = rand(s_loc, d), rand(d, d), rand(d, inner), rand(inner, d)
+    hidden = rand(s_loc, inner)
+    q = rand(1, shapes.local_heads, shapes.total_tokens, shapes.head_dim)
+    k, v = rand(*q.shape), rand(*q.shape)
+    scale, shift = rand(d), rand(d)
+    s, hd, h = shapes.total_tokens, shapes.head_dim, shapes.local_heads
+    with torch.inference_mode():
+        ops: dict[str, tuple[Callable[[], object], float, int]] = {
+            # name: (call, FLOPs per call, calls per layer)
+            "projection": (lambda: x @ w, 2.0 * s_loc * d * d, 4),
+            "mlp_up": (lambda: x @ w_up, 2.0 * s_loc * d * inner, 1),
+            "mlp_down": (lambda: hidden @ w_down, 2.0 * s_loc * inner * d, 1),
+            "attention": (lambda: F.scaled_dot_product_attention(q, k, v),
+                          4.0 * s * s * hd * h, 1),
+        }
+        op_seconds = {name: time_call(call, min_time_s) for name, (call, _, _) in ops.items()}
+
+        def norm() -> object:
+            return F.layer_norm(x, (d,)) * (1 + scale) + shift
+
+        op_seconds["norm"] = time_call(norm, min_time_s)
+    flops = sum(f * n for _, f, n in ops.values())
+    matmul_s = sum(op_seconds[name] * n for name, (_, _, n) in ops.items())
+    # cocodiff.cost: an elementwise pass reads and writes each element once.
+    norm_bytes = 2.0 * s_loc * d * size
+    return flops / matmul_s, norm_bytes / op_seconds["norm"], op_seconds
+
+
+def layer_roofline_seconds(spec, shape, tflops: float, memory_gbps: float) -> float:
+    """What the simulator charges for one layer: every operation of :mod:`cocodiff.cost`
+    at its roofline (the compute steps a plan emits, one per operation)."""
+    from cocodiff.cost import OPS, op_cost, roofline_seconds
+
+    return sum(roofline_seconds(op_cost(spec, op, shape), tflops, memory_gbps) for op in OPS)
+
+
+def effective_rates(spec, shape, layer_s: float, tflops: float,
+                    memory_gbps: float) -> tuple[float, float]:
+    """The ``(tflops, memory_gbps)`` at which :func:`layer_roofline_seconds` equals the
+    measured ``layer_s``.
+
+    Normally only the compute rate moves (bisection on a log scale, the microbenchmarked
+    memory rate kept). When the memory-bound operations alone, at the measured memory rate,
+    already take longer than the real blocks did, no compute rate explains the layer: the
+    memory microbenchmark ran slower than the blocks (on a loaded host the two are timed at
+    different moments). The real blocks are then the better evidence, and both measured
+    rates are scaled by one factor; the roofline is homogeneous of degree -1 in the two
+    rates, so that factor is ``charged(tflops, memory_gbps) / layer_s`` exactly. This case
+    once dropped the block timing altogether, and with it every prediction at the blocks'
+    rate (a failure that depended on the machine's load)."""
+    def charged(rate: float) -> float:
+        return layer_roofline_seconds(spec, shape, rate, memory_gbps)
+
+    low, high = 1e-9, 1e6  # TFLOP/s
+    if charged(high) >= layer_s:
+        scale = layer_roofline_seconds(spec, shape, tflops, memory_gbps) / layer_s
+        return tflops * scale, memory_gbps * scale
+    for _ in range(200):
+        middle = math.sqrt(low * high)
+        if charged(middle) > layer_s:
+            low = middle
+        else:
+            high = middle
+        if high / low < 1 + 1e-9:
+            break
+    return math.sqrt(low * high), memory_gbps

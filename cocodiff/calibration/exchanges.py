@@ -1,0 +1,70 @@
+"""Exchanges timed on the real transport, and what the fitted links predict for an
+all-to-all."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+from cocodiff.calibration.fits import LinkFit
+from cocodiff.calibration.options import ROW_BYTES
+
+
+def _exchange(transport, group, num_bytes: int, torch) -> tuple[float, float]:
+    """One all-to-all over ``group`` sending ``num_bytes`` to every other member: (wall
+    seconds, this process's CPU seconds, every thread included)."""
+    rows = num_bytes // ROW_BYTES
+    me = group.group_rank(transport.rank)
+    splits = [0 if member == me else rows for member in range(group.size)]
+    send = torch.empty((sum(splits), ROW_BYTES), dtype=torch.uint8)
+    cpu_began = time.process_time()
+    began = time.perf_counter()
+    transport.all_to_all(send, splits, splits, group).wait()
+    return time.perf_counter() - began, time.process_time() - cpu_began
+
+
+def measure_exchanges_cpu(transport, group, sizes_bytes: Sequence[int], repeats: int
+                          ) -> list[tuple[int, float, float]]:
+    """``(bytes, median wall s, median CPU s)`` of an all-to-all over ``group`` per size
+    (every member must call this).
+
+    Each timed exchange follows a 1-row exchange that lines the members up, so one member's
+    late start is not counted as transfer time. Medians over ``repeats``: one exchange
+    that a neighbour's burst of work delayed moves neither figure.
+    """
+    import torch
+
+    points = []
+    for num_bytes in sizes_bytes:
+        _exchange(transport, group, num_bytes, torch)  # warm-up (connections, buffers)
+        walls, cpus = [], []
+        for _ in range(repeats):
+            _exchange(transport, group, ROW_BYTES, torch)
+            wall_s, cpu_s = _exchange(transport, group, num_bytes, torch)
+            walls.append(wall_s)
+            cpus.append(cpu_s)
+        points.append((num_bytes, statistics.median(walls), statistics.median(cpus)))
+    return points
+
+
+def measure_exchanges(transport, group, sizes_bytes: Sequence[int], repeats: int
+                      ) -> list[tuple[int, float]]:
+    """Median wall time of an all-to-all over ``group`` per size (see
+    :func:`measure_exchanges_cpu`)."""
+    return [(n, wall_s) for n, wall_s, _ in
+            measure_exchanges_cpu(transport, group, sizes_bytes, repeats)]
+
+
+def predict_all_to_all(num_bytes: int, num_nodes: int, ranks_per_node: int,
+                       intra: LinkFit, inter: LinkFit) -> float:
+    """A flat all-to-all sending ``num_bytes`` to every other rank, on the fitted links:
+    the busiest rank port (``R - 1`` messages inside the node) or node NIC
+    (``R * (P - R)`` messages out of the node), whichever takes longer."""
+    world = num_nodes * ranks_per_node
+    times = []
+    if ranks_per_node > 1:
+        times.append(intra.seconds((ranks_per_node - 1) * num_bytes))
+    if num_nodes > 1:
+        times.append(inter.seconds(ranks_per_node * (world - ranks_per_node) * num_bytes))
+    return max(times) if times else 0.0

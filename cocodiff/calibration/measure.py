@@ -1,0 +1,153 @@
+"""The whole calibration on every rank of a transport's world (collective): compute,
+real blocks, link tiers, world all-to-alls."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import socket
+import statistics
+import time
+import zlib
+
+from cocodiff.calibration.blocks import measure_blocks
+from cocodiff.calibration.collect import gather_floats, share_fit
+from cocodiff.calibration.compute import ComputeRates, measure_compute
+from cocodiff.calibration.exchanges import (
+    measure_exchanges,
+    measure_exchanges_cpu,
+    predict_all_to_all,
+)
+from cocodiff.calibration.fits import CpuFit, LinkFit, fit_exchange_cpu, wire_points
+from cocodiff.calibration.model_shapes import layer_shapes
+from cocodiff.calibration.options import (
+    ALL_TO_ALL_KIB,
+    DEFAULT_SIZES_KIB,
+    QUICK_ALL_TO_ALL_KIB,
+    QUICK_SIZES_KIB,
+    CalibrateOptions,
+    CalibrationError,
+)
+from cocodiff.calibration.result import Calibration, HostMeasurement
+from cocodiff.runtime.nodes import detect_nodes, node_major_shape
+from topology.presets import machine_cores
+
+
+def calibrate(transport, options: CalibrateOptions) -> Calibration:
+    """Run every measurement on every rank of ``transport``'s world (collective)."""
+    began = time.perf_counter()
+    world = transport.world_size
+    rank = transport.rank
+    node_of = detect_nodes(transport)
+    detected = max(node_of) + 1
+    if detected > 1:
+        num_nodes, ranks_per_node = node_major_shape(node_of)
+        if options.nodes is not None and options.nodes != num_nodes:
+            raise CalibrationError(
+                f"--nodes {options.nodes} but the ranks sit on {num_nodes} nodes"
+            )
+    else:
+        num_nodes = options.nodes or 1
+        if world % num_nodes:
+            raise CalibrationError(f"{world} ranks do not split into {num_nodes} nodes")
+        ranks_per_node = world // num_nodes
+        node_of = [r // ranks_per_node for r in range(world)]
+    if ranks_per_node < 2 and num_nodes < 2:
+        raise CalibrationError("calibration needs at least 2 ranks")
+
+    shapes = layer_shapes(options.model, options.tokens, options.resolution, world)
+    transport.barrier()
+    flops, memory, op_seconds = measure_compute(shapes, options.dtype,
+                                                0.02 if options.quick else 0.05)
+    rates = gather_floats(transport, [flops / 1e12, memory / 1e9])
+    compute = ComputeRates(
+        tflops=statistics.median(r[0] for r in rates),
+        memory_gbps=statistics.median(r[1] for r in rates),
+        per_rank_tflops=tuple(r[0] for r in rates),
+        per_rank_memory_gbps=tuple(r[1] for r in rates),
+        op_seconds=op_seconds if rank == 0 else {},
+    )
+    compute = dataclasses.replace(compute, block=measure_blocks(transport, options, shapes,
+                                                                 compute, world))
+
+    sizes = [kib * 1024 for kib in (QUICK_SIZES_KIB if options.quick else DEFAULT_SIZES_KIB)
+             if kib * 1024 <= options.max_kib * 1024]
+    # Medians over this many: two calibrations one after the other must agree (5 let one
+    # burst of a neighbour's work move a size's median).
+    repeats = 5 if options.quick else 9
+    # Every group is made by every rank, in the same order (group creation is collective).
+    intra_pair = (0, 1) if ranks_per_node > 1 else None
+    inter_pair = (0, ranks_per_node) if num_nodes > 1 else None
+    pairs = {name: transport.new_group(list(p))
+             for name, p in (("intra", intra_pair), ("inter", inter_pair)) if p is not None}
+    fits: dict[str, LinkFit] = {}
+    wires: dict[str, LinkFit] = {}
+    cpu: CpuFit | None = None
+    for name, group in pairs.items():
+        if name == "inter" and options.inter_gbps is not None:
+            continue
+        transport.barrier()
+        points = (measure_exchanges_cpu(transport, group, sizes, repeats)
+                  if rank in group.ranks else [])
+        transport.barrier()
+        source = "measured" if detected > 1 or name == "intra" else "measured on loopback"
+        walls = [(n, wall_s) for n, wall_s, _ in points]
+        fits[name] = share_fit(transport, group.ranks[0], walls, source)
+        # Both members' CPU per size, averaged: each sends and receives one message.
+        cpu_by_rank = gather_floats(transport, [c for _, _, c in points] if points
+                                    else [0.0] * len(sizes))
+        pair_cpu = fit_exchange_cpu([
+            (2, 2 * n, statistics.mean(cpu_by_rank[r][i] for r in group.ranks), wall_s)
+            for i, (n, wall_s) in enumerate(fits[name].points)])
+        if cpu is None:  # the first tier measured (intra when there is one) prices the CPU
+            cpu = pair_cpu
+        # What is left for the links once the CPU is charged on the host (nothing is left
+        # to take when waits spin: the spinning is the CPU cost, charged as a busy-poll).
+        wires[name] = fits[name] if cpu.busy_poll else share_fit(
+            transport, group.ranks[0], wire_points(walls, cpu, 2) if walls else [],
+            source + ", less its CPU")
+    if options.inter_gbps is not None:
+        fits["inter"] = LinkFit(options.inter_latency_us, options.inter_gbps, source="given")
+        wires["inter"] = fits["inter"]
+    for table in (fits, wires):
+        if "intra" not in table:  # one rank per node: nothing shares a node, the tier is unused
+            table["intra"] = dataclasses.replace(table["inter"], source="unused (1 rank per node)")
+        if "inter" not in table:  # one node: the tier is unused
+            table["inter"] = dataclasses.replace(table["intra"], source="unused (1 node)")
+
+    all_to_all = []
+    a2a_sizes = QUICK_ALL_TO_ALL_KIB if options.quick else ALL_TO_ALL_KIB
+    for kib in a2a_sizes:
+        if kib > options.max_kib:
+            continue
+        ((num_bytes, seconds),) = measure_exchanges(transport, transport.world, [kib * 1024],
+                                                    repeats)
+        slowest = max(r[0] for r in gather_floats(transport, [seconds]))
+        predicted = predict_all_to_all(num_bytes, num_nodes, ranks_per_node,
+                                       fits["intra"], fits["inter"])
+        all_to_all.append({"bytes_per_peer": num_bytes, "measured_s": slowest,
+                           "link_model_s": predicted,
+                           "error": (predicted - slowest) / slowest})
+    return Calibration(num_nodes, ranks_per_node, detected, transport.name, options.dtype, shapes,
+                       compute, fits["intra"], fits["inter"], all_to_all,
+                       time.perf_counter() - began, host=_host_of_ranks(transport, cpu),
+                       intra_wire=wires["intra"], inter_wire=wires["inter"])
+
+
+def _host_of_ranks(transport, cpu: CpuFit | None) -> HostMeasurement:
+    """Which ranks share a host (by host name: an emulated cluster's namespaces share this
+    machine's cores) and how many cores it has (the fewest any rank may run on)."""
+    name = socket.gethostname().encode()
+    rows = gather_floats(transport, [float(zlib.crc32(name)), float(machine_cores())])
+    hosts = [row[0] for row in rows]
+    sizes = [len(list(run)) for _, run in itertools.groupby(hosts)]
+    if len(set(hosts)) == 1:
+        ranks_per_host = None  # every rank on this one machine
+    elif len(set(sizes)) == 1 and len(sizes) == len(set(hosts)):
+        ranks_per_host = sizes[0]
+    else:
+        raise CalibrationError(
+            f"ranks sit on hosts of {sizes} consecutive ranks: the host model needs the same "
+            "number of consecutive ranks on every host")
+    return HostMeasurement(min(row[1] for row in rows), ranks_per_host, cpu)
+

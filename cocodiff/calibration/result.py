@@ -1,0 +1,276 @@
+"""A calibration's result: everything measured, the topology it gives, the collective model
+fitted on it, and the summary a user reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cocodiff.calibration.compute import ComputeRates
+from cocodiff.calibration.fits import CpuFit, LinkFit
+from cocodiff.calibration.model_shapes import LayerShapes
+from cocodiff.calibration.options import CalibrateOptions
+
+
+@dataclass(frozen=True, slots=True)
+class HostMeasurement:
+    """The host the ranks share, as measured.
+
+    Attributes:
+        cores: cores a rank may run on (the fewest over ranks).
+        ranks_per_host: consecutive ranks per host; None: every rank on one host.
+        cpu: what an exchange costs a rank's CPU (None when no pair was measured).
+    """
+
+    cores: float
+    ranks_per_host: int | None
+    cpu: CpuFit | None
+
+    def core_share(self, world: int) -> float:
+        """Cores each rank's compute gets with every rank of its host computing (the
+        host model's processor sharing, one core at most per rank)."""
+        return min(1.0, self.cores / (self.ranks_per_host or world))
+
+    def spec(self):
+        """The ``[host]`` of the topology: CPU ranks (compute takes a core), the fitted
+        exchange costs; a busy-polling transport's cost is its spinning, nothing else."""
+        from topology import HostSpec
+
+        cpu = self.cpu
+        if cpu is None or cpu.busy_poll:
+            return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
+                            busy_poll=cpu is not None)
+        return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
+                        message_cpu_us=cpu.message_cpu_us, copy_gbps=cpu.copy_gbps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cores": self.cores, "ranks_per_host": self.ranks_per_host,
+                "cpu": None if self.cpu is None else self.cpu.to_json()}
+
+
+@dataclass(slots=True)
+class Calibration:
+    """Everything measured, and the topology it gives.
+
+    ``intra`` and ``inter`` are the wall-clock fits of the pair exchanges; ``intra_wire``
+    and ``inter_wire`` what is left of them once the host charges each exchange's CPU
+    (the topology's links, with ``host``).
+    """
+
+    num_nodes: int
+    ranks_per_node: int
+    nodes_detected: int
+    transport: str
+    dtype: str
+    shapes: LayerShapes
+    compute: ComputeRates
+    intra: LinkFit
+    inter: LinkFit
+    all_to_all: list[dict[str, float]]
+    wall_s: float = 0.0
+    collective: dict[str, Any] | None = None  # the fitted collective model (rank 0 fits it)
+    host: HostMeasurement | None = None
+    intra_wire: LinkFit | None = None
+    inter_wire: LinkFit | None = None
+
+    def topology(self, name: str | None = None):
+        """The ``cluster`` preset with the measured numbers (and ``[host]`` when measured:
+        the tile's rate is then one core's, so that every rank computing at once on the
+        host's shared cores runs at the measured all-busy rate)."""
+        from topology.presets import cluster
+
+        intra, inter, share = self._link("intra"), self._link("inter"), 1.0
+        if self.host is not None:
+            share = self.host.core_share(self.num_nodes * self.ranks_per_node)
+        spec = cluster(
+            num_nodes=self.num_nodes,
+            ranks_per_node=self.ranks_per_node,
+            intra_gbps=intra.bandwidth_gbps,
+            inter_gbps=inter.bandwidth_gbps,
+            intra_latency_us=intra.latency_us,
+            inter_latency_us=inter.latency_us,
+            tile_tflops=self.compute.tile_tflops / share,
+            tile_memory_gbps=self.compute.tile_memory_gbps / share,
+        )
+        label = name or f"calibrated-{self.num_nodes}x{self.ranks_per_node}"
+        host = None if self.host is None else self.host.spec()
+        return dataclasses.replace(spec, name=label, host=host, **unconstrained_host_links(spec))
+
+    def _link(self, tier: str) -> LinkFit:
+        """The fit a tier's link gets: the wire's when a host takes the CPU part."""
+        wall, wire = (self.intra, self.intra_wire) if tier == "intra" else (self.inter,
+                                                                             self.inter_wire)
+        return wire if self.host is not None and wire is not None else wall
+
+    def notes(self) -> list[str]:
+        s = self.shapes
+        return [
+            f"Written by `cocodiff calibrate` over {self.transport} "
+            f"({self.nodes_detected} node(s) detected, {self.num_nodes} x "
+            f"{self.ranks_per_node} ranks described).",
+            f"tile: {s.model} layer on one of {self.num_nodes * self.ranks_per_node} ranks at "
+            f"{s.total_tokens} tokens (local {s.local_tokens} tokens, {s.local_heads} heads, "
+            f"d={s.hidden_size}, {self.dtype}), all ranks computing at once; tflops "
+            + (f"= the real blocks' effective rate ({self._block_text()})."
+               if self.compute.block else "= the matrix products' rate."),
+            f"links.gpu: intra-node exchange fit ({self._link('intra').source}), max "
+            f"error {self.intra.max_rel_error:.0%}.",
+            f"links.nic: inter-node exchange fit ({self._link('inter').source}), max "
+            f"error {self.inter.max_rel_error:.0%}.",
+            *self._host_notes(),
+        ]
+
+    def _host_notes(self) -> list[str]:
+        if self.host is None:
+            return []
+        world = self.num_nodes * self.ranks_per_node
+        cpu = self.host.cpu
+        charged = ("nothing per message: waits spin (busy_poll)" if cpu and cpu.busy_poll
+                   else "none measured" if cpu is None else
+                   "process CPU time per pair exchange, fitted as messages x message_cpu_us "
+                   "+ bytes / copy_gbps")
+        return [
+            f"host: {self.host.cores:g} cores shared by "
+            f"{self.host.ranks_per_host or world} ranks; tile rates are one core's (the "
+            f"all-busy rate / {self.host.core_share(world):.3g} cores each); exchange CPU: "
+            f"{charged}.",
+        ]
+
+    def _block_text(self) -> str:
+        block = self.compute.block or {}
+        return (f"{block.get('layer_s', 0) * 1e3:.2f} ms per layer; matrix products "
+                f"{self.compute.tflops * 1e3:.2f} GFLOP/s")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "num_nodes": self.num_nodes,
+            "ranks_per_node": self.ranks_per_node,
+            "nodes_detected": self.nodes_detected,
+            "transport": self.transport,
+            "dtype": self.dtype,
+            "layer": self.shapes.to_json(),
+            "compute": self.compute.to_json(),
+            "intra": self.intra.to_json(),
+            "inter": self.inter.to_json(),
+            "all_to_all": self.all_to_all,
+            "collective": self.collective,
+            "host": None if self.host is None else self.host.to_json(),
+            "intra_wire": None if self.intra_wire is None else self.intra_wire.to_json(),
+            "inter_wire": None if self.inter_wire is None else self.inter_wire.to_json(),
+            "wall_s": self.wall_s,
+        }
+
+
+UNCONSTRAINED_FACTOR = 100.0
+
+
+def unconstrained_host_links(spec) -> dict[str, Any]:
+    """``port_link`` and ``host_link`` that never limit anything.
+
+    The ``cluster`` preset gives them the rank's memory rate, meant as "not a constraint";
+    a measured effective memory rate of a small layer can be below the network's rate,
+    which would make them the bottleneck of every transfer. Here a rank's port and its
+    node's host path are :data:`UNCONSTRAINED_FACTOR` x the fastest other link, 0 us.
+    """
+    from topology import LinkSpec
+
+    links = [link for link in (spec.gpu_link, spec.nic_link) if link is not None]
+    fastest = max([spec.tile_memory_gbps, *(link.bandwidth_gbps for link in links)])
+    free = LinkSpec(bandwidth_gbps=UNCONSTRAINED_FACTOR * fastest, latency_us=0.0)
+    return {"port_link": free, "host_link": free}
+
+
+def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
+    """The simulator's collective model fitted on what calibrate measured: the two-rank
+    exchanges (pairs) and the world all-to-alls, on the calibrated topology (the fit of
+    :mod:`cocodiff.collective_fit`, as for Aurora's preset). JSON: the model
+    (``transports.sim.CollectiveModel.to_json``) and each measurement's fitted time."""
+    from cocodiff.collective_fit import Measurement, fit_collective
+    from topology import build_topology
+    from transports.sim import CollectiveModel
+
+    world = result.num_nodes * result.ranks_per_node
+    rows = [Measurement(nodes, 2, 2 * num_bytes, seconds, label=f"pair {name}")
+            for name, fit, nodes in (("intra", result.intra, 1), ("inter", result.inter, 2))
+            if fit.source.startswith("measured") and nodes <= result.num_nodes
+            for num_bytes, seconds in fit.points]
+    rows += [Measurement(result.num_nodes, world, row["bytes_per_peer"] * world,
+                         row["measured_s"], label="all-to-all") for row in result.all_to_all]
+    spec = result.topology()
+    if not rows:
+        return CollectiveModel("calibrated").to_json()
+
+    def topology_for(num_nodes: int):
+        return build_topology(dataclasses.replace(spec, num_nodes=num_nodes))
+
+    model, fits = fit_collective(topology_for, rows, CollectiveModel("calibrated"))
+    return {**model.to_json(), "fit": [
+        {"span": fit.span, "label": m.label, "ranks": m.ranks, "nodes": m.nodes,
+         "bytes_per_rank": m.bytes_per_rank, "measured_s": m.time_s, "fitted_s": fitted}
+        for fit in fits for m, fitted in fit.rows]}
+
+
+def summary(result: Calibration, output: Path) -> str:
+    """What a user reads: the fitted numbers and the all-to-all check."""
+    c, s = result.compute, result.shapes
+    lines = [
+        f"calibrated {result.num_nodes} node(s) x {result.ranks_per_node} ranks over "
+        f"{result.transport} in {result.wall_s:.1f} s -> {output}",
+        f"  compute ({s.model} layer, {s.local_tokens}/{s.total_tokens} tokens, "
+        f"{s.local_heads} heads, d={s.hidden_size}, {result.dtype}): {c.tflops * 1e3:.2f} "
+        f"GFLOP/s, {c.memory_gbps:.2f} GB/s per rank",
+    ]
+    if c.block:
+        b = c.block
+        lines.append(
+            f"  real blocks: {b['layer_s'] * 1e3:.2f} ms per layer (the matrix products' rate "
+            f"charges {b['matmul_rate_layer_s'] * 1e3:.2f} ms) -> effective "
+            f"{b['effective_tflops'] * 1e3:.2f} GFLOP/s, written as the tile's rate"
+            + (f" (memory rate raised to {b['effective_memory_gbps']:.2f} GB/s: the memory-bound "
+               "operations alone took longer at the measured rate than the real blocks did)"
+               if b["effective_memory_gbps"] != c.memory_gbps else ""))
+    for name, fit in (("intra", result.intra), ("inter", result.inter)):
+        lines.append(f"  {name}-node: {fit.latency_us:.1f} us + bytes / {fit.bandwidth_gbps:.3f}"
+                     f" GB/s ({fit.source}, max fit error {fit.max_rel_error:.0%})")
+    host = result.host
+    if host is not None:
+        cpu = host.cpu
+        ranks = host.ranks_per_host or result.num_nodes * result.ranks_per_node
+        text = f"  host: {host.cores:g} cores for {ranks} ranks"
+        if cpu is not None:
+            copy = "bytes free" if cpu.copy_gbps is None else f"{cpu.copy_gbps:.3g} GB/s per core"
+            text += (f"; exchange CPU {cpu.message_cpu_us:.1f} us per message, {copy} "
+                     f"(CPU {cpu.busy_fraction:.0%} of wall: "
+                     f"{'busy-polls' if cpu.busy_poll else 'sleeps'} while waiting)")
+        lines.append(text)
+        for name, fit in (("intra", result.intra_wire), ("inter", result.inter_wire)):
+            if fit is not None:
+                lines.append(f"  {name}-node wire (less the CPU): {fit.latency_us:.1f} us + "
+                             f"bytes / {fit.bandwidth_gbps:.3f} GB/s")
+    for row in result.all_to_all:
+        lines.append(f"  flat all-to-all, {row['bytes_per_peer'] // 1024} KiB per peer: "
+                     f"measured {row['measured_s'] * 1e3:.2f} ms, links predict "
+                     f"{row['link_model_s'] * 1e3:.2f} ms ({row['error']:+.0%})")
+    if result.collective:
+        from transports.sim import CollectiveModel
+
+        model = CollectiveModel.from_json(result.collective)
+        lines.append(f"  collective model fitted on these: {model.describe()}")
+    return "\n".join(lines)
+
+
+def write_outputs(result: Calibration, options: CalibrateOptions) -> None:
+    """Write the topology file (and the JSON) atomically and print the summary (rank 0)."""
+    from cocodiff.atomic import atomic_write_text
+    from topology import dump_topology
+
+    spec = result.topology()
+    result.collective = fit_calibrated_collective(result)
+    header = "".join(f"# {line}\n" for line in result.notes())
+    atomic_write_text(options.output, header + dump_topology(spec))
+    if options.json is not None:
+        atomic_write_text(options.json, json.dumps(result.to_json(), indent=2))
+    print(summary(result, options.output))

@@ -1,0 +1,179 @@
+"""``cocodiff validate``: real runs against the simulator's prediction of the same plans.
+
+The multi-process tests launch 2 ranks (torchrun/gloo and mpiexec/MPI) of tiny-flux, 2
+steps, 1 round, on a hand-written topology file, and check what the JSON holds; they
+never assert a time."""
+
+import json
+
+import pytest
+from jobwatch import watch_job
+from launching import launcher_prefix, needs_mpi, needs_torchrun, run_job
+
+from cocodiff.cli import main
+from cocodiff.errors import CocodiffError
+from cocodiff.layout import ParallelLayout
+from cocodiff.validate import (
+    Case,
+    error_summary,
+    make_cases,
+    parse_layout_name,
+    pick_against_best,
+    round_order,
+)
+
+SCHEDULES = ["flat", "tapa", "vfirst", "cocodiff", "diffusers"]
+TWO_RANKS_TOML = """\
+preset = "cluster"
+name = "two-ranks"
+
+[nodes]
+count = 1
+gpus = 2
+"""
+
+
+def _topology(tmp_path):
+    """A hand-written topology of 2 ranks, and beside it a calibrate-like JSON whose
+    collective model validate picks up (--collective auto)."""
+    path = tmp_path / "two-ranks.toml"
+    path.write_text(TWO_RANKS_TOML)
+    path.with_suffix(".json").write_text(json.dumps(
+        {"collective": {"name": "calibrated", "startup_us": 40.0}}))
+    return path
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher", [
+    pytest.param("torchrun", marks=needs_torchrun),
+    pytest.param("mpiexec", marks=needs_mpi),
+])
+def test_validate_measures_predicts_and_compares_every_schedule(launcher, tmp_path):
+    topology = _topology(tmp_path)
+    report_path = tmp_path / "validate.json"
+    job = run_job([*launcher_prefix(launcher, 2), "-m", "cocodiff", "validate",
+                   "--topology", str(topology), "--steps", "2", "--rounds", "1",
+                   "--schedules", ",".join(SCHEDULES), "--json", str(report_path)],
+                  tmp_path)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "planner's pick" in job.stdout
+    report = json.loads(report_path.read_text())
+    rows = {row["schedule"]: row for row in report["rows"]}
+    # diffusers' context parallelism runs over torch.distributed only: under MPI it is
+    # refused alike on every rank and reported as skipped.
+    expected = SCHEDULES if launcher == "torchrun" else SCHEDULES[:-1]
+    assert list(rows) == expected
+    assert set(report["skipped"]) == set(SCHEDULES) - set(expected)
+    for name, row in rows.items():
+        assert {"schedule", "layout", "measured_step_s", "predicted_step_s", "error"} <= set(row)
+        assert row["layout"] == "pure"
+        assert row["measured_step_s"] > 0 and row["predicted_step_s"] > 0, name
+        assert row["min_step_s"] <= row["measured_step_s"] <= row["max_step_s"]
+        assert row["error"] == pytest.approx(row["predicted_step_s"] / row["measured_step_s"]
+                                             - 1)
+        assert len(row["plan_sha256"]) == 64
+    if "diffusers" in rows:
+        assert rows["diffusers"]["predicted_with_plan"] == "flat"
+        assert rows["diffusers"]["plan_sha256"] == rows["flat"]["plan_sha256"]
+    # 1 round x (steps) per row, all recorded
+    assert len(report["runs"]) == len(expected)
+    assert all(len(run["step_times_s"]) == 2 for run in report["runs"])
+    pick, best = report["planner_pick"], report["measured_best"]
+    assert pick["schedule"] in expected and pick["schedule"] != "diffusers"
+    assert pick["predicted_step_s"] == min(row["predicted_step_s"] for name, row in rows.items()
+                                           if name != "diffusers")
+    assert best["measured_step_s"] == min(row["measured_step_s"] for row in rows.values())
+    assert report["pick_within_5pct"] == (pick["measured_step_s"]
+                                          <= 1.05 * best["measured_step_s"])
+    assert report["calibration"]["collective_source"] == str(topology.with_suffix(".json"))
+    assert report["calibration"]["collective"]["startup_us"] == 40.0
+    assert report["num_ranks"] == 2 and report["grid"] == [1, 2, 1]
+    # float32: every exact schedule's final latents equal one single-process run
+    assert report["exactness"]["passed"]
+    assert {row["schedule"] for row in report["rows"] if row["exact_schedule"]} \
+        == set(expected) - {"cocodiff"}
+
+
+@pytest.mark.multiprocess
+@needs_torchrun
+def test_a_rank_that_dies_mid_validation_stops_the_job(tmp_path):
+    report_path = tmp_path / "validate.json"
+    fault = "rank:1,point:step,count:3,action:kill"  # step 3: the second run's first
+    result = watch_job([*launcher_prefix("torchrun", 2), "-m", "cocodiff", "validate",
+                        "--steps", "2", "--rounds", "1", "--schedules", "flat,vfirst",
+                        "--no-reference", "--timeout", "10", "--json", str(report_path)],
+                       tmp_path, timeout_s=180, extra_env={"COCODIFF_FAULT": fault})
+    assert result.fault() is not None, result.output[-3000:]
+    assert not result.timed_out, f"job hung:\n{result.output[-3000:]}"
+    assert result.returncode != 0 and not result.leftovers, result.output[-3000:]
+    assert "cocodiff validate: rank 0:" in result.stderr, result.output[-3000:]
+    assert not report_path.exists()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "launch it on 2 or more ranks"),
+    (["--schedules", "flat,nope"], "unknown schedule 'nope'"),
+    (["--schedules", "flat,flat"], "names a schedule twice"),
+    (["--layouts", "U2R2"], "not a layout name"),
+    (["--steps", "1"], "--steps must be at least 2"),
+    (["--collective", "nope"], "unknown collective model 'nope'"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    assert main(["validate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_topology_of_another_rank_count_is_refused_before_any_collective(
+        tmp_path, monkeypatch, capsys):
+    topology = _topology(tmp_path)
+    # a launcher's variables, no launcher: the check runs before a transport is made
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert main(["validate", "--topology", str(topology)]) == 2
+    err = capsys.readouterr().err
+    assert "has 2 ranks (1 node(s)), the launch 4" in err and len(err.splitlines()) == 1
+
+
+def test_cases_pure_when_heads_split_else_every_layout():
+    assert make_cases(SCHEDULES, ["auto"], 4, 8) == [Case(name) for name in SCHEDULES]
+    cases = make_cases(["flat", "vfirst", "diffusers"], ["auto"], 8, 4)
+    names = [case.name for case in cases]
+    # Ulysses 1 (pure Ring) runs one schedule; baselines run pure Ulysses only
+    assert names.count("flat@U1xR8xB1") == 1 and "vfirst@U1xR8xB1" not in names
+    assert "vfirst@U4xR2xB1/ring-inner" in names
+    assert not any(name.startswith("diffusers") for name in names)
+    with pytest.raises(CocodiffError, match="cannot split the model's 4 heads"):
+        make_cases(["flat"], ["pure"], 8, 4)
+    with pytest.raises(CocodiffError, match="holds 4 ranks, the launch has 8"):
+        make_cases(["flat"], ["U2xR2xB1"], 8, 4)
+
+
+def test_rounds_rotate_the_order():
+    cases = [Case(name) for name in ("a", "b", "c")]
+    assert [case.schedule for case in round_order(cases, 1)] == ["b", "c", "a"]
+    assert round_order(cases, 3) == cases
+
+
+def test_layout_names_read_back():
+    layout = ParallelLayout(2, 2, 1, ("batch", "ulysses", "ring"))
+    assert parse_layout_name(layout.name) == layout
+    assert parse_layout_name("U4xR2xB1") == ParallelLayout(4, 2, 1)
+
+
+def _row(schedule, measured, predicted):
+    return {"schedule": schedule, "layout": "pure", "measured_step_s": measured,
+            "predicted_step_s": predicted, "error": predicted / measured - 1}
+
+
+def test_the_pick_is_the_least_predicted_plan_schedule_against_the_least_measured_row():
+    rows = [_row("flat", 1.00, 0.90), _row("vfirst", 1.03, 0.80), _row("diffusers", 0.99, 0.90)]
+    result = pick_against_best(rows)
+    assert result["planner_pick"]["schedule"] == "vfirst"
+    assert result["measured_best"]["schedule"] == "diffusers"
+    assert result["pick_slower_than_best"] == pytest.approx(1.03 / 0.99 - 1)
+    assert result["pick_within_5pct"] is True
+    summary = error_summary(rows)
+    assert summary["median_abs_error"] == pytest.approx(0.1)
+    assert summary["within_15pct"] == pytest.approx(2 / 3)
