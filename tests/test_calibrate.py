@@ -94,7 +94,7 @@ def test_real_blocks_are_timed_on_the_local_shard_and_become_an_effective_rate()
     attention corrected to the Ulysses shape, and the effective rate is the one at which
     the simulator's charge for a layer (every cost-model operation at its roofline) is
     the measured layer time. No wall-clock bounds: structure and consistency only."""
-    from cocodiff.schedules.ulysses import layer_shape, ulysses_layout
+    from cocodiff.schedules.ulysses import head_split, layer_shape
 
     world = 2
     shapes = layer_shapes("tiny-flux", None, None, world)
@@ -110,7 +110,7 @@ def test_real_blocks_are_timed_on_the_local_shard_and_become_an_effective_rate()
          + timing.blocks * (timing.attention_ulysses_s - timing.attention_local_s))
         / timing.blocks)
 
-    shape = layer_shape(ulysses_layout(spec, world, (image, tokens - image)), 0, 4)
+    shape = layer_shape(head_split(spec, world, (image, tokens - image)), 0, 4)
     memory_gbps = 10.0
     rate, memory = effective_rates(spec, shape, timing.layer_s, 1.0, memory_gbps)
     assert rate > 0 and memory == memory_gbps

@@ -133,7 +133,7 @@ def test_calibrated_topology_of_a_spinning_transport_charges_the_spin_only() -> 
 
 def test_all_busy_rate_is_reproduced_by_the_simulator() -> None:
     from cocodiff.cost import Cost
-    from cocodiff.plan import Compute, LayerPlan, Plan, RankProgram, UlyssesLayout
+    from cocodiff.plan import Compute, HeadSplit, LayerPlan, Plan, RankProgram
     from cocodiff.simulate import simulate_plan
     from topology import build_topology
 
@@ -141,6 +141,6 @@ def test_all_busy_rate_is_reproduced_by_the_simulator() -> None:
     flops = 1e9
     step = Compute("mlp", Cost(flops, 0.0))
     programs = tuple(RankProgram(r, (LayerPlan((step,), (), ()),)) for r in range(4))
-    plan = Plan("flat", "test", UlyssesLayout(4, 4, (1,) * 4, 8), programs, shift_period=None)
+    plan = Plan("flat", "test", HeadSplit(4, 4, (1,) * 4, 8), programs, shift_period=None)
     result = simulate_plan(plan, build_topology(dataclasses.replace(spec, name="t")))
     assert result.step_time_s == pytest.approx(flops / 0.01e12, rel=1e-9)

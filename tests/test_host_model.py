@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from cocodiff.cost import Cost
-from cocodiff.plan import Compute, Exchange, LayerPlan, Plan, RankProgram, UlyssesLayout, Wait
+from cocodiff.plan import Compute, Exchange, HeadSplit, LayerPlan, Plan, RankProgram, Wait
 from cocodiff.simulate import simulate_plan
 from topology import HostSpec, build_topology
 from topology.presets import cluster
@@ -39,7 +39,7 @@ def plan_of(steps_by_rank: list[tuple]) -> Plan:
     num_ranks = len(steps_by_rank)
     programs = tuple(RankProgram(rank, (LayerPlan((), tuple(steps), ()),))
                      for rank, steps in enumerate(steps_by_rank))
-    layout = UlyssesLayout(num_ranks, num_ranks, (1,) * num_ranks, 8)
+    layout = HeadSplit(num_ranks, num_ranks, (1,) * num_ranks, 8)
     return Plan("flat", "test", layout, programs, shift_period=None)
 
 

@@ -9,7 +9,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cocodiff.calibration.collect import gather_floats
 from cocodiff.calibration.compute import (
@@ -20,6 +20,9 @@ from cocodiff.calibration.compute import (
 )
 from cocodiff.calibration.model_shapes import LayerShapes, model_tokens, tiny_transformer_config
 from cocodiff.calibration.options import CalibrateOptions, CalibrationError
+
+if TYPE_CHECKING:
+    from cocodiff.models.families import ModelFamily
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +46,7 @@ class BlockTiming:
     layer_s: float
 
 
-def _flux_local_inputs(config, image_tokens: int, text_tokens: int, dtype) -> dict:
+def flux_local_inputs(config, image_tokens: int, text_tokens: int, dtype) -> dict:
     """FLUX transformer inputs holding ``image_tokens`` image and ``text_tokens`` text
     tokens (one rank's shard; positions are a row of the image, values random)."""
     import torch
@@ -66,12 +69,25 @@ def _flux_local_inputs(config, image_tokens: int, text_tokens: int, dtype) -> di
     }
 
 
-# Transformer class -> (builder of local-shard inputs, block lists timed).
-_BLOCK_INPUTS: dict[str, tuple[Callable[..., dict], tuple[str, ...]]] = {
-    "FluxTransformer2DModel": (_flux_local_inputs,
-                               ("transformer_blocks", "single_transformer_blocks")),
-}
+def _timed_classes() -> dict[str, ModelFamily]:
+    """Transformer class name -> the family record that says how to time its blocks."""
+    from cocodiff.models.families import FAMILIES
 
+    return {name: family for family in FAMILIES.values() if family.block_inputs
+            for name in family.transformer_classes}
+
+
+def _block_timing(class_name: object) -> tuple[Callable[..., dict], tuple[str, ...]]:
+    """The family record's builder of local-shard inputs and the block lists it times."""
+    from cocodiff.models import load_object
+
+    timed = _timed_classes()
+    family = timed.get(str(class_name))
+    if family is None:
+        raise CalibrationError(
+            f"cannot time the real blocks of {class_name}; supported: {', '.join(timed)}")
+    assert family.block_inputs is not None
+    return load_object(family.block_inputs), family.timed_blocks
 
 
 def build_transformer(config: dict[str, Any]):
@@ -80,11 +96,8 @@ def build_transformer(config: dict[str, Any]):
     import torch
 
     name = config.get("_class_name")
-    cls = getattr(diffusers, str(name), None) if name in _BLOCK_INPUTS else None
-    if cls is None:
-        raise CalibrationError(
-            f"cannot time the real blocks of {name}; supported: {', '.join(_BLOCK_INPUTS)}"
-        )
+    _block_timing(name)
+    cls = getattr(diffusers, str(name))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return cls.from_config(config).eval()
@@ -98,12 +111,7 @@ def time_blocks(transformer, shapes: LayerShapes, stream_tokens: Sequence[int], 
     import torch
     import torch.nn.functional as F
 
-    name = type(transformer).__name__
-    if name not in _BLOCK_INPUTS:
-        raise CalibrationError(
-            f"cannot time the real blocks of {name}; supported: {', '.join(_BLOCK_INPUTS)}"
-        )
-    build_inputs, lists = _BLOCK_INPUTS[name]
+    build_inputs, lists = _block_timing(type(transformer).__name__)
     dtype = getattr(torch, dtype_name)
     transformer = transformer.to(dtype)
     image, text = (math.ceil(tokens / world) for tokens in stream_tokens)
@@ -153,10 +161,10 @@ def measure_blocks(transport, options: CalibrateOptions, shapes: LayerShapes,
     """Time the model's real blocks on every rank at once (collective; the same decision
     on every rank) and give the effective rate; None when the model's transformer is not
     built here (see :func:`tiny_transformer_config`)."""
-    from cocodiff.schedules.ulysses import layer_shape, ulysses_layout
+    from cocodiff.schedules.ulysses import head_split, layer_shape
 
     config = tiny_transformer_config(options.model)
-    if config is None or config.get("_class_name") not in _BLOCK_INPUTS:
+    if config is None or config.get("_class_name") not in _timed_classes():
         return None
     spec, tokens, image = model_tokens(options.model, options.tokens, options.resolution)
     streams = (image, tokens - image)
@@ -168,7 +176,7 @@ def measure_blocks(transport, options: CalibrateOptions, shapes: LayerShapes,
     per_rank = [row[0] for row in gather_floats(transport, [timing.layer_s])]
     layer_s = statistics.median(per_rank)
     # The layer as a plan charges it on rank 0 (padded per-stream shards, its heads).
-    cost_shape = layer_shape(ulysses_layout(spec, world, streams), 0,
+    cost_shape = layer_shape(head_split(spec, world, streams), 0,
                              2 if options.dtype == "bfloat16" else 4)
     effective, effective_memory = effective_rates(spec, cost_shape, layer_s, compute.tflops,
                                                   compute.memory_gbps)

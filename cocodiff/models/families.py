@@ -91,6 +91,10 @@ class ModelFamily:
         diffusers_context_parallel: diffusers has a context-parallel plan (``_cp_plan``)
             for the family, so ``run --schedule diffusers`` can run it.
         tiny_models: the family's built-in tiny models.
+        block_inputs: ``"module:attribute"`` of ``(config, image_tokens, text_tokens,
+            dtype) -> keyword arguments`` for one rank's local shard, by which ``cocodiff
+            calibrate`` times the family's real blocks; None: it cannot.
+        timed_blocks: the transformer's block lists that calibration times.
     """
 
     name: str
@@ -101,6 +105,8 @@ class ModelFamily:
     runtime: str | None = None
     diffusers_context_parallel: bool = False
     tiny_models: tuple[TinyModel, ...] = ()
+    block_inputs: str | None = None
+    timed_blocks: tuple[str, ...] = ()
 
 
 def _tiny(name: str, builder: str, **defaults: Any) -> TinyModel:
@@ -122,6 +128,8 @@ _FAMILY_LIST = (
         runtime=_adapter("flux", "FLUX"),
         diffusers_context_parallel=True,
         tiny_models=(_tiny("tiny-flux", "build_flux", width=128, height=128),),
+        block_inputs="cocodiff.calibration.blocks:flux_local_inputs",
+        timed_blocks=("transformer_blocks", "single_transformer_blocks"),
     ),
     ModelFamily(
         name="flux2",

@@ -45,8 +45,6 @@ def head_split(
                      spec.head_dim, batch)
 
 
-# The old name, for callers not yet renamed (cocodiff/calibrate.py); remove with them.
-ulysses_layout = head_split
 
 
 def layer_shape(split: HeadSplit, rank_in_group: int, dtype_bytes: int) -> LayerShape:
