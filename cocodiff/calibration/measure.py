@@ -1,5 +1,5 @@
 """The whole calibration on every rank of a transport's world (collective): compute,
-real blocks, link tiers, world all-to-alls."""
+real blocks, link tiers and each exchange's CPU, the host, world all-to-alls."""
 
 from __future__ import annotations
 
