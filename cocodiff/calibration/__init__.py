@@ -29,6 +29,14 @@ What is measured (all on the real transport, between real processes):
   is the one-way start-up of one message, software included; its bandwidth is what one
   transfer achieves per direction. These become ``[links.gpu]`` and ``[links.nic]`` of the
   ``cluster`` preset's shape.
+- **The host** (``[host]``, :class:`topology.HostSpec`): the cores the ranks may run on,
+  which ranks share a host (by host name: an emulated cluster's namespaces share this
+  machine), and the CPU an exchange costs a rank: the process's CPU time (every thread)
+  around each timed pair exchange, fitted as ``messages x message_cpu_us + bytes /
+  copy_gbps``; a transport whose waits spin (CPU near the wall time) is written as
+  ``busy_poll``. The tile's rates are then one core's (the all-busy rate over the cores
+  each rank gets), and the links are the pair fits less that CPU, so that the simulator
+  charging CPU on the host and the rest on the wire takes the measured times.
 - **The collective**: flat all-to-alls over the whole world at a few sizes, reported
   next to what the fitted links predict for them (the slowest of the busiest per-rank port
   and the busiest node NIC, each with its latency) so a reader can see how far a

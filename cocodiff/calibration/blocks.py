@@ -171,7 +171,7 @@ def measure_blocks(transport, options: CalibrateOptions, shapes: LayerShapes,
     transformer = build_transformer(config)
     transport.barrier()
     timing = time_blocks(transformer, shapes, streams, world, options.dtype,
-                         3 if options.quick else 5)
+                         3 if options.quick else 9)  # medians: see measure.py
     del transformer
     per_rank = [row[0] for row in gather_floats(transport, [timing.layer_s])]
     layer_s = statistics.median(per_rank)

@@ -10,6 +10,9 @@ from collections.abc import Sequence
 from cocodiff.calibration.fits import LinkFit
 from cocodiff.calibration.options import ROW_BYTES
 
+SMALL_BYTES = 64 * 1024
+SMALL_REPEATS_FACTOR = 3
+
 
 def _exchange(transport, group, num_bytes: int, torch) -> tuple[float, float]:
     """One all-to-all over ``group`` sending ``num_bytes`` to every other member: (wall
@@ -39,7 +42,9 @@ def measure_exchanges_cpu(transport, group, sizes_bytes: Sequence[int], repeats:
     for num_bytes in sizes_bytes:
         _exchange(transport, group, num_bytes, torch)  # warm-up (connections, buffers)
         walls, cpus = [], []
-        for _ in range(repeats):
+        # Small sizes set the start-up terms and cost little: three times the repeats
+        # (their medians moved most between two calibrations on a loaded machine).
+        for _ in range(repeats * (SMALL_REPEATS_FACTOR if num_bytes <= SMALL_BYTES else 1)):
             _exchange(transport, group, ROW_BYTES, torch)
             wall_s, cpu_s = _exchange(transport, group, num_bytes, torch)
             walls.append(wall_s)

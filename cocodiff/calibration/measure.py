@@ -1,10 +1,11 @@
 """The whole calibration on every rank of a transport's world (collective): compute,
-real blocks, link tiers, world all-to-alls."""
+real blocks, link tiers and each exchange's CPU, the host, world all-to-alls."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import socket
 import statistics
 import time
@@ -36,6 +37,7 @@ from topology.presets import machine_cores
 def calibrate(transport, options: CalibrateOptions) -> Calibration:
     """Run every measurement on every rank of ``transport``'s world (collective)."""
     began = time.perf_counter()
+    load_began = _load_average()
     world = transport.world_size
     rank = transport.rank
     node_of = detect_nodes(transport)
@@ -131,7 +133,12 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
     return Calibration(num_nodes, ranks_per_node, detected, transport.name, options.dtype, shapes,
                        compute, fits["intra"], fits["inter"], all_to_all,
                        time.perf_counter() - began, host=_host_of_ranks(transport, cpu),
-                       intra_wire=wires["intra"], inter_wire=wires["inter"])
+                       intra_wire=wires["intra"], inter_wire=wires["inter"],
+                       load_average=(load_began, _load_average()))
+
+
+def _load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
 def _host_of_ranks(transport, cpu: CpuFit | None) -> HostMeasurement:

@@ -75,6 +75,9 @@ class Calibration:
     host: HostMeasurement | None = None
     intra_wire: LinkFit | None = None
     inter_wire: LinkFit | None = None
+    # The machine's 1-minute load average at the start and the end: rates measured while
+    # other work holds the cores are that moment's, and say so.
+    load_average: tuple[float, float] | None = None
 
     def topology(self, name: str | None = None):
         """The ``cluster`` preset with the measured numbers (and ``[host]`` when measured:
@@ -161,6 +164,7 @@ class Calibration:
             "intra_wire": None if self.intra_wire is None else self.intra_wire.to_json(),
             "inter_wire": None if self.inter_wire is None else self.inter_wire.to_json(),
             "wall_s": self.wall_s,
+            "load_average": self.load_average,
         }
 
 
@@ -236,6 +240,12 @@ def summary(result: Calibration, output: Path) -> str:
         lines.append(f"  {name}-node: {fit.latency_us:.1f} us + bytes / {fit.bandwidth_gbps:.3f}"
                      f" GB/s ({fit.source}, max fit error {fit.max_rel_error:.0%})")
     host = result.host
+    if host is not None and result.load_average is not None:
+        busiest = max(result.load_average)
+        ranks = host.ranks_per_host or result.num_nodes * result.ranks_per_node
+        if busiest > host.cores + ranks:
+            lines.append(f"  warning: load average {busiest:.1f} on {host.cores:g} cores: other "
+                         "work shared the cores, and the rates are that moment's")
     if host is not None:
         cpu = host.cpu
         ranks = host.ranks_per_host or result.num_nodes * result.ranks_per_node
