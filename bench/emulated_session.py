@@ -44,13 +44,13 @@ def main() -> int:
     transformers.logging.disable_progress_bar()
     diffusers_logging.disable_progress_bar()
 
-    from cocodiff.errors import CocodiffError
+    from cocodiff.commands.run import rank_grid
     from cocodiff.runtime.baseline import BASELINES
     from cocodiff.runtime.hybrid import parallelize_hybrid
     from cocodiff.runtime.parallel import parallelize
     from cocodiff.runtime.pipelines import load_pipeline, run_pipeline, tiny_name_of
-    from cocodiff.runtime.run import rank_grid
     from cocodiff.runtime.tiny import TINY_DEFAULTS
+    from cocodiff.util.errors import CocodiffError
     from transports.registry import create_transport
 
     transport = create_transport("torch", timeout_s=300.0)
@@ -124,9 +124,9 @@ def parse_layout_name(text: str):
     layout."""
     import re
 
-    from cocodiff.errors import CocodiffError
+    from cocodiff.commands.plan import RING_INNER_ORDER
     from cocodiff.layout import DEFAULT_ORDER, ParallelLayout
-    from cocodiff.plan_command import RING_INNER_ORDER
+    from cocodiff.util.errors import CocodiffError
 
     match = re.fullmatch(r"U(\d+)xR(\d+)xB(\d+)(/ring-inner)?", text)
     if match is None:

@@ -198,7 +198,7 @@ def predict(schedules: list[str], spec, resolution: int, topology_path: Path, st
     steps that are measured (all but the first); ``tile_tflops`` replaces the topology's
     compute rate (e.g. calibrate's matrix-product rate, to compare with the real blocks')."""
     from cocodiff.schedules import PlanOptions, RankGrid, plan_for_step
-    from cocodiff.simulate import simulate_plan
+    from cocodiff.simulator.simulate import simulate_plan
     from topology import Placement, build_topology, load_topology
 
     described = load_topology(topology_path)

@@ -33,7 +33,7 @@ What is measured (all on the real transport, between real processes):
   next to what the fitted links predict for them (the slowest of the busiest per-rank port
   and the busiest node NIC, each with its latency) so a reader can see how far a
   collective runs from the wire. With the two-rank exchanges they are the table that
-  :func:`cocodiff.collective_fit.fit_collective` fits the simulator's collective model to
+  :func:`cocodiff.simulator.collective_fit.fit_collective` fits the simulator's collective model to
   (per span: per-transfer set-up and the rate a rank's transfers reach together), the same
   fit that gives Aurora's preset; written as JSON ``collective`` (the topology file has no
   place for it).
@@ -65,11 +65,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cocodiff.atomic import check_output_paths
-from cocodiff.errors import CocodiffError
-from cocodiff.jsonfile import read_json
 from cocodiff.models import read_tiny_marker
 from cocodiff.runtime.nodes import detect_nodes, node_major_shape
+from cocodiff.util.atomic import check_output_paths
+from cocodiff.util.errors import CocodiffError
+from cocodiff.util.jsonfile import read_json
 
 ROW_BYTES = 1024  # exchanges move rows of 1 KiB; sizes are whole rows
 DEFAULT_SIZES_KIB = (1, 4, 16, 64, 256, 1024, 4096)
@@ -845,9 +845,9 @@ def measure_blocks(transport, args: argparse.Namespace, shapes: LayerShapes,
 def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
     """The simulator's collective model fitted on what calibrate measured: the two-rank
     exchanges (pairs) and the world all-to-alls, on the calibrated topology (the fit of
-    :mod:`cocodiff.collective_fit`, as for Aurora's preset). JSON: the model
+    :mod:`cocodiff.simulator.collective_fit`, as for Aurora's preset). JSON: the model
     (``transports.sim.CollectiveModel.to_json``) and each measurement's fitted time."""
-    from cocodiff.collective_fit import Measurement, fit_collective
+    from cocodiff.simulator.collective_fit import Measurement, fit_collective
     from topology import build_topology
     from transports.sim import CollectiveModel
 
@@ -958,7 +958,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 
 def _write_outputs(result: Calibration, args: argparse.Namespace) -> None:
-    from cocodiff.atomic import atomic_write_text
+    from cocodiff.util.atomic import atomic_write_text
     from topology import dump_topology
 
     spec = result.topology()

@@ -34,8 +34,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cocodiff.jsonfile import read_json
-from cocodiff.paths import path_problem
+from cocodiff.util.jsonfile import read_json
+from cocodiff.util.paths import path_problem
 
 FAMILIES = ("flux", "flux2", "sd3", "qwen-image", "wan", "pixart", "dit")
 

@@ -27,7 +27,7 @@ from cocodiff.calibrate import (
     time_blocks,
     tiny_transformer_config,
 )
-from cocodiff.cli import main
+from cocodiff.commands.cli import main
 from topology import load_topology
 
 REPO = Path(__file__).resolve().parents[1]

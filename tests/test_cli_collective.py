@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from cocodiff.cli import main
-from cocodiff.collective_command import parse_sizes
+from cocodiff.commands.cli import main
+from cocodiff.commands.collective import parse_sizes
 
 ROW_KEYS = {"nodes", "ranks", "bytes_per_rank", "schedule", "time_s", "algbw_gbps",
             "busbw_gbps"}

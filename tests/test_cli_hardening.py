@@ -18,11 +18,11 @@ import pytest
 from clicheck import Hang, call, check_outcome
 from launching import LAUNCH_VARS, REPO
 
-from cocodiff import budget
-from cocodiff.jsonfile import MAX_JSON_DEPTH, json_depth
 from cocodiff.models import REGISTRY, TINY_NAMES
 from cocodiff.schedules import PlanOptions
-from cocodiff.simulate import simulate_schedule
+from cocodiff.simulator import budget
+from cocodiff.simulator.simulate import simulate_schedule
+from cocodiff.util.jsonfile import MAX_JSON_DEPTH, json_depth
 from topology import Placement, build_topology, get_preset
 
 LIMIT_S = 10
@@ -183,13 +183,13 @@ def test_non_utf8_file_and_directory_names_simulate(tmp_path):
 
 
 def test_an_encoding_error_is_reported_as_one(tmp_path, monkeypatch):
-    import cocodiff.simulate_command as command
+    import cocodiff.commands.simulate as command
 
     def fail(args):
         "é".encode("ascii")
 
     monkeypatch.setattr(command, "simulate_command", fail)
-    monkeypatch.setattr("cocodiff.cli.simulate_command", fail)
+    monkeypatch.setattr("cocodiff.commands.cli.simulate_command", fail)
     err = refused("simulate", match="cannot encode 'é' as ascii: ordinal not in range")
     assert "error: utf-8" not in err
 
@@ -280,7 +280,8 @@ def test_the_guard_counts_the_collectives_the_simulator_posts(monkeypatch, sched
                                                                  chunks):
     """The estimate's collectives are exactly the all-to-alls the simulated ranks post when
     every layer is simulated (a recorded timeline), and an upper bound when the simulator
-    extrapolates a step from one and two layers (``cocodiff.simulate.simulate_layers``)."""
+    extrapolates a step from one and two layers
+    (``cocodiff.simulator.simulate.simulate_layers``)."""
     import transports.sim as sim_transport
 
     posted = []

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cocodiff.cli import main
+from cocodiff.commands.cli import main
 
 
 def test_plan_prints_the_best_layouts(capsys, tmp_path):

@@ -9,11 +9,11 @@ import pytest
 import torch
 from launching import MPIEXEC, launcher_prefix, needs_mpi, run_job
 
-from cocodiff.cli import main
-from cocodiff.errors import ScheduleError
+from cocodiff.commands.cli import main
 from cocodiff.runtime.parallel import UnsupportedModelError, parallelize
 from cocodiff.runtime.tiny import build_tiny
 from cocodiff.schedules import RankGrid
+from cocodiff.util.errors import ScheduleError
 from transports.base import Group
 
 RUN_KEYS = {
@@ -213,7 +213,7 @@ def test_ranks_that_disagree_on_arguments_all_fail_with_one_message(tmp_path):
 )
 def test_the_launch_grid_is_the_nodes_the_ranks_found(monkeypatch, node_of, shape):
     import cocodiff.runtime.nodes as nodes
-    from cocodiff.runtime.run import launched_grid
+    from cocodiff.commands.run import launched_grid
 
     monkeypatch.setattr(nodes, "detect_nodes", lambda transport: node_of)
     grid = launched_grid(_FourRanks())

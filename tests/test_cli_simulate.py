@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from cocodiff.cli import main
+from cocodiff.commands.cli import main
 
 JSON_KEYS = {"model", "topology", "num_nodes", "num_ranks", "resolution", "results"}
 RESULT_KEYS = {"schedule", "step_time_s", "compute_s", "comm_exposed_s", "bytes_by_tier"}

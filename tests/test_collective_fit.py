@@ -1,4 +1,4 @@
-"""The collective model fitted from microbenchmarks (cocodiff.collective_fit): Aurora's
+"""The collective model fitted from microbenchmarks (cocodiff.simulator.collective_fit): Aurora's
 preset against the published all-to-all cells, and the fit recovering known costs."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from cocodiff.collective import simulate_all_to_all, spread_placement
-from cocodiff.collective_fit import (
+from cocodiff.simulator.collective import simulate_all_to_all, spread_placement
+from cocodiff.simulator.collective_fit import (
     LEVEL_STACK,
     TREND_STACK,
     Measurement,

@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from emulated_session import parse_layout_name  # noqa: E402
 
 from bench.emulated_layouts import _layouts, _pairs, spearman  # noqa: E402
-from cocodiff.errors import CocodiffError  # noqa: E402
+from cocodiff.util.errors import CocodiffError  # noqa: E402
 
 
 def test_layout_names_read_back_to_the_planners_layouts():

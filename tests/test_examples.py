@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cocodiff.cli import build_parser
+from cocodiff.commands.cli import build_parser
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 AURORA = EXAMPLES / "aurora" / "cocodiff.pbs"

@@ -3,8 +3,8 @@
 import pytest
 
 from cocodiff.cost import Cost
-from cocodiff.executor import PlanError, drive_blocking, run_steps
-from cocodiff.plan import Compute, Exchange, Wait
+from cocodiff.plan.executor import PlanError, drive_blocking, run_steps
+from cocodiff.plan.steps import Compute, Exchange, Wait
 from transports.base import CompletedHandle
 
 EXCHANGE = Exchange("v", (0, 1), (1, 1), (1, 1), 8, "scatter_heads")

@@ -3,7 +3,7 @@ lines of ``cocodiff simulate`` and ``cocodiff run``.
 
 Every case must either work (exit 0) or be refused with exactly one line on stderr and
 exit code 2: never a traceback, never a hang (each case runs under an alarm). The CLI is
-driven in-process through ``cocodiff.cli.main`` for speed, plus a handful of cases through
+driven in-process through ``cocodiff.commands.cli.main`` for speed, plus a handful of cases through
 a real process (where stdout/stderr encodings and exit codes are the real ones).
 
 Files and argument values are generated both from the formats' own keys (to get past the
@@ -43,7 +43,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from launching import LAUNCH_VARS, REPO
 
-from cocodiff.cli import main
+from cocodiff.commands.cli import main
 from cocodiff.models import REGISTRY, ModelSpecError, load_model_spec
 from topology import PRESETS, TopologyError, load_topology
 
@@ -51,7 +51,7 @@ from topology import PRESETS, TopologyError, load_topology
 # may be busy); a small valid topology or model simulates in well under a second.
 CASE_LIMIT_S = 30
 SIMULATE_LIMIT_S = 10
-# The resource guard's wall-time limit in the hostile cases (cocodiff.budget): what it
+# The resource guard's wall-time limit in the hostile cases (cocodiff.simulator.budget): what it
 # accepts must finish well inside CASE_LIMIT_S even on a busy machine.
 GUARD_LIMIT_S = 3
 SCALE = float(os.environ.get("COCODIFF_FUZZ_EXAMPLES", "1"))

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cocodiff.errors import ScheduleError
 from cocodiff.models import REGISTRY
-from cocodiff.plan import Compute, Exchange
+from cocodiff.plan.steps import Compute, Exchange
 from cocodiff.schedules import PlanOptions, RankGrid, get_schedule, plan_flat
 from cocodiff.schedules.ulysses import split_heads
+from cocodiff.util.errors import ScheduleError
 
 FLUX = REGISTRY["flux1-dev"]
 

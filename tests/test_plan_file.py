@@ -7,10 +7,10 @@ import re
 import pytest
 from launching import launcher_prefix, needs_mpi, needs_torchrun, run_job
 
-from cocodiff.cli import main
+from cocodiff.commands.cli import main
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import REGISTRY
-from cocodiff.plan_file import (
+from cocodiff.plan.file import (
     PlanFileError,
     RunPlan,
     build_run_plan,
@@ -19,7 +19,7 @@ from cocodiff.plan_file import (
     load_run_plan,
 )
 from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, plan_for_step
-from cocodiff.simulate import simulate_run_plan, simulate_schedule
+from cocodiff.simulator.simulate import simulate_run_plan, simulate_schedule
 from topology import Placement, build_topology
 from topology.presets import cluster
 

@@ -1,4 +1,4 @@
-"""The planner (cocodiff.planner): which layouts it considers, that its layer
+"""The planner (cocodiff.simulator.planner): which layouts it considers, that its layer
 extrapolation is the full simulation, and that it ranks what it simulates."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import REGISTRY
-from cocodiff.planner import candidate_layouts, rank_layouts, simulate_step
 from cocodiff.schedules import RankGrid
 from cocodiff.schedules.hybrid import plan_hybrid
-from cocodiff.simulate import simulate_plan
+from cocodiff.simulator.planner import candidate_layouts, rank_layouts, simulate_step
+from cocodiff.simulator.simulate import simulate_plan
 from topology import Placement, build_topology, get_preset
 
 FLUX = REGISTRY["flux1-dev"]
@@ -58,7 +58,7 @@ def test_ranking_is_sorted_and_beats_idle_ranks():
 
 @pytest.mark.parametrize("name", ["flat", "tapa", "vfirst"])
 def test_step_floor_never_exceeds_the_simulation(name):
-    from cocodiff.bounds import step_floor_s
+    from cocodiff.simulator.bounds import step_floor_s
     from transports.sim import collective_model_for
 
     topology = build_topology(get_preset("aurora", 2))
@@ -72,7 +72,7 @@ def test_step_floor_never_exceeds_the_simulation(name):
 
 
 def test_pruned_search_picks_what_the_full_ranking_picks():
-    from cocodiff.planner import best_layouts
+    from cocodiff.simulator.planner import best_layouts
 
     topology = build_topology(get_preset("aurora", 2))
     names = ("flat", "vfirst", "cocodiff")  # cocodiff takes vfirst's layout

@@ -22,15 +22,15 @@ import torch
 from launching import LAUNCH_VARS, REPO
 from safetensors.torch import load_file, save_file
 
-from cocodiff.atomic import atomic_write
-from cocodiff.cli import main
-from cocodiff.errors import CocodiffError
+from cocodiff.commands.cli import main
+from cocodiff.commands.run import Interrupted, raise_on_signals
 from cocodiff.runtime.faults import Fault, FaultyTransport, fault_from_env
 from cocodiff.runtime.guards import NumericsError, NumericsGuard
 from cocodiff.runtime.parallel import parallelize
 from cocodiff.runtime.pipelines import ModelLoadError, export_tiny, load_pipeline, run_pipeline
-from cocodiff.runtime.run import Interrupted, raise_on_signals
 from cocodiff.runtime.tiny import TINY_DEFAULTS, build_tiny
+from cocodiff.util.atomic import atomic_write
+from cocodiff.util.errors import CocodiffError
 
 SOURCE_DIRS = ("cocodiff", "transports", "topology", "sim", "bench")
 

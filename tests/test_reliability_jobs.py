@@ -187,7 +187,7 @@ def test_same_seed_same_latents_across_runs_and_transports(tmp_path):
 
 
 def test_same_seed_same_latents_in_one_process(tmp_path):
-    from cocodiff.cli import main
+    from cocodiff.commands.cli import main
 
     paths = [tmp_path / "1.pt", tmp_path / "2.pt"]
     for path in paths:

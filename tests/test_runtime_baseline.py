@@ -12,9 +12,9 @@ import torch
 from diffusers.models._modeling_parallel import ContextParallelInput
 from launching import WORKERS, launcher_prefix, needs_mpi, needs_torchrun, run_job
 
-from cocodiff.errors import CocodiffError
 from cocodiff.runtime.baseline import _even_split_check, enable_diffusers_ulysses
 from cocodiff.runtime.tiny import build_tiny
+from cocodiff.util.errors import CocodiffError
 from transports.base import Group
 
 # The tiny models whose transformer class diffusers has a _cp_plan for.

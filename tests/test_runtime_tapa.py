@@ -13,8 +13,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from cocodiff.executor import PlanError
 from cocodiff.models import REGISTRY
+from cocodiff.plan.executor import PlanError
 from cocodiff.runtime.tapa import PhasedHandle, chunk_rows, plan_route
 from cocodiff.schedules import PlanOptions, RankGrid, plan_tapa
 from transports.base import Group, TransportError

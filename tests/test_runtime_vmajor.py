@@ -15,9 +15,9 @@ import torch
 from launching import launcher_prefix, needs_torchrun, run_job
 from test_runtime_tapa import heads_spec, run_ranks
 
-from cocodiff.cli import main
-from cocodiff.executor import PlanError
+from cocodiff.commands.cli import main
 from cocodiff.models import spec_from_config
+from cocodiff.plan.executor import PlanError
 from cocodiff.quality import psnr_db, ssim
 from cocodiff.runtime.families import FAMILIES
 from cocodiff.runtime.tapa import PhasedHandle, plan_route
@@ -26,7 +26,7 @@ from cocodiff.runtime.vmajor import VMajorCache, cache_bytes_bound, local_activi
 from cocodiff.schedules import PlanOptions, RankGrid, plan_cocodiff
 from cocodiff.schedules.activity import load_activity, plan_from_activity
 from cocodiff.schedules.vmajor import block_tokens, blocks_sent, message_bytes
-from cocodiff.simulate import simulate_plan
+from cocodiff.simulator.simulate import simulate_plan
 from topology import Placement, build_topology
 from topology.presets import cluster
 

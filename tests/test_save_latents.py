@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cocodiff.cli import main
+from cocodiff.commands.cli import main
 from cocodiff.runtime.pipelines import load_pipeline
 from cocodiff.runtime.tiny import TINY_DEFAULTS
 

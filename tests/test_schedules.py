@@ -8,9 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cocodiff.errors import ScheduleError
 from cocodiff.models import REGISTRY
-from cocodiff.plan import Compute
+from cocodiff.plan.steps import Compute
 from cocodiff.schedules import (
     SCHEDULES,
     PlanOptions,
@@ -22,7 +21,8 @@ from cocodiff.schedules import (
     plan_vfirst,
 )
 from cocodiff.schedules.grid import LEVELS
-from cocodiff.simulate import simulate_plan, simulate_schedule
+from cocodiff.simulator.simulate import simulate_plan, simulate_schedule
+from cocodiff.util.errors import ScheduleError
 from topology import Placement, build_topology, get_preset
 from topology.presets import cluster
 
@@ -216,7 +216,7 @@ def test_malformed_activity_traces_are_refused(edit, message):
 
 
 def test_a_trace_for_another_shape_is_refused_by_the_cli(tmp_path, capsys):
-    from cocodiff.cli import main
+    from cocodiff.commands.cli import main
 
     path = tmp_path / "trace.json"
     path.write_text(small_trace(4, 2, 4, 1).to_json())

@@ -10,10 +10,10 @@ import pytest
 from cocodiff.cost import roofline_seconds
 from cocodiff.layout import LayoutError, ParallelLayout
 from cocodiff.models import REGISTRY
-from cocodiff.plan import Compute, Exchange, Wait
+from cocodiff.plan.steps import Compute, Exchange, Wait
 from cocodiff.schedules import RankGrid, plan_flat, plan_tapa
 from cocodiff.schedules.hybrid import plan_hybrid
-from cocodiff.simulate import simulate_plan
+from cocodiff.simulator.simulate import simulate_plan
 from topology import Placement, build_topology, get_preset
 from topology.presets import cluster
 from transports.sim import COLLECTIVE_MODELS

@@ -1,4 +1,4 @@
-"""cocodiff.simulate.simulate_layers: a step extrapolated from one and two layers is the
+"""cocodiff.simulator.simulate.simulate_layers: a step extrapolated from one and two layers is the
 full simulation, field by field."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from cocodiff.layout import ParallelLayout
 from cocodiff.models import REGISTRY
 from cocodiff.schedules import DEFAULT_OPTIONS, PlanOptions, RankGrid, get_schedule
 from cocodiff.schedules.hybrid import plan_hybrid
-from cocodiff.simulate import simulate_layers, simulate_plan
+from cocodiff.simulator.simulate import simulate_layers, simulate_plan
 from topology import Placement, build_topology, get_preset
 
 FLUX = REGISTRY["flux1-dev"]
@@ -84,6 +84,6 @@ def test_a_two_layer_plan_stands_for_the_whole_step():
 def _first_layer(plan):
     from dataclasses import replace
 
-    from cocodiff.plan import RankProgram
+    from cocodiff.plan.steps import RankProgram
 
     return replace(plan, programs=tuple(RankProgram(p.rank, p.layers[:1]) for p in plan.programs))

@@ -1,4 +1,4 @@
-"""`cocodiff simulate --sweep` (cocodiff.sweep): rows spread over local processes, or over
+"""`cocodiff simulate --sweep` (cocodiff.simulator.sweep): rows spread over local processes, or over
 the ranks of an mpiexec launch, are the rows of a serial run."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 from launching import launcher_prefix, needs_mpi, run_job
 
-from cocodiff.cli import main
+from cocodiff.commands.cli import main
 
 # FLUX.1-dev's 24 heads: 1 node runs pure Ulysses, 4 nodes (48 ranks) the planner's layouts.
 GRID = ["--sweep", "--sweep-models", "flux1-dev", "--sweep-resolutions", "768",

@@ -7,7 +7,7 @@ import pytest
 
 from cocodiff.models import REGISTRY
 from cocodiff.schedules import RankGrid, plan_flat
-from cocodiff.simulate import simulate_plan
+from cocodiff.simulator.simulate import simulate_plan
 from sim import Simulation
 from topology import Placement, build_topology, get_preset
 from topology.presets import cluster

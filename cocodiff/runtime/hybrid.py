@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from cocodiff.layout import LayoutError, ParallelLayout
-from cocodiff.plan import Exchange
-from cocodiff.plan_file import RunPlan
+from cocodiff.plan.file import RunPlan
+from cocodiff.plan.steps import Exchange
 from cocodiff.runtime.exchange import all_gather_rows
 from cocodiff.runtime.parallel import (
     TensorBackend,

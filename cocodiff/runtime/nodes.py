@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Sequence
 
-from cocodiff.errors import CocodiffError
+from cocodiff.util.errors import CocodiffError
 
 
 class PlacementError(CocodiffError):

@@ -5,7 +5,7 @@ Three things are installed on the transformer, all from the model's :class:`Fami
 1. hooks that split the token streams over the ranks where they enter the model, and
    gather them where they leave (padding streams that do not divide);
 2. attention processors that run the plan's attention steps with the shared executor
-   (``cocodiff.executor``) through any transport;
+   (``cocodiff.plan.executor``) through any transport;
 3. nothing else: the rest of every block runs as diffusers wrote it, on local tokens.
 
 The plan is made on the first forward call, when the token counts are known, by the
@@ -26,12 +26,11 @@ from typing import Any
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-from cocodiff.errors import CocodiffError, ScheduleError
-from cocodiff.executor import PlanError, drive_blocking, run_steps
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec, spec_from_config
-from cocodiff.plan import Compute, Exchange, LayerPlan, Plan
-from cocodiff.plan_file import RunPlan, build_run_plan, check_plan_fits_call, check_plan_fits_model
+from cocodiff.plan.executor import PlanError, drive_blocking, run_steps
+from cocodiff.plan.file import RunPlan, build_run_plan, check_plan_fits_call, check_plan_fits_model
+from cocodiff.plan.steps import Compute, Exchange, LayerPlan, Plan
 from cocodiff.runtime.exchange import (
     all_gather_rows,
     pack_gather_heads,
@@ -52,6 +51,7 @@ from cocodiff.runtime.tapa import PhasedHandle, Route, plan_route
 from cocodiff.runtime.vmajor import VMajorCache
 from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, get_schedule
 from cocodiff.schedules.grid import LEVELS
+from cocodiff.util.errors import CocodiffError, ScheduleError
 from transports.base import CompletedHandle, Group, Handle, Transport
 
 # The tier (a topology.TIERS name) that messages between ranks differing first in this
@@ -448,7 +448,7 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat",
         options: chunks and V-Major's ratio schedule (:class:`PlanOptions`; its dtype and
             batch are taken from the model's calls). Set ``runtime.vmajor = None`` to run
             cocodiff exactly (TAPA + V-First).
-        run_plan: a plan file's plan (:mod:`cocodiff.plan_file`) to execute instead; it
+        run_plan: a plan file's plan (:mod:`cocodiff.plan.file`) to execute instead; it
             fixes the schedule, the grid and the options, and the first call checks that
             the model's tokens, batch and dtype are the plan's.
 

@@ -24,9 +24,9 @@ from diffusers import DiffusionPipeline  # noqa: E402
 from packaging.version import Version  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from cocodiff.jsonfile import read_json  # noqa: E402
 from cocodiff.models import TINY_MARKER, read_tiny_marker  # noqa: E402
 from cocodiff.runtime.tiny import TINY_DEFAULTS, TINY_MODELS, build_tiny  # noqa: E402
+from cocodiff.util.jsonfile import read_json  # noqa: E402
 
 # Transformer classes the runtime knows how to parallelise (model_index.json "transformer" entry).
 SUPPORTED_TRANSFORMERS = (

@@ -14,8 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-from cocodiff.errors import CocodiffError
 from cocodiff.layout import DEFAULT_ORDER, ParallelLayout, parse_degrees
+from cocodiff.util.errors import CocodiffError
 
 AUTO = "auto"
 DEFAULT_TOPOLOGY = "aurora"
@@ -185,13 +185,13 @@ def collective_arg(name: str):
 def plan_command(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from cocodiff import budget
-    from cocodiff.atomic import atomic_write_text, check_output_paths
-    from cocodiff.console import plain_console
     from cocodiff.models import parse_resolution
-    from cocodiff.plan_file import build_run_plan
-    from cocodiff.planner import rank_layouts
+    from cocodiff.plan.file import build_run_plan
     from cocodiff.schedules import RankGrid
+    from cocodiff.simulator import budget
+    from cocodiff.simulator.planner import rank_layouts
+    from cocodiff.util.atomic import atomic_write_text, check_output_paths
+    from cocodiff.util.console import plain_console
     from topology import Placement, build_topology, resolve_topology
 
     check_output_paths((args.json, args.out))

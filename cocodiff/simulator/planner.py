@@ -22,11 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import permutations
 
-from cocodiff.bounds import plan_bound_s, step_floor_s
-from cocodiff.fanout import map_local
 from cocodiff.layout import AXES, ParallelLayout
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Plan
+from cocodiff.plan.steps import Plan
 from cocodiff.schedules import (
     DEFAULT_OPTIONS,
     EXACT,
@@ -35,7 +33,9 @@ from cocodiff.schedules import (
     get_schedule,
     plan_hybrid,
 )
-from cocodiff.simulate import SimResult, simulate_layers
+from cocodiff.simulator.bounds import plan_bound_s, step_floor_s
+from cocodiff.simulator.fanout import map_local
+from cocodiff.simulator.simulate import SimResult, simulate_layers
 from topology import Placement, Topology
 from transports.sim import CollectiveModel, collective_model_for
 
@@ -53,7 +53,7 @@ class Candidate:
         step_time_s: simulated time of one denoising step.
         compute_s: compute of the slowest rank in that step.
         bound_s: the topology's lower bound for the step's exchanges (links only,
-            ``cocodiff.bounds``): no schedule of this layout communicates faster; None
+            ``cocodiff.simulator.bounds``): no schedule of this layout communicates faster; None
             when the ranking was asked for none.
     """
 
@@ -108,7 +108,7 @@ def simulate_step(plan: Plan, topology: Topology, placement: Placement,
                   collective: CollectiveModel | None = None,
                   num_layers: int | None = None) -> tuple[float, float]:
     """(step time, compute of the slowest rank) of ``plan``, by layer extrapolation
-    (:func:`cocodiff.simulate.simulate_layers`; ``num_layers`` as there)."""
+    (:func:`cocodiff.simulator.simulate.simulate_layers`; ``num_layers`` as there)."""
     result = simulate_layers(plan, topology, placement, collective, num_layers)
     return result.step_time_s, result.compute_s
 
@@ -135,7 +135,7 @@ def rank_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[in
         with_bounds: compute each candidate's link bound (else ``bound_s`` is None):
             only for showing, it plays no part in the ranking.
         workers: local processes to simulate the candidates on
-            (:func:`cocodiff.fanout.map_local`); the ranking is the same for any number.
+            (:func:`cocodiff.simulator.fanout.map_local`); the ranking is the same for any number.
     """
     start = time.perf_counter()
     placement = Placement.node_major(topology)
@@ -180,7 +180,7 @@ def _evaluate(context: _Context, pair: tuple[ParallelLayout, str]) -> Candidate:
 class Choice:
     """The planner's layout for one schedule, and the step it simulated to choose it
     (None for a schedule ranked as another: ``cocodiff`` as ``vfirst``). The step is the
-    one :func:`cocodiff.simulate.simulate_schedule` gives for that layout with the same
+    one :func:`cocodiff.simulator.simulate.simulate_schedule` gives for that layout with the same
     options, so callers may reuse it instead of simulating it again (its ``known``)."""
 
     layout: ParallelLayout
@@ -207,12 +207,12 @@ def choose_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[
 
     The same choice as the best of :func:`rank_layouts` for that schedule alone, without
     simulating every candidate: candidates are simulated in the order of their step
-    floor (:func:`cocodiff.bounds.step_floor_s`, a lower bound that needs no
+    floor (:func:`cocodiff.simulator.bounds.step_floor_s`, a lower bound that needs no
     simulation), and once a floor exceeds the best step time simulated so far no later
     candidate can win. Ties go to the layout name first, as in :func:`rank_layouts`.
     ``workers`` local processes search for different schedules at once.
     """
-    from cocodiff.plan_file import canonical_streams
+    from cocodiff.plan.file import canonical_streams
 
     placement = Placement.node_major(topology)
     # The streams as a run's plan holds them, so that a winner's step is that plan's.

@@ -1,5 +1,5 @@
 """How a phased (TAPA) exchange is carried: one definition for the simulator
-(:class:`cocodiff.simulate.SimBackend`) and the runtime
+(:class:`cocodiff.simulator.simulate.SimBackend`) and the runtime
 (:class:`cocodiff.runtime.tapa.PhasedHandle`).
 
 An exchange's rows are cut into ``chunks`` (every block's rows split as evenly as
@@ -7,7 +7,7 @@ possible, the first chunks one larger: :func:`chunk_rows`), and the chunks flow 
 the phases as a pipeline (:class:`ChunkPipeline`): chunk c enters phase p once it has
 left phase p-1 and chunk c-1 has left phase p, so the slow tier carries chunk c while a
 fast tier carries chunk c-1. The plan states each chunk's rows per member
-(:meth:`cocodiff.plan.Phase.chunk_rows`); :func:`member_bytes` is what they cost on the
+(:meth:`cocodiff.plan.steps.Phase.chunk_rows`); :func:`member_bytes` is what they cost on the
 wire, whole rows or a selective (V-Major) phase's message.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from cocodiff.plan import Phase
+from cocodiff.plan.steps import Phase
 from cocodiff.schedules.tapa import chunk_rows
 from cocodiff.schedules.vmajor import message_bytes
 

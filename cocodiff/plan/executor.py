@@ -5,7 +5,7 @@ wait. The caller decides what waiting means:
 
 * the runtime drives it with :func:`drive_blocking` (nothing to do: ``handle.wait()``
   inside the executor blocks on real communication);
-* the simulator drives it inside a SimPy process (``cocodiff.simulate``), yielding
+* the simulator drives it inside a SimPy process (``cocodiff.simulator.simulate``), yielding
   the handle's SimPy event so that simulated time passes first.
 
 The executor itself knows nothing of tensors or time: a *backend* binds compute steps
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Generator, Iterable
 from typing import Any, Protocol
 
-from cocodiff.plan import Compute, Exchange, LayerPlan, RankProgram, Step, Tensor, Wait
+from cocodiff.plan.steps import Compute, Exchange, LayerPlan, RankProgram, Step, Tensor, Wait
 from transports.base import Handle
 
 Execution = Generator[Handle, None, None]

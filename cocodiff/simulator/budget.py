@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from cocodiff.errors import CocodiffError
+from cocodiff.util.errors import CocodiffError
 
 # Per-unit times fitted by bench/sim_guard.py to the CPU time of six simulations on the
 # development machine (docs/hardening.md): per collective one simulated rank posts (SimPy
@@ -88,7 +88,7 @@ def graph_elements(spec) -> int:
 
 def _simulated_ranks(spec, num_ranks: int, heads: tuple[int, ...]) -> int:
     """Ranks the simulator runs: the fold period of a node-symmetric plan
-    (``cocodiff.simulate._fold_period_nodes``) or all of them."""
+    (``cocodiff.simulator.simulate._fold_period_nodes``) or all of them."""
     from cocodiff.schedules.ulysses import smallest_period
 
     per_node = spec.gpus_per_node * spec.tiles_per_gpu
@@ -115,7 +115,8 @@ def estimate_simulation(spec, num_layers: int, num_heads: int, schedules: dict[s
                         chunks: int, group: int | None = None) -> Estimate:
     """The cost of simulating ``schedules`` on the machine ``spec``, every layer counted:
     exact for a full simulation (a recorded timeline), an upper bound when the simulator
-    extrapolates a step from one and two layers (:func:`cocodiff.simulate.simulate_layers`).
+    extrapolates a step from one and two layers
+    (:func:`cocodiff.simulator.simulate.simulate_layers`).
 
     Args:
         spec: the machine (a ``topology.TopologySpec``); every tile is a rank.
@@ -163,12 +164,12 @@ def estimate_simulation(spec, num_layers: int, num_heads: int, schedules: dict[s
 
 def estimate_planner(spec, num_layers: int, num_heads: int, schedules, batch_size: int,
                      chunks: int) -> Estimate:
-    """The cost of :func:`cocodiff.planner.rank_layouts`: one step of every candidate
+    """The cost of :func:`cocodiff.simulator.planner.rank_layouts`: one step of every candidate
     layout under each schedule, two layers of it (the planner extrapolates identical
     layers), every rank counted (its folding is not worked out here). Ring passes are
     not counted: a lower bound for layouts with a Ring, which the all-rank count covers.
     """
-    from cocodiff.planner import candidate_layouts
+    from cocodiff.simulator.planner import candidate_layouts
 
     estimates = []
     for layout in candidate_layouts(spec.num_tiles, num_heads, batch_size):
@@ -193,7 +194,7 @@ def combine(estimates) -> Estimate:
 
 
 def distinct_plans(name: str, num_steps: int, options, activity) -> int:
-    """Plans :func:`cocodiff.plan_file.build_run_plan` makes (and the simulator runs) for
+    """Plans :func:`cocodiff.plan.file.build_run_plan` makes (and the simulator runs) for
     ``name``: one per recorded step with an activity trace, one per distinct planned
     cache ratio for a step-dependent schedule (V-Major), else one."""
     from cocodiff.schedules import get_schedule

@@ -1,4 +1,4 @@
-"""Executing a plan in the simulator: the SimPy driver of :mod:`cocodiff.executor`.
+"""Executing a plan in the simulator: the SimPy driver of :mod:`cocodiff.plan.executor`.
 
 Every simulated rank is a SimPy process that runs the shared executor; compute steps
 take the cost model's roofline time on the rank's tile, exchanges go through the
@@ -13,13 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from cocodiff.bounds import plan_bound_s
 from cocodiff.cost import roofline_seconds
-from cocodiff.executor import Execution, run_program
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec
-from cocodiff.phasing import ChunkPipeline, member_bytes
-from cocodiff.plan import Compute, Exchange, Phase, Plan, RankProgram
+from cocodiff.plan.executor import Execution, run_program
+from cocodiff.plan.phasing import ChunkPipeline, member_bytes
+from cocodiff.plan.steps import Compute, Exchange, Phase, Plan, RankProgram
 from cocodiff.schedules import (
     BASELINE,
     DEFAULT_OPTIONS,
@@ -30,6 +29,7 @@ from cocodiff.schedules import (
 )
 from cocodiff.schedules.activity import ActivityTrace
 from cocodiff.schedules.tapa import check_chunks
+from cocodiff.simulator.bounds import plan_bound_s
 from sim import Simulation
 from sim.timeline import merged_length
 from topology import TIERS, Placement, Topology
@@ -43,7 +43,7 @@ from transports.sim import (
 )
 
 if TYPE_CHECKING:
-    from cocodiff.plan_file import RunPlan
+    from cocodiff.plan.file import RunPlan
 
 
 class SimBackend:
@@ -105,7 +105,7 @@ class SimBackend:
 
     def _phased(self, step: Exchange):
         """The phases of a TAPA exchange, its chunks pipelined through them as
-        :class:`~cocodiff.phasing.ChunkPipeline` orders them (the runtime's order): each
+        :class:`~cocodiff.plan.phasing.ChunkPipeline` orders them (the runtime's order): each
         (chunk, phase) is posted as soon as the pipeline allows, event by event."""
         env = self.simulation.env
         pipeline = ChunkPipeline(step.chunks, len(step.phases))
@@ -377,9 +377,9 @@ def simulate_schedule(
     known: SimResult | None = None,
 ) -> SimResult:
     """Simulate a schedule over a whole generation of ``num_steps`` denoising steps: the
-    run's plan (:func:`cocodiff.plan_file.build_run_plan`, as ``cocodiff plan`` and
+    run's plan (:func:`cocodiff.plan.file.build_run_plan`, as ``cocodiff plan`` and
     ``cocodiff run`` make it) through :func:`simulate_run_plan` (``known`` as there)."""
-    from cocodiff.plan_file import build_run_plan
+    from cocodiff.plan.file import build_run_plan
 
     grid = RankGrid.from_placement(topology, placement)
     run_plan = build_run_plan(name, spec, grid, stream_tokens, num_steps, options,
@@ -407,7 +407,7 @@ def simulate_run_plan(
     extrapolated), except the one a trace or plot records (``record_spans``), which
     runs in full. ``known``: the simulated step of the run's one plan of a schedule that
     does the same every step, when the caller already has it (the planner simulated it
-    to choose the layout, :class:`cocodiff.planner.Choice`); then it is not run again.
+    to choose the layout, :class:`cocodiff.simulator.planner.Choice`); then it is not run again.
 
     Raises:
         PlanFileError: the plan's rank grid is not where ``placement`` puts the ranks on
@@ -415,7 +415,7 @@ def simulate_run_plan(
         ScheduleError: more chunks than any message has rows (:func:`check_chunks`:
             empty chunks change nothing but cost simulated collectives).
     """
-    from cocodiff.plan_file import PlanFileError
+    from cocodiff.plan.file import PlanFileError
 
     wall_start = time.perf_counter()
     placement = placement or Placement.node_major(topology, run_plan.num_ranks)

@@ -35,14 +35,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from cocodiff.errors import CocodiffError, one_line
-from cocodiff.plan_command import (
+from cocodiff.commands.plan import (
     AUTO,
     add_degree_arguments,
     add_vmajor_arguments,
     explicit_layout,
     vmajor_from_arguments,
 )
+from cocodiff.util.errors import CocodiffError, one_line
 
 DTYPES = ("float32", "bfloat16")
 # Defaults of the flags a plan file fixes (None on the parser: "given" is then visible).
@@ -245,10 +245,10 @@ def _end_job_after_failure(launch) -> None:
 
 def _check_arguments(args: argparse.Namespace) -> None:
     """Everything about the arguments that can be checked before the expensive imports."""
-    from cocodiff.atomic import check_output_paths
     from cocodiff.models import parse_resolution
     from cocodiff.runtime.baseline import BASELINES
     from cocodiff.schedules import get_schedule
+    from cocodiff.util.atomic import check_output_paths
     from transports.registry import AUTO, TRANSPORTS, create_transport
 
     if args.schedule not in BASELINES:  # a baseline is not a plan schedule
@@ -295,7 +295,7 @@ def _apply_plan_file(args: argparse.Namespace, world_size: int):
             if getattr(args, name) is None:
                 setattr(args, name, value)
         return None
-    from cocodiff.plan_file import load_run_plan
+    from cocodiff.plan.file import load_run_plan
 
     given = [name for name in PLAN_FIXES if getattr(args, name) not in (None, False)]
     if args.ring_inner:
@@ -389,7 +389,7 @@ def _planned_parallel(pipe, grid, num_ranks: int, width: int, height: int, frame
     """``--layout auto``: the planner's layout for this model on a one-node machine of
     ``num_ranks`` ranks (the `cluster` preset; the ranks' grid when one is given)."""
     from cocodiff.models import spec_from_config
-    from cocodiff.planner import rank_layouts
+    from cocodiff.simulator.planner import rank_layouts
     from topology import build_topology
     from topology.presets import cluster
 
@@ -428,7 +428,6 @@ def _run(args: argparse.Namespace, launch) -> int:
     # one line a user needs.
     quiet_libraries()
 
-    from cocodiff.atomic import atomic_write_text
     from cocodiff.quality import compare
     from cocodiff.runtime.baseline import BASELINES
     from cocodiff.runtime.digits import READERS, read_agreement
@@ -438,6 +437,7 @@ def _run(args: argparse.Namespace, launch) -> int:
     from cocodiff.runtime.tiny import DEFAULT_PROMPT, TINY_DEFAULTS
     from cocodiff.runtime.vmajor import gather_activity
     from cocodiff.schedules import DEFAULT_CHUNKS, PlanOptions, VMajorOptions
+    from cocodiff.util.atomic import atomic_write_text
     from transports.registry import create_transport
 
     transport = None
@@ -669,8 +669,8 @@ def _write_outputs(args: argparse.Namespace, pipe, latents, image, record: dict)
     """Write what was asked for; ``image``: the decoded latents, or None (decoded here)."""
     import torch
 
-    from cocodiff.atomic import atomic_write, atomic_write_text
     from cocodiff.runtime.pipelines import decode, diffusers_latents
+    from cocodiff.util.atomic import atomic_write, atomic_write_text
 
     if args.save_latents:
         saved = latents if args.latents_format == "unpacked" else diffusers_latents(pipe, latents)

@@ -1,8 +1,8 @@
 """``cocodiff simulate --sweep``: the paper's grid of models x resolutions x Aurora nodes.
 
 Every configuration is an independent, deterministic simulation, so they run side by
-side: on the local cores (:func:`cocodiff.fanout.map_local`), and under ``mpiexec``
-split across the ranks (:func:`cocodiff.fanout.map_mpi`, each rank fanning its share out
+side: on the local cores (:func:`cocodiff.simulator.fanout.map_local`), and under ``mpiexec``
+split across the ranks (:func:`cocodiff.simulator.fanout.map_mpi`, each rank fanning its share out
 over its own cores), so a larger sweep scales out on a cluster. Where a configuration
 runs changes nothing in its numbers: rows are gathered back in grid order and match a
 serial run (``--workers 1``) exactly (``tests/test_sweep.py``).
@@ -15,9 +15,9 @@ import json
 import sys
 from dataclasses import dataclass
 
-from cocodiff.errors import CocodiffError
-from cocodiff.fanout import local_cores, map_local, map_mpi
 from cocodiff.schedules import BASELINE, PlanOptions
+from cocodiff.simulator.fanout import local_cores, map_local, map_mpi
+from cocodiff.util.errors import CocodiffError
 from transports.sim import CollectiveModel
 
 # The paper's grid (arXiv 2604.14561): models x resolutions x Aurora nodes.
@@ -41,8 +41,8 @@ class SweepOptions:
 def run_sweep(args: argparse.Namespace, names: list[str], options: PlanOptions,
               collective: CollectiveModel | None) -> int:
     """The ``--sweep`` handler: validate the grid, run it, print and write on rank 0."""
-    from cocodiff.atomic import atomic_write, atomic_write_text
     from cocodiff.models import load_model_spec
+    from cocodiff.util.atomic import atomic_write, atomic_write_text
 
     models = sweep_values(args.sweep_models, SWEEP["models"], str, "model")
     resolutions = sweep_values(args.sweep_resolutions, SWEEP["resolutions"], int, "resolution")
@@ -71,10 +71,10 @@ def run_sweep(args: argparse.Namespace, names: list[str], options: PlanOptions,
 
 
 def _check_resources(steps, names, options, specs, resolutions, nodes_list) -> None:
-    """The resource guard (:mod:`cocodiff.budget`) over the whole grid, before anything
+    """The resource guard (:mod:`cocodiff.simulator.budget`) over the whole grid, before anything
     runs: every row's simulations, and the planner's ranking where a row has more ranks
     than heads (every candidate counted: an upper bound, the planner prunes)."""
-    from cocodiff import budget
+    from cocodiff.simulator import budget
     from topology import get_preset
 
     plans = {name: budget.distinct_plans(name, steps, options, None) for name in names}
@@ -97,8 +97,8 @@ def _check_resources(steps, names, options, specs, resolutions, nodes_list) -> N
 def run_configuration(options: SweepOptions, config: tuple[str, int, int]) -> dict:
     """One row of the grid: every schedule on one model, resolution and node count."""
     from cocodiff.models import load_model_spec
-    from cocodiff.planner import choose_layouts
-    from cocodiff.simulate import simulate_schedule
+    from cocodiff.simulator.planner import choose_layouts
+    from cocodiff.simulator.simulate import simulate_schedule
     from topology import Placement, build_topology, get_preset
 
     model_name, resolution, nodes = config
@@ -180,7 +180,7 @@ def _shared_type() -> int:
 def _print_rows(rows: list[dict], names: tuple[str, ...]) -> None:
     from rich.table import Table
 
-    from cocodiff.console import plain_console
+    from cocodiff.util.console import plain_console
 
     table = Table(title="simulated speedup over flat Ulysses (Aurora)", title_justify="left")
     for column in ("model", "px", "nodes", *names, f"layout ({BASELINE} / {names[-1]})"):

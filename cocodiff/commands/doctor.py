@@ -39,7 +39,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cocodiff.errors import CocodiffError
+from cocodiff.util.errors import CocodiffError
 
 EXIT_PROBLEM = 1
 
@@ -92,12 +92,12 @@ def add_doctor_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
 
 
 def doctor_command(args: argparse.Namespace) -> int:
-    from cocodiff.atomic import check_output_paths
-    from cocodiff.errors import one_line
+    from cocodiff.util.atomic import check_output_paths
+    from cocodiff.util.errors import one_line
     from transports.base import TransportError
     from transports.registry import AUTO, TRANSPORTS
 
-    check_output_paths((args.json,))  # bad flags: CocodiffError, exit 2 (cocodiff.cli)
+    check_output_paths((args.json,))  # bad flags: CocodiffError, exit 2 (cocodiff.commands.cli)
     if args.transport != AUTO and args.transport not in TRANSPORTS:
         raise CocodiffError(f"unknown transport {args.transport!r}; valid: "
                             f"{', '.join([*sorted(TRANSPORTS), AUTO])}")
@@ -110,7 +110,7 @@ def doctor_command(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from cocodiff.atomic import atomic_write_text
+    from cocodiff.util.atomic import atomic_write_text
     from transports.launch import detect_launch
 
     try:
@@ -312,7 +312,7 @@ def _tiny_all_to_all(transport, num_bytes: int, repeats: int = 5) -> dict:
 def print_report(every: list[RankFacts], timing: dict, transport_name: str) -> None:
     from rich.table import Table
 
-    from cocodiff.console import plain_console
+    from cocodiff.util.console import plain_console
 
     # Host names and launcher variables are the user's text, never rich markup.
     console = plain_console(width=None if sys.stdout.isatty() else 160)

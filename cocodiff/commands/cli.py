@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cocodiff.calibrate import add_calibrate_arguments, calibrate_command
-from cocodiff.doctor import add_doctor_arguments, doctor_command
-from cocodiff.errors import CocodiffError, one_line
-from cocodiff.plan_command import add_plan_arguments, plan_command
-from cocodiff.runtime.run import add_run_arguments, run_command
-from cocodiff.simulate_command import add_simulate_arguments, simulate_command
+from cocodiff.commands.doctor import add_doctor_arguments, doctor_command
+from cocodiff.commands.plan import add_plan_arguments, plan_command
+from cocodiff.commands.run import add_run_arguments, run_command
+from cocodiff.commands.simulate import add_simulate_arguments, simulate_command
+from cocodiff.util.errors import CocodiffError, one_line
 
 EXIT_USAGE = 2
 
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         "phases, under its collective model, and print the time, algbw and busbw per size "
         "(nccl-tests conventions).",
     )
-    from cocodiff.collective_command import add_collective_arguments, collective_command
+    from cocodiff.commands.collective import add_collective_arguments, collective_command
 
     add_collective_arguments(collective, positive_int)
     collective.set_defaults(handler=collective_command)
@@ -128,9 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_export_tiny(args: argparse.Namespace) -> int:
-    from cocodiff.atomic import check_output_directory
     from cocodiff.models import TINY_NAMES
     from cocodiff.runtime.quiet import quiet_libraries
+    from cocodiff.util.atomic import check_output_directory
 
     # Checked before diffusers is imported: it takes seconds and warns as it loads.
     if args.name not in TINY_NAMES:

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from cocodiff.cost import roofline_seconds
-from cocodiff.plan import Compute, Exchange, Plan
+from cocodiff.plan.steps import Compute, Exchange, Plan
 from topology import Placement, Topology
 from transports.sim import CollectiveModel
 
@@ -129,7 +129,7 @@ def step_floor_s(plan: Plan, topology: Topology, placement: Placement,
     chunk's next phase only once the previous one has landed). The planner skips
     candidates whose floor is above the best step time it has already simulated.
     """
-    from cocodiff.phasing import member_bytes
+    from cocodiff.plan.phasing import member_bytes
     from transports.sim import group_span
 
     spec = topology.spec

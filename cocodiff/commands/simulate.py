@@ -11,9 +11,7 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
-from cocodiff.errors import CocodiffError
-from cocodiff.fanout import local_cores, map_local
-from cocodiff.plan_command import (
+from cocodiff.commands.plan import (
     DEFAULT_TOPOLOGY,
     MAX_STEPS,
     add_degree_arguments,
@@ -26,6 +24,8 @@ from cocodiff.plan_command import (
     schedule_names,
 )
 from cocodiff.schedules.registry import BASELINE
+from cocodiff.simulator.fanout import local_cores, map_local
+from cocodiff.util.errors import CocodiffError
 
 PLAN_FIXES = ("model", "resolution", "frames", "steps", "schedule", "dtype", "batch_size",
               "chunks", "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh",
@@ -79,7 +79,7 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
 
 
 def simulate_command(args: argparse.Namespace) -> int:
-    from cocodiff.atomic import check_output_paths
+    from cocodiff.util.atomic import check_output_paths
 
     check_output_paths((args.json, args.trace, args.plot))
     if args.plan is not None:
@@ -103,7 +103,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise CocodiffError("--sweep chooses its own layouts (the planner's where pure Ulysses "
                             "cannot run); drop --layout, --ulysses/--ring/--batch, --batch-size")
     if args.sweep:
-        from cocodiff.sweep import run_sweep
+        from cocodiff.simulator.sweep import run_sweep
 
         return run_sweep(args, names, options, collective)
     return _single(args, names, options, collective)
@@ -111,8 +111,8 @@ def simulate_command(args: argparse.Namespace) -> int:
 
 def _from_plan_file(args) -> int:
     """``--plan``: simulate exactly the file's steps on the machine."""
-    from cocodiff.plan_file import load_run_plan
-    from cocodiff.simulate import simulate_run_plan
+    from cocodiff.plan.file import load_run_plan
+    from cocodiff.simulator.simulate import simulate_run_plan
     from topology import Placement, build_topology, resolve_topology
 
     given = [name for name, default in args.plan_fixed.items() if getattr(args, name) != default]
@@ -193,8 +193,8 @@ def _single(args, names, options, collective) -> int:
 def _report(args, results, title, model, topology, placement, layouts, collective, steps,
             fields) -> int:
     """Print the table and notes, and write what was asked for."""
-    from cocodiff.atomic import atomic_write_text
-    from cocodiff.report import plot_layer_gantt, print_results
+    from cocodiff.simulator.report import plot_layer_gantt, print_results
+    from cocodiff.util.atomic import atomic_write_text
 
     spec = topology.spec
     notes = _notes(results, steps, collective, topology, model, placement, layouts)
@@ -222,8 +222,8 @@ def _report(args, results, title, model, topology, placement, layouts, collectiv
 
 def _check_resources(args, names, options, machine, model):
     """Refuse what would not fit in memory or would run for hours, before building
-    anything (``cocodiff.budget``); returns the estimate."""
-    from cocodiff import budget
+    anything (``cocodiff.simulator.budget``); returns the estimate."""
+    from cocodiff.simulator import budget
 
     plans = {name: budget.distinct_plans(name, args.steps, options, args.activity)
              for name in names}
@@ -246,10 +246,10 @@ def _check_resources(args, names, options, machine, model):
 def _progress(names, estimate_s: float):
     """A progress bar on a terminal's stderr for what is estimated to run long (the
     resource guard's estimate): schedules done of those asked for. Yields the callback
-    :func:`cocodiff.fanout.map_local` calls as each one finishes."""
+    :func:`cocodiff.simulator.fanout.map_local` calls as each one finishes."""
     import sys
 
-    from cocodiff import budget
+    from cocodiff.simulator import budget
 
     if estimate_s < budget.PROGRESS_S or not sys.stderr.isatty():
         yield None
@@ -267,8 +267,9 @@ def _progress(names, estimate_s: float):
 
 
 def _simulate_one(context: dict, name: str):
-    """One schedule's :func:`cocodiff.simulate.simulate_schedule` (a local worker's job)."""
-    from cocodiff.simulate import simulate_schedule
+    """One schedule's :func:`~cocodiff.simulator.simulate.simulate_schedule` (a local
+    worker's job)."""
+    from cocodiff.simulator.simulate import simulate_schedule
 
     result = simulate_schedule(name, *context["positional"], parallel=context["layouts"][name],
                                known=context["known"].get(name), **context["options"])
@@ -296,7 +297,7 @@ def _layouts(args, names, model, topology, streams, options, collective, num_ran
         if args.activity is not None:
             raise CocodiffError("--activity-trace replays a pure-Ulysses run; it cannot use "
                                 "--layout auto")
-        from cocodiff.planner import choose_layouts
+        from cocodiff.simulator.planner import choose_layouts
 
         choices = choose_layouts(model, topology, streams, names, options, collective,
                                  workers=args.workers or local_cores())

@@ -8,8 +8,8 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from cocodiff.errors import CocodiffError
-from cocodiff.paths import path_problem
+from cocodiff.util.errors import CocodiffError
+from cocodiff.util.paths import path_problem
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:

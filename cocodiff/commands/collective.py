@@ -1,6 +1,6 @@
 """``cocodiff collective``: an all-to-all microbenchmark in simulation, as nccl-tests runs
 one on a machine: per size, the simulated time, algbw and busbw (nccl-tests convention,
-:mod:`cocodiff.collective`).
+:mod:`cocodiff.simulator.collective`).
 
 Everything is validated before any simulation runs; the JSON file is written only once
 every row exists.
@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from cocodiff.errors import CocodiffError
+from cocodiff.util.errors import CocodiffError
 
 OPS = ("all-to-all",)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 10**3, "KIB": 1 << 10, "M": 1 << 20, "MB": 10**6,
@@ -67,9 +67,9 @@ def add_collective_arguments(parser: argparse.ArgumentParser, positive_int) -> N
 
 
 def collective_command(args: argparse.Namespace) -> int:
-    from cocodiff.atomic import atomic_write_text, check_output_paths
-    from cocodiff.collective import SCHEDULES, simulate_all_to_all
-    from cocodiff.plan_command import collective_arg
+    from cocodiff.commands.plan import collective_arg
+    from cocodiff.simulator.collective import SCHEDULES, simulate_all_to_all
+    from cocodiff.util.atomic import atomic_write_text, check_output_paths
     from topology import build_topology, resolve_topology
     from transports.sim import collective_model_for
 

@@ -1,5 +1,5 @@
 """Deterministic transformer inputs for the built-in tiny models: what the parity
-tests and ``cocodiff run --reference`` feed a transformer directly.
+workers feed a transformer directly.
 
 Shapes are what the tiny pipelines give their transformer, with one stream per model
 whose length is not a multiple of 2 or 4 ranks, so the split pads: 7 joint text tokens

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
 from cocodiff.cost import OPS, Cost
-from cocodiff.errors import CocodiffError
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec
-from cocodiff.plan import (
+from cocodiff.plan.steps import (
     Compute,
     Exchange,
     LayerPlan,
@@ -40,6 +39,7 @@ from cocodiff.plan import (
     Wait,
 )
 from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, get_schedule, plan_for_step
+from cocodiff.util.errors import CocodiffError
 
 FORMAT = "cocodiff-plan/1"
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cocodiff.collective import simulate_all_to_all, spread_placement
+from cocodiff.simulator.collective import simulate_all_to_all, spread_placement
 from topology import Topology, build_topology, get_preset
 from transports.sim import CollectiveModel, SpanCost, group_span
 
@@ -36,7 +36,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-AURORA_TABLE = Path(__file__).parent / "data" / "aurora_alltoall.toml"
+AURORA_TABLE = Path(__file__).parents[1] / "data" / "aurora_alltoall.toml"
 # The stack the runtime uses on Aurora gives the levels; torchcomms, the only stack
 # measured at several sizes, gives the trend over size.
 LEVEL_STACK = "torch.distributed"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from rich.table import Table
 
-from cocodiff.atomic import atomic_write
-from cocodiff.console import plain_console
-from cocodiff.simulate import SimResult
+from cocodiff.simulator.simulate import SimResult
+from cocodiff.util.atomic import atomic_write
+from cocodiff.util.console import plain_console
 from topology import TIERS
 
 

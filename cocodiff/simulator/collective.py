@@ -6,7 +6,7 @@ costs nothing here); ``algbw = bytes_per_rank / time`` and, for all-to-all,
 ``busbw = algbw * (P - 1) / P``. Like nccl-tests, the buffer is rounded down to a
 whole number of equal blocks, one per rank.
 
-The all-to-all is a one-step :class:`~cocodiff.plan.Plan` (one exchange per rank) run by
+The all-to-all is a one-step :class:`~cocodiff.plan.steps.Plan` (one exchange per rank) run by
 the same simulator and executor as a DiT's plans: ``flat`` sends every block directly,
 ``tapa`` carries it as the topology-aligned phases of :mod:`cocodiff.schedules.tapa`.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cocodiff.plan import Exchange, LayerPlan, Plan, RankProgram, UlyssesLayout, Wait
+from cocodiff.plan.steps import Exchange, LayerPlan, Plan, RankProgram, UlyssesLayout, Wait
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.tapa import TapaRows
 from topology import Placement, Topology, TopologyError
@@ -95,7 +95,7 @@ def simulate_all_to_all(topology: Topology, bytes_per_rank: int, schedule: str =
     Raises:
         ValueError: ``bytes_per_rank`` holds less than one byte per rank.
     """
-    from cocodiff.simulate import simulate_plan
+    from cocodiff.simulator.simulate import simulate_plan
 
     placement = spread_placement(topology, num_ranks or len(topology.tiles))
     ranks = placement.num_ranks

@@ -4,7 +4,7 @@ A scheduler (``cocodiff.schedules``) turns a model, a rank layout and options in
 :class:`Plan`. The same plan is executed by the simulator (compute steps take the cost
 model's time, exchanges become flows) and by the runtime (compute steps are the
 model's modules, exchanges go through a real transport) with one executor,
-:mod:`cocodiff.executor`.
+:mod:`cocodiff.plan.executor`.
 
 Ulysses exchanges move *head rows*: a rank's Q (or K, V, attention output) is laid out
 as rows of ``tokens x head_dim`` values, one row per (head, token block); an exchange
@@ -55,7 +55,7 @@ class Phase:
             (V-Major: messages carry the chosen blocks and their indices,
             :func:`cocodiff.schedules.vmajor.message_bytes`); 0: whole rows.
         chunk_send_rows: with the exchange cut into chunks, the rows each chunk sends to
-            each member (every block's rows are cut, :func:`cocodiff.phasing.chunk_rows`,
+            each member (every block's rows are cut, :func:`cocodiff.plan.phasing.chunk_rows`,
             so a chunk's message is not simply its share of ``send_rows``); empty for one
             chunk.
         chunk_recv_rows: the same for the rows received.
