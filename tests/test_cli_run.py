@@ -213,7 +213,7 @@ def test_ranks_that_disagree_on_arguments_all_fail_with_one_message(tmp_path):
 )
 def test_the_launch_grid_is_the_nodes_the_ranks_found(monkeypatch, node_of, shape):
     import cocodiff.runtime.nodes as nodes
-    from cocodiff.commands.run import launched_grid
+    from cocodiff.runtime.nodes import launched_grid
 
     monkeypatch.setattr(nodes, "detect_nodes", lambda transport: node_of)
     grid = launched_grid(_FourRanks())

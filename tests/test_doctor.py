@@ -10,7 +10,7 @@ import sys
 import pytest
 from launching import REPO, job_env, launcher_prefix, needs_mpi, needs_torchrun, run_job
 
-from cocodiff.commands.doctor import DoctorProblem, RankFacts, check_environment, check_job
+from cocodiff.runtime.doctor import DoctorProblem, RankFacts, check_environment, check_job
 from transports.launch import LaunchInfo
 
 SINGLE = LaunchInfo(0, 1, 0, "single")

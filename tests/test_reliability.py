@@ -23,7 +23,7 @@ from launching import LAUNCH_VARS, REPO
 from safetensors.torch import load_file, save_file
 
 from cocodiff.commands.cli import main
-from cocodiff.commands.run import Interrupted, raise_on_signals
+from cocodiff.runtime.failures import Interrupted, raise_on_signals
 from cocodiff.runtime.faults import Fault, FaultyTransport, fault_from_env
 from cocodiff.runtime.guards import NumericsError, NumericsGuard
 from cocodiff.runtime.parallel import parallelize

@@ -18,22 +18,18 @@ Failures never hang the job:
 * NaN or Inf in a step stops the run with the step and layer (``--no-guards`` turns the
   checks off), before anything is written.
 
-``COCODIFF_FAULT`` injects a failure for tests (:mod:`cocodiff.runtime.faults`).
+``COCODIFF_FAULT`` injects a failure for tests (:mod:`cocodiff.runtime.faults`). This
+module reads and checks the flags; the job itself is :mod:`cocodiff.runtime.job`, the
+failure handling :mod:`cocodiff.runtime.failures`.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import math
-import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from cocodiff.commands.plan import (
     AUTO,
@@ -41,6 +37,12 @@ from cocodiff.commands.plan import (
     add_vmajor_arguments,
     explicit_layout,
     vmajor_from_arguments,
+)
+from cocodiff.runtime.failures import (
+    EXIT_FAILURE,
+    Interrupted,
+    end_job_after_failure,
+    raise_on_signals,
 )
 from cocodiff.util.errors import CocodiffError, one_line
 
@@ -54,25 +56,7 @@ PLAN_FIXES = ("schedule", "steps", "dtype", "resolution", "frames", "layout", "u
 MAX_TIMEOUT_S = 1e6
 # torch.Generator.manual_seed accepts [-2**63, 2**64).
 SEED_RANGE = range(-(2**63), 2**64)
-EXIT_FAILURE = 1
-ABORT_GRACE_S = 0.5
 EXIT_USAGE = 2
-
-
-class RankFailure(CocodiffError):
-    """Something that stops the job on every rank."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived; raised in the main thread so that cleanups run."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-    @property
-    def signal_name(self) -> str:
-        return signal.Signals(self.signum).name
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
@@ -167,7 +151,7 @@ def run_command(args: argparse.Namespace) -> int:
         except Exception as error:  # a peer died, a timeout, NaN: say so on every rank that saw it
             print(f"cocodiff run: rank {launch.rank}: {type(error).__name__}: "
                   f"{one_line(_first_line(error))}", file=sys.stderr, flush=True)
-            _end_job_after_failure(launch)
+            end_job_after_failure(launch)
             return EXIT_FAILURE
 
 
@@ -186,61 +170,6 @@ def _report(is_root: bool, message: str) -> None:
         print(f"cocodiff run: error: {one_line(message)}", file=sys.stderr, flush=True)
     else:
         time.sleep(_NON_ROOT_EXIT_DELAY_S)
-
-
-class _SignalsRaise:
-    """SIGINT and SIGTERM raise :class:`Interrupted` until :meth:`disarm`; after that the
-    first one is ignored. Either way a second signal ends the process at once (the default
-    action), without waiting for the cleanups the first one started."""
-
-    WATCHED = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.armed = True
-
-    def handler(self, signum: int, frame: Any) -> None:
-        for sig in self.WATCHED:
-            signal.signal(sig, signal.SIG_DFL)
-        if self.armed:
-            raise Interrupted(signum)
-
-    def disarm(self) -> None:
-        self.armed = False
-
-
-@contextmanager
-def raise_on_signals() -> Iterator[_SignalsRaise]:
-    """Turn SIGINT and SIGTERM into :class:`Interrupted` for the duration (or until the
-    yielded object's ``disarm()``), so that ``finally`` blocks and temporary-file cleanups
-    run; the previous handlers are restored after."""
-    signals = _SignalsRaise()
-    try:
-        previous = {sig: signal.signal(sig, signals.handler) for sig in signals.WATCHED}
-    except ValueError:  # not the main thread: signals go to the main thread anyway
-        yield signals
-        return
-    try:
-        yield signals
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-def _end_job_after_failure(launch) -> None:
-    """Under mpiexec, end every rank now: mpiexec leaves a silent peer running, and
-    MPI_Finalize at exit may wait forever for a dead one."""
-    from transports.launch import MPIEXEC
-
-    mpi = sys.modules.get("mpi4py.MPI")
-    if launch.launcher != MPIEXEC or mpi is None:
-        return
-    if mpi.Is_initialized() and not mpi.Is_finalized():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # mpiexec forwards output asynchronously and drops what it has not forwarded when
-        # the abort reaches it: give the line just printed time to get out.
-        time.sleep(ABORT_GRACE_S)
-        mpi.COMM_WORLD.Abort(EXIT_FAILURE)
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -352,22 +281,6 @@ def rank_grid(layout: str | None, num_ranks: int):
     return RankGrid(shape, tuple(range(num_ranks)))
 
 
-def launched_grid(transport):
-    """The nodes the launch spans (host and network namespace), one GPU per rank, as a
-    rank grid; None when every rank is on one node (collective).
-
-    Raises:
-        PlacementError: the ranks are not node-major on equal nodes.
-    """
-    from cocodiff.runtime.nodes import detect_nodes, node_major_shape
-    from cocodiff.schedules import RankGrid
-
-    num_nodes, per_node = node_major_shape(detect_nodes(transport))
-    if num_nodes == 1:
-        return None
-    return RankGrid((num_nodes, per_node, 1), tuple(range(transport.world_size)))
-
-
 def _explicit_parallel(args: argparse.Namespace, num_ranks: int):
     """The Ulysses x Ring x batch layout the flags give (None: pure Ulysses, or the
     planner's under ``--layout auto``), checked before any collective."""
@@ -385,25 +298,8 @@ def _explicit_parallel(args: argparse.Namespace, num_ranks: int):
     return parallel
 
 
-def _planned_parallel(pipe, grid, num_ranks: int, width: int, height: int, frames: int):
-    """``--layout auto``: the planner's layout for this model on a one-node machine of
-    ``num_ranks`` ranks (the `cluster` preset; the ranks' grid when one is given)."""
-    from cocodiff.models import spec_from_config
-    from cocodiff.simulator.planner import rank_layouts
-    from topology import build_topology
-    from topology.presets import cluster
-
-    transformer = pipe.transformer
-    spec = spec_from_config({"_class_name": type(transformer).__name__,
-                             **dict(transformer.config)}, name=type(transformer).__name__)
-    nodes, gpus, tiles = grid.shape if grid is not None else (1, num_ranks, 1)
-    topology = build_topology(cluster(num_nodes=nodes, ranks_per_node=gpus * tiles))
-    streams = (spec.image_tokens(width, height, frames), spec.text_tokens)
-    return rank_layouts(spec, topology, streams).best.layout
-
-
 def _run(args: argparse.Namespace, launch) -> int:
-    from cocodiff.runtime.faults import fault_from_env, install_faults
+    from cocodiff.runtime.faults import fault_from_env
 
     fault = fault_from_env()  # read once; None (and nothing installed) when unset
     # Every rank checks the plan, the flags and the layout before any collective: all of
@@ -420,270 +316,21 @@ def _run(args: argparse.Namespace, launch) -> int:
         raise CocodiffError("--record-activity: V-Major acts on the inter-node tier; launch "
                             "ranks on more than one node (or give such a --layout)")
 
-    import torch
 
-    from cocodiff.runtime.quiet import quiet_libraries
-
-    # Library chatter (tokenizer length notes, deprecations, loading bars) would drown the
-    # one line a user needs.
-    quiet_libraries()
-
-    from cocodiff.quality import compare
-    from cocodiff.runtime.baseline import BASELINES
-    from cocodiff.runtime.digits import READERS, read_agreement
-    from cocodiff.runtime.guards import NumericsGuard
-    from cocodiff.runtime.parallel import UlyssesRuntime, parallelize
-    from cocodiff.runtime.pipelines import decode, load_pipeline, run_pipeline, tiny_name_of
-    from cocodiff.runtime.tiny import DEFAULT_PROMPT, TINY_DEFAULTS
-    from cocodiff.runtime.vmajor import gather_activity
+    from cocodiff.runtime.job import RunRequest, run_job
     from cocodiff.schedules import DEFAULT_CHUNKS, PlanOptions, VMajorOptions
-    from cocodiff.util.atomic import atomic_write_text
-    from transports.registry import create_transport
 
-    transport = None
-    if launch.is_distributed:
-        transport = create_transport(args.transport, timeout_s=args.timeout)
-    try:
-        transport, step_fault = install_faults(fault, transport, launch.rank)
-        if transport is not None:
-            # Ranks on other hosts may read another file of the same name: agree on content.
-            _agree_on_arguments(transport, [*sys.argv[1:]]
-                                + ([run_plan.sha256] if run_plan is not None else []))
-            if grid is None:
-                grid = launched_grid(transport)
-            if args.record_activity and grid is None:
-                raise CocodiffError("--record-activity: V-Major acts on the inter-node tier, "
-                                    "and every rank is on one node; give --layout")
-        dtype = getattr(torch, args.dtype)
-        pipe = load_pipeline(args.model, dtype)
-        tiny = tiny_name_of(args.model)
-        if args.prompt is None:
-            args.prompt = TINY_DEFAULTS[tiny].prompt if tiny else DEFAULT_PROMPT
-        width, height, frames = _size(args, tiny)
-        # Tiny models use short prompts; real ones keep their pipeline's default length.
-        text_tokens = TINY_DEFAULTS[tiny].max_sequence_length if tiny else None
-        runtime = None
-        if transport is not None and args.schedule in BASELINES:
-            runtime = BASELINES[args.schedule](pipe, transport)
-        elif transport is not None:
-            if args.layout == AUTO:
-                parallel = _planned_parallel(pipe, grid, launch.world_size, width, height,
-                                             frames)
-            options = PlanOptions(chunks=args.chunks or DEFAULT_CHUNKS,
-                                  vmajor=vmajor_from_arguments(args) or VMajorOptions())
-            if parallel is not None and not parallel.is_pure_ulysses:
-                from cocodiff.runtime.hybrid import parallelize_hybrid
-
-                runtime = parallelize_hybrid(pipe, transport, args.schedule, parallel, grid,
-                                             options=options, run_plan=run_plan)
-            else:
-                runtime = parallelize(pipe, transport, args.schedule, grid, options=options,
-                                      run_plan=run_plan)
-        ulysses = runtime if isinstance(runtime, UlyssesRuntime) else None
-        guard = None if args.no_guards else NumericsGuard(launch.rank).install(pipe.transformer)
-        step_times: list[float] = []
-        # This rank's traffic after each step: bytes sent per tier, exchanges started.
-        traffic: list[list[float]] = []
-        with _progress(is_root=launch.rank == 0 and not args.quiet, steps=args.steps) as advance:
-            last = time.perf_counter()
-            started = last
-
-            def on_step(done: int, total: int) -> None:
-                nonlocal last
-                now = time.perf_counter()
-                step_times.append(now - last)
-                last = now
-                if guard is not None:
-                    guard.end_step()
-                if ulysses is not None:
-                    traffic.append([*ulysses.bytes_by_tier.values(), ulysses.exchanges_started])
-                if step_fault is not None:
-                    step_fault.after_step(done)
-                advance()
-
-            if ulysses is not None:
-                ulysses.start_generation(args.steps)
-            latents = run_pipeline(pipe, args.prompt, args.steps, width, height, frames,
-                                   args.seed, on_step, max_sequence_length=text_tokens)
-            total_s = time.perf_counter() - started
-        if guard is not None:
-            guard.check_latents(latents)
-        traffic_record = _traffic_per_step(transport, ulysses, traffic)
-        vmajor_report, activity = None, None
-        if ulysses is not None and ulysses.vmajor is not None:
-            vmajor_report, activity = gather_activity(ulysses)
-        reference = None
-        if args.reference:
-            reference = latents  # one process: nothing is lossy
-            if ulysses is not None:
-                reference = _exact_reference(args, pipe, ulysses, guard, launch.rank == 0,
-                                             (width, height, frames), text_tokens)
-        if launch.rank == 0:
-            record: dict[str, Any] = {}
-            if vmajor_report is not None:
-                record["vmajor"] = vmajor_report.to_json()
-                print(vmajor_report.summary(), flush=True)
-            image = None
-            if reference is not None:
-                image = decode(pipe, latents)
-                reference_image = decode(pipe, reference)
-                quality = compare(reference, latents, reference_image, image)
-                record["quality"] = quality.to_json()
-                print(f"quality against the exact plan: {quality.summary()}", flush=True)
-                if tiny in READERS:
-                    agreement = read_agreement(READERS[tiny](), args.prompt, reference_image,
-                                               image)
-                    record["quality"]["classifier"] = agreement.to_json()
-                    print(agreement.summary(), flush=True)
-            if args.record_activity and activity is not None:
-                atomic_write_text(args.record_activity, activity.to_json())
-            _write_outputs(args, pipe, latents, image, {
-                "model": args.model,
-                "num_ranks": launch.world_size,
-                "schedule": args.schedule,
-                "layout": list(grid.shape) if grid else None,
-                "parallel": parallel.name if parallel is not None else None,
-                "transport": transport.name if transport else "none",
-                "steps": args.steps,
-                "resolution": [width, height],
-                "frames": frames,
-                "step_times_s": step_times,
-                "total_s": total_s,
-                "comm_s": runtime.comm_s if runtime else 0.0,
-                "plan_sha256": (ulysses.run_plan.sha256 if ulysses is not None
-                                and ulysses.run_plan is not None
-                                else run_plan.sha256 if run_plan is not None else None),
-                **traffic_record,
-                "output": str(args.output) if args.output else None,
-                **record,
-            })
-        if transport is not None:
-            transport.barrier()
-    finally:
-        if transport is not None:
-            transport.close()
+    request = RunRequest(
+        model=args.model, prompt=args.prompt, steps=args.steps, resolution=args.resolution,
+        frames=args.frames, seed=args.seed, schedule=args.schedule,
+        plan_layout=args.layout == AUTO, transport=args.transport, timeout_s=args.timeout,
+        dtype=args.dtype, guards=not args.no_guards, progress=not args.quiet,
+        reference=args.reference, record_activity=args.record_activity, output=args.output,
+        json=args.json, save_latents=args.save_latents, latents_format=args.latents_format,
+        # Every rank must run the same command: the job compares a digest of these.
+        argv=(*sys.argv[1:], *([run_plan.sha256] if run_plan is not None else [])),
+    )
+    options = PlanOptions(chunks=args.chunks or DEFAULT_CHUNKS,
+                          vmajor=vmajor_from_arguments(args) or VMajorOptions())
+    run_job(request, launch, fault, run_plan, grid, parallel, options)
     return 0
-
-
-def _traffic_per_step(transport, runtime, traffic: list[list[float]]) -> dict[str, Any]:
-    """What every rank's exchanges moved, summed over the ranks: bytes sent to other ranks
-    per link tier (the mean of a denoising step) and exchanges started in each step, as
-    ``cocodiff simulate`` reports them for the same plan. Collective: every rank calls it."""
-    if runtime is None or not traffic:
-        return {}
-    import torch
-
-    from cocodiff.runtime.exchange import all_gather_rows
-
-    # (steps, tiers + 1), cumulative -> per step
-    mine = torch.tensor(traffic, dtype=torch.float64)
-    mine = torch.diff(mine, dim=0, prepend=torch.zeros_like(mine[:1]))
-    # (ranks, steps, tiers + 1) -> summed over the ranks
-    total = all_gather_rows(transport, mine.unsqueeze(0)).sum(dim=(0, 1))
-    tiers = list(runtime.bytes_by_tier)
-    steps = total.shape[0]
-    return {
-        "bytes_by_tier": {tier: float(total[:, i].sum()) / steps for i, tier in enumerate(tiers)},
-        "exchanges_per_step": [int(n) for n in total[:, len(tiers)].tolist()],
-    }
-
-
-def _exact_reference(args: argparse.Namespace, pipe, runtime, guard, is_root: bool,
-                     size: tuple[int, int, int], text_tokens: int | None):
-    """The same generation with V-Major off (TAPA + V-First, exact): the final latents."""
-    from cocodiff.runtime.pipelines import run_pipeline
-
-    options, runtime.vmajor = runtime.vmajor, None
-    try:
-        runtime.start_generation(args.steps)
-        with _progress(is_root=is_root and not args.quiet, steps=args.steps,
-                       label="exact reference") as advance:
-            def on_step(done: int, total: int) -> None:
-                if guard is not None:
-                    guard.end_step()
-                advance()
-
-            latents = run_pipeline(pipe, args.prompt, args.steps, *size, args.seed, on_step,
-                                   max_sequence_length=text_tokens)
-    finally:
-        runtime.vmajor = options
-    if guard is not None:
-        guard.check_latents(latents)
-    return latents
-
-
-def _size(args: argparse.Namespace, tiny: str | None) -> tuple[int, int, int]:
-    from cocodiff.models import parse_resolution
-    from cocodiff.runtime.tiny import default_resolution
-
-    width, height, frames = default_resolution(tiny) if tiny else (1024, 1024, 1)
-    if args.resolution is not None:
-        width, height = parse_resolution(args.resolution)
-    if args.frames is not None:
-        frames = args.frames
-    return width, height, frames
-
-
-def _agree_on_arguments(transport, argv: list[str]) -> None:
-    """Every rank must run the same command: compare a digest of the arguments."""
-    import torch
-
-    from cocodiff.runtime.exchange import all_gather_rows
-
-    digest = hashlib.sha256("\0".join(argv).encode()).digest()[:8]
-    mine = torch.tensor([int.from_bytes(digest, "little", signed=True)], dtype=torch.int64)
-    everyone = all_gather_rows(transport, mine).flatten().tolist()
-    differing = [rank for rank, value in enumerate(everyone) if value != everyone[0]]
-    if differing:
-        raise RankFailure(
-            f"ranks disagree on arguments: ranks {differing} differ from rank 0"
-        )
-
-
-class _progress:
-    """A rich progress bar over denoising steps on rank 0; nothing elsewhere."""
-
-    def __init__(self, is_root: bool, steps: int, label: str = "denoising") -> None:
-        self._enabled = is_root
-        self._steps = steps
-        self._label = label
-        self._bar: Any = None
-
-    def __enter__(self):
-        if not self._enabled:
-            return lambda: None
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self._bar = Progress(TextColumn(self._label), BarColumn(), TextColumn("{task.completed}/"
-                             "{task.total}"), TimeElapsedColumn(), transient=False)
-        self._bar.start()
-        task = self._bar.add_task("steps", total=self._steps)
-        return lambda: self._bar.advance(task)
-
-    def __exit__(self, *exc) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
-def _write_outputs(args: argparse.Namespace, pipe, latents, image, record: dict) -> None:
-    """Write what was asked for; ``image``: the decoded latents, or None (decoded here)."""
-    import torch
-
-    from cocodiff.runtime.pipelines import decode, diffusers_latents
-    from cocodiff.util.atomic import atomic_write, atomic_write_text
-
-    if args.save_latents:
-        saved = latents if args.latents_format == "unpacked" else diffusers_latents(pipe, latents)
-        atomic_write(args.save_latents, lambda tmp: torch.save(saved.detach().cpu(), tmp))
-    if args.output:
-        image = decode(pipe, latents) if image is None else image
-        if isinstance(image, list):  # video: the frames side by side
-            from PIL import Image
-
-            strip = Image.new("RGB", (image[0].width * len(image), image[0].height))
-            for index, frame in enumerate(image):
-                strip.paste(frame, (index * frame.width, 0))
-            image = strip
-        atomic_write(args.output, lambda tmp: image.save(tmp, format="PNG"))
-    if args.json:
-        atomic_write_text(args.json, json.dumps(record, indent=2))

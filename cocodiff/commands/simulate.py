@@ -103,9 +103,9 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise CocodiffError("--sweep chooses its own layouts (the planner's where pure Ulysses "
                             "cannot run); drop --layout, --ulysses/--ring/--batch, --batch-size")
     if args.sweep:
-        from cocodiff.simulator.sweep import run_sweep
+        from cocodiff.commands.sweep import sweep_command
 
-        return run_sweep(args, names, options, collective)
+        return sweep_command(args, names, options, collective)
     return _single(args, names, options, collective)
 
 

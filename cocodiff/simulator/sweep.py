@@ -10,9 +10,6 @@ serial run (``--workers 1``) exactly (``tests/test_sweep.py``).
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from dataclasses import dataclass
 
 from cocodiff.schedules import BASELINE, PlanOptions
@@ -38,36 +35,23 @@ class SweepOptions:
     collective: CollectiveModel | None
 
 
-def run_sweep(args: argparse.Namespace, names: list[str], options: PlanOptions,
-              collective: CollectiveModel | None) -> int:
-    """The ``--sweep`` handler: validate the grid, run it, print and write on rank 0."""
+def run_sweep(models: list[str], resolutions: list[int], nodes_list: list[int],
+              names: list[str], steps: int, options: PlanOptions,
+              collective: CollectiveModel | None, workers: int | None,
+              ) -> tuple[SweepOptions, list[dict] | None]:
+    """Check the grid (resolutions, resources), then run it: every row in grid order on
+    rank 0 (None on the other MPI ranks: rank 0 reports), with what the rows share."""
     from cocodiff.models import load_model_spec
-    from cocodiff.util.atomic import atomic_write, atomic_write_text
 
-    models = sweep_values(args.sweep_models, SWEEP["models"], str, "model")
-    resolutions = sweep_values(args.sweep_resolutions, SWEEP["resolutions"], int, "resolution")
-    nodes_list = sweep_values(args.sweep_nodes, SWEEP["nodes"], int, "node count")
     specs = {name: load_model_spec(name) for name in models}
     for spec in specs.values():  # every resolution checked before anything runs
         for resolution in resolutions:
             spec.check_resolution(resolution, resolution)
     schedules = tuple(dict.fromkeys([BASELINE, *names]))
-    _check_resources(args.steps, schedules, options, specs, resolutions, nodes_list)
-    options = SweepOptions(schedules, args.steps, options, collective)
+    _check_resources(steps, schedules, options, specs, resolutions, nodes_list)
+    shared = SweepOptions(schedules, steps, options, collective)
     grid = [(m, r, n) for m in models for r in resolutions for n in nodes_list]
-    comm = _mpi_world()
-    rows = _run_grid(options, grid, comm, args.workers)
-    if rows is None:  # another rank than 0: rank 0 reports
-        return 0
-    _print_rows(rows, options.schedules)
-    if args.json:
-        atomic_write_text(args.json, json.dumps({"grid": {"models": models,
-                                                          "resolutions": resolutions,
-                                                          "nodes": nodes_list},
-                                                 "steps": args.steps, "rows": rows}, indent=2))
-    if args.plot:
-        atomic_write(args.plot, lambda tmp: plot_sweep(rows, options.schedules, tmp))
-    return 0
+    return shared, _run_grid(shared, grid, _mpi_world(), workers)
 
 
 def _check_resources(steps, names, options, specs, resolutions, nodes_list) -> None:
@@ -177,46 +161,6 @@ def _shared_type() -> int:
     return MPI.COMM_TYPE_SHARED
 
 
-def _print_rows(rows: list[dict], names: tuple[str, ...]) -> None:
-    from rich.table import Table
-
-    from cocodiff.util.console import plain_console
-
-    table = Table(title="simulated speedup over flat Ulysses (Aurora)", title_justify="left")
-    for column in ("model", "px", "nodes", *names, f"layout ({BASELINE} / {names[-1]})"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(row["model"], str(row["resolution"]), str(row["nodes"]),
-                      *(f"{row['speedup'][name]:.2f}x" for name in names),
-                      f"{row['layouts'][BASELINE]} / {row['layouts'][names[-1]]}")
-    plain_console(width=None if sys.stdout.isatty() else 200).print(table)
-    best = names[-1]
-    speedups = [row["speedup"][best] for row in rows]
-    peak = max(rows, key=lambda row: row["speedup"][best])
-    print(f"{best} over flat: mean {sum(speedups) / len(speedups):.2f}x, peak "
-          f"{peak['speedup'][best]:.2f}x ({peak['model']}, {peak['resolution']}px, "
-          f"{peak['nodes']} nodes)", flush=True)
-
-
-def sweep_values(text, default, kind, what):
-    if text is None:
-        return list(default)
-    values = []
-    for item in text.split(","):
-        try:
-            values.append(kind(item.strip()))
-        except ValueError:
-            raise CocodiffError(f"sweep {what} {item.strip()!r} is not valid") from None
-    if kind is str:
-        unknown = [v for v in values if v not in default]
-        if unknown:
-            raise CocodiffError(f"unknown sweep {what} {unknown[0]!r}; valid: "
-                                f"{', '.join(default)}")
-    elif any(v < 1 for v in values):
-        raise CocodiffError(f"sweep {what}s must be positive, got {text!r}")
-    return values
-
-
 def plot_sweep(rows, names, path) -> None:
     import matplotlib
 
@@ -244,5 +188,4 @@ def plot_sweep(rows, names, path) -> None:
     plt.close(fig)
 
 
-__all__ = ["SWEEP", "SweepOptions", "plot_sweep", "run_configuration", "run_sweep",
-           "sweep_values"]
+__all__ = ["SWEEP", "SweepOptions", "plot_sweep", "run_configuration", "run_sweep"]
