@@ -1,5 +1,5 @@
 """How a phased (TAPA) exchange is carried: one definition for the simulator
-(:class:`cocodiff.simulator.simulate.SimBackend`) and the runtime
+(:class:`cocodiff.simulator.backend.SimBackend`) and the runtime
 (:class:`cocodiff.runtime.tapa.PhasedHandle`).
 
 An exchange's rows are cut into ``chunks`` (every block's rows split as evenly as

@@ -31,15 +31,10 @@ import torch
 from cocodiff.layout import LayoutError, ParallelLayout
 from cocodiff.plan.file import RunPlan
 from cocodiff.plan.steps import Exchange
+from cocodiff.runtime.backend import TensorBackend, TimedHandle
 from cocodiff.runtime.exchange import all_gather_rows
-from cocodiff.runtime.parallel import (
-    TensorBackend,
-    TimedHandle,
-    UlyssesRuntime,
-    _install_processors,
-    _install_splits,
-    family_of,
-)
+from cocodiff.runtime.hooks import install_processors, install_splits
+from cocodiff.runtime.parallel import UlyssesRuntime, family_of
 from cocodiff.runtime.tapa import Route, plan_route
 from cocodiff.schedules import PlanOptions, RankGrid
 from cocodiff.schedules.hybrid import ulysses_grids
@@ -340,6 +335,6 @@ def parallelize_hybrid(model: Any, transport: Transport, schedule: str,
     runtime = HybridRuntime(transformer, transport, family_of(transformer), schedule,
                             parallel, grid, options, run_plan)
     _install_batch_split(runtime)
-    _install_splits(runtime)
-    _install_processors(runtime)
+    install_splits(runtime)
+    install_processors(runtime)
     return runtime

@@ -35,7 +35,8 @@ from cocodiff.schedules import (
 )
 from cocodiff.simulator.bounds import plan_bound_s, step_floor_s
 from cocodiff.simulator.fanout import map_local
-from cocodiff.simulator.simulate import SimResult, simulate_layers
+from cocodiff.simulator.results import SimResult
+from cocodiff.simulator.simulate import simulate_layers
 from topology import Placement, Topology
 from transports.sim import CollectiveModel, collective_model_for
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from cocodiff.simulator.simulate import SimResult
+from cocodiff.simulator.results import SimResult
 from cocodiff.util.atomic import atomic_write
 from cocodiff.util.console import plain_console
 from topology import TIERS

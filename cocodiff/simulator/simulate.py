@@ -10,15 +10,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from cocodiff.cost import roofline_seconds
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec
-from cocodiff.plan.executor import Execution, run_program
-from cocodiff.plan.phasing import ChunkPipeline, member_bytes
-from cocodiff.plan.steps import Compute, Exchange, Phase, Plan, RankProgram
+from cocodiff.plan.executor import run_program
+from cocodiff.plan.steps import Plan, RankProgram
 from cocodiff.schedules import (
     BASELINE,
     DEFAULT_OPTIONS,
@@ -29,182 +27,20 @@ from cocodiff.schedules import (
 )
 from cocodiff.schedules.activity import ActivityTrace
 from cocodiff.schedules.tapa import check_chunks
+from cocodiff.simulator.backend import SimBackend, rank_process
 from cocodiff.simulator.bounds import plan_bound_s
+from cocodiff.simulator.results import SimResult, busiest_links
 from sim import Simulation
 from sim.timeline import merged_length
 from topology import TIERS, Placement, Topology
-from transports.base import Group, VirtualBuffer
 from transports.sim import (
     CollectiveModel,
-    SimHandle,
-    SimTransport,
     SimWorld,
     collective_model_for,
 )
 
 if TYPE_CHECKING:
     from cocodiff.plan.file import RunPlan
-
-
-class SimBackend:
-    """Binds plan steps to simulated time on one rank's tile."""
-
-    def __init__(self, transport: SimTransport, tile: str, record_spans: bool) -> None:
-        self.transport = transport
-        self.simulation = transport.simulation
-        spec = self.simulation.topology.spec
-        self._tflops = spec.tile_tflops
-        self._memory_gbps = spec.tile_memory_gbps
-        self._tile = tile
-        self._track = f"rank {transport.rank}"
-        self._record = record_spans
-        self._groups: dict[tuple[int, ...], Group] = {}
-        self._started: dict[str, float] = {}
-        self._splits: dict[tuple, tuple] = {}
-        self.compute_s = 0.0
-        self.exchanges_started = 0
-        self.exchange_intervals: list[tuple[float, float]] = []  # start -> arrival
-
-    def compute(self, step: Compute) -> SimHandle:
-        duration_s = roofline_seconds(step.cost, self._tflops, self._memory_gbps)
-        self.compute_s += duration_s
-        if self._record:
-            event = self.simulation.compute(self._tile, duration_s, self._track, step.op)
-        else:
-            event = self.simulation.env.timeout(duration_s)
-        return SimHandle(event)
-
-    def _group(self, ranks: tuple[int, ...]) -> Group:
-        group = self._groups.get(ranks)
-        if group is None:
-            group = self._groups[ranks] = self.transport.new_group(ranks)
-        return group
-
-    def start_exchange(self, step: Exchange) -> SimHandle:
-        self._started[step.tensor] = self.simulation.now
-        self.exchanges_started += 1
-        if step.phases:
-            env = self.simulation.env
-            return SimHandle(env.process(self._phased(step)))
-        send = VirtualBuffer(sum(step.send_rows), step.row_bytes)
-        return self.transport.all_to_all(send, step.send_rows, step.recv_rows,
-                                         self._group(step.group), tag=step.tensor)
-
-    def _chunk_splits(self, step: Exchange, phase: Phase, chunk: int
-                      ) -> tuple[list[int], list[int]]:
-        """Bytes to and from each member for one chunk of one phase (layers repeat the
-        same phase objects, so this is computed once per phase and chunk)."""
-        key = (id(phase), chunk, step.row_bytes)
-        cached = self._splits.get(key)
-        if cached is None:
-            send_rows, recv_rows = phase.chunk_rows(chunk, step.chunks)
-            send = [member_bytes(phase, rows, step.row_bytes) for rows in send_rows]
-            recv = [member_bytes(phase, rows, step.row_bytes) for rows in recv_rows]
-            cached = self._splits[key] = (phase, send, recv)  # keeps the phase alive
-        return cached[1], cached[2]
-
-    def _phased(self, step: Exchange):
-        """The phases of a TAPA exchange, its chunks pipelined through them as
-        :class:`~cocodiff.plan.phasing.ChunkPipeline` orders them (the runtime's order): each
-        (chunk, phase) is posted as soon as the pipeline allows, event by event."""
-        env = self.simulation.env
-        pipeline = ChunkPipeline(step.chunks, len(step.phases))
-        done = env.event()
-
-        def carry(chunk: int, p: int):
-            phase = step.phases[p]
-            send, recv = self._chunk_splits(step, phase, chunk)
-            handle = self.transport.all_to_all(
-                VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
-                tag=(step.tensor, chunk, p),
-            )
-            yield handle.event
-            handle.wait()
-            for posting in pipeline.landed(chunk, p):
-                env.process(carry(*posting))
-            if pipeline.finished:
-                done.succeed()
-
-        for posting in pipeline.first():
-            env.process(carry(*posting))
-        yield done
-
-    def finish_exchange(self, step: Exchange, received: VirtualBuffer) -> None:
-        start = self._started[step.tensor]
-        self.exchange_intervals.append((start, self.simulation.now))
-        if self._record:
-            self.simulation.timeline.add(
-                self._track, f"a2a {step.tensor}", "comm", start, self.simulation.now
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class LinkUse:
-    link: tuple[str, str]
-    kind: str
-    utilisation: float  # bytes carried / (capacity x step time)
-
-
-@dataclass(slots=True)
-class SimResult:
-    """One simulated denoising step of one plan."""
-
-    schedule: str
-    num_ranks: int
-    step_time_s: float
-    compute_s: float  # on the slowest rank
-    comm_exposed_s: float  # step time the slowest rank spends waiting for exchanges
-    bytes_by_tier: dict[str, float]
-    busiest_links: list[LinkUse]
-    simulated_ranks: int
-    folded: bool
-    wall_s: float
-    num_flows: int
-    num_events: int
-    exchange_s: float = 0.0  # time the slowest rank has an exchange in flight
-    bound_s: float = 0.0  # the topology's lower bound for the same exchanges
-    step_times_s: list[float] = field(default_factory=list)  # per denoising step
-    # Exchanges (all-to-alls and Ring passes) all ranks start, per denoising step.
-    exchanges_per_step: list[int] = field(default_factory=list)
-    simulation: Simulation | None = field(default=None, repr=False)
-
-    @property
-    def efficiency(self) -> float:
-        """Lower bound over simulated exchange time (1 = as fast as the links allow)."""
-        return self.bound_s / self.exchange_s if self.exchange_s > 0 else 1.0
-
-    @property
-    def comm_share(self) -> float:
-        return self.comm_exposed_s / self.step_time_s if self.step_time_s > 0 else 0.0
-
-    def to_json(self) -> dict:
-        return {
-            "schedule": self.schedule,
-            "step_time_s": self.step_time_s,
-            "compute_s": self.compute_s,
-            "comm_exposed_s": self.comm_exposed_s,
-            "comm_share": self.comm_share,
-            "bytes_by_tier": dict(self.bytes_by_tier),
-            "busiest_link": (
-                {
-                    "link": "->".join(self.busiest_links[0].link),
-                    "kind": self.busiest_links[0].kind,
-                    "utilisation": self.busiest_links[0].utilisation,
-                }
-                if self.busiest_links
-                else None
-            ),
-            "exchange_s": self.exchange_s,
-            "bound_s": self.bound_s,
-            "efficiency": self.efficiency,
-            "step_times_s": self.step_times_s or [self.step_time_s],
-            "exchanges_per_step": self.exchanges_per_step,
-            "simulated_ranks": self.simulated_ranks,
-            "folded": self.folded,
-            "sim_wall_s": self.wall_s,
-            "sim_flows": self.num_flows,
-            "sim_events": self.num_events,
-        }
 
 
 def simulate_plan(
@@ -250,7 +86,7 @@ def simulate_plan(
         backend = SimBackend(world.transport(rank), placement.tile_of(rank), record_spans)
         backends[rank] = backend
         simulation.env.process(
-            _rank_process(simulation, run_program(plan.program(rank), backend), rank, finish_s)
+            rank_process(simulation, run_program(plan.program(rank), backend), rank, finish_s)
         )
     simulation.run()
     missing = [rank for rank in world.simulated_ranks if rank not in finish_s]
@@ -268,7 +104,7 @@ def simulate_plan(
         compute_s=compute_s,
         comm_exposed_s=max(0.0, step_time_s - compute_s),
         bytes_by_tier={tier: world.bytes_by_tier[tier] for tier in TIERS},
-        busiest_links=_busiest_links(simulation, step_time_s),
+        busiest_links=busiest_links(simulation, step_time_s),
         simulated_ranks=len(world.simulated_ranks),
         folded=world.folded,
         wall_s=time.perf_counter() - wall_start,
@@ -345,7 +181,7 @@ def simulate_layers(
         comm_exposed_s=max(0.0, step_time_s - compute_s),
         bytes_by_tier={tier: affine(one.bytes_by_tier[tier], two.bytes_by_tier[tier])
                        for tier in TIERS},
-        busiest_links=_busiest_links(
+        busiest_links=busiest_links(
             two.simulation, step_time_s,
             bytes_carried={link: affine(links_one[link], num_bytes)
                            for link, num_bytes in links_two.items()}),
@@ -495,29 +331,3 @@ def _fold_period_nodes(plan: Plan, topology: Topology, placement: Placement) -> 
     if period_nodes >= nodes or nodes % period_nodes:
         return None
     return period_nodes
-
-
-def _rank_process(simulation: Simulation, execution: Execution, rank: int,
-                  finish_s: dict[int, float]):
-    for handle in execution:
-        yield handle.event
-    finish_s[rank] = simulation.now
-
-
-def _busiest_links(simulation: Simulation, step_time_s: float, top: int = 5,
-                   bytes_carried: dict | None = None) -> list[LinkUse]:
-    """The ``top`` links by utilisation; ``bytes_carried`` (link -> bytes) replaces
-    what the simulation's links carried (an extrapolated step's bytes)."""
-    if step_time_s <= 0:
-        return []
-    graph = simulation.topology.graph
-    stats = simulation.network.stats
-    carried = bytes_carried or {link: s.bytes_carried for link, s in stats.items()}
-    uses = [
-        LinkUse(link, graph.edges[link]["kind"],
-                num_bytes / (stats[link].capacity_bytes_per_s * step_time_s))
-        for link, num_bytes in carried.items()
-        if num_bytes > 0
-    ]
-    uses.sort(key=lambda use: use.utilisation, reverse=True)
-    return uses[:top]

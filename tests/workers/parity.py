@@ -25,7 +25,8 @@ from probe import transformer_inputs
 
 from cocodiff.commands.run import rank_grid
 from cocodiff.plan.steps import Compute, Exchange
-from cocodiff.runtime.parallel import StepRecord, parallelize
+from cocodiff.runtime.backend import StepRecord
+from cocodiff.runtime.parallel import parallelize
 from cocodiff.runtime.pipelines import run_pipeline
 from cocodiff.runtime.tiny import SEED, TINY_DEFAULTS, build_tiny
 from cocodiff.schedules import PlanOptions
