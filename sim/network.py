@@ -291,10 +291,6 @@ class Network:
         return self.start(batch)[0]
 
     @property
-    def active_flows(self) -> int:
-        return len(self._remaining)
-
-    @property
     def settled(self) -> bool:
         """False between admitting flows and the reallocation that gives them rates
         (zero simulated time, but other processes may run in between)."""
