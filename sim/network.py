@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-LinkId = Hashable
+LinkId = tuple[Hashable, Hashable]  # a topology edge (u, v)
 
 # A flow is finished when less than this fraction of its bytes is left: rates times
 # durations accumulate float rounding, and a completion timer must not fire twice.

@@ -69,15 +69,15 @@ class Timeline:
 
 def merged_length(intervals: Iterable[tuple[float, float]]) -> float:
     """Total length covered by possibly overlapping intervals."""
+    spans = sorted(intervals)
+    if not spans:
+        return 0.0
     total = 0.0
-    current_start = current_end = None
-    for start, end in sorted(intervals):
-        if current_end is None or start > current_end:
-            if current_end is not None:
-                total += current_end - current_start
+    current_start, current_end = spans[0]
+    for start, end in spans[1:]:
+        if start > current_end:
+            total += current_end - current_start
             current_start, current_end = start, end
         else:
             current_end = max(current_end, end)
-    if current_end is not None:
-        total += current_end - current_start
-    return total
+    return total + current_end - current_start

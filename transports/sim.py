@@ -95,10 +95,11 @@ class CollectiveModel:
     def cost(self, span: str) -> SpanCost:
         """The cost of a collective of ``span``."""
         own = dict(self.spans)
-        while span is not None:
-            if span in own:
-                return own[span]
-            span = _SPAN_FALLBACK[span]
+        name: str | None = span
+        while name is not None:
+            if name in own:
+                return own[name]
+            name = _SPAN_FALLBACK[name]
         return SpanCost(self.startup_us, self.engines)
 
     def cap_bytes_per_s(self, tier: str) -> float:
@@ -168,7 +169,7 @@ COLLECTIVE_MODELS: dict[str, CollectiveModel] = {
     # GPU; a NIC's 25 GB/s). The span costs are fitted by cocodiff.simulator.collective_fit on the
     # published all-to-all microbenchmarks (cocodiff/data/aurora_alltoall.toml:
     # torch.distributed levels, torchcomms trend over size, the point-to-point control);
-    # tests/test_collective_fit.py re-runs the fit and checks these numbers.
+    # tests/simulator/test_collective_fit.py re-runs the fit and checks these numbers.
     "aurora": CollectiveModel(
         "aurora",
         transfer_cap_gbps=(("intra-gpu", 158.5), ("intra-node", 18.9), ("inter-node", 25.0)),

@@ -231,11 +231,12 @@ def plan_command(args: argparse.Namespace) -> int:
     for column in ("#", "layout", "schedule", "step time", "compute", "comm bound",
                    "vs best"):
         table.add_column(column, justify="left" if column in ("layout", "schedule") else "right")
-    best = result.best.step_time_s
+    best_s = result.best.step_time_s
     for index, c in enumerate(result.candidates[: args.top], start=1):
         table.add_row(str(index), c.layout.name, c.schedule, f"{c.step_time_s * 1e3:.2f} ms",
-                      f"{c.compute_s * 1e3:.2f} ms", f"{c.bound_s * 1e3:.2f} ms",
-                      f"{c.step_time_s / best:.2f}x")
+                      f"{c.compute_s * 1e3:.2f} ms",
+                      f"{c.bound_s * 1e3:.2f} ms" if c.bound_s is not None else "-",
+                      f"{c.step_time_s / best_s:.2f}x")
     plain_console(width=200).print(table)
     layouts = len({c.layout.name for c in result.candidates})
     print("note: layout UxRxB = Ulysses x Ring x batch degrees; '/ring-inner' places the Ring "

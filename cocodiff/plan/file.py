@@ -192,7 +192,7 @@ def build_run_plan(schedule: str, spec: ModelSpec, grid: RankGrid, stream_tokens
             step_plans.append(by_ratio[ratio])
         if not entry.step_dependent:
             step_plans *= num_steps
-    return RunPlan(spec, tuple(resolution), frames, streams, grid, parallel, schedule,
+    return RunPlan(spec, (resolution[0], resolution[1]), frames, streams, grid, parallel, schedule,
                    options, tuple(plans), tuple(step_plans), machine)
 
 
@@ -341,7 +341,9 @@ def _run_plan_from(data: dict) -> RunPlan:
                                  slow_levels=tuple(vmajor["slow_levels"]))
     options = _dataclass_from(PlanOptions, data["options"], "options", vmajor=vmajor)
     schedule = get_schedule(data["schedule"]).name
-    layers = [LayerPlan(*(tuple(_step_from(s) for s in row[part])
+    # _step_from returns any kind of step; which kinds each part holds is as the file
+    # (written by _plan_json) has them.
+    layers = [LayerPlan(*(tuple(_step_from(s) for s in row[part])  # type: ignore[arg-type]
                           for part in ("before", "attention", "after")))
               for row in data["layers"]]
     grid = data["grid"]
@@ -354,7 +356,8 @@ def _run_plan_from(data: dict) -> RunPlan:
     for layer in layers:
         for step in layer.attention:
             if isinstance(step, Exchange):
-                for part in (step, *step.phases):
+                parts: tuple[Exchange | Phase, ...] = (step, *step.phases)
+                for part in parts:
                     _check(all(0 <= r < len(ranks) for r in part.group)
                            and len(part.send_rows) == len(part.recv_rows) == len(part.group),
                            "an exchange group that is not the grid's ranks, or rows that do "
@@ -403,12 +406,12 @@ def check_plan_fits_model(run_plan: RunPlan, spec: ModelSpec, num_ranks: int,
         raise PlanFileError(f"the plan's layout is {planned.name if planned else 'pure Ulysses'}"
                             f", the runtime's {running.name if running else 'pure Ulysses'}")
     fields_checked = ("family", "num_layers", "num_heads", "head_dim")
-    planned = tuple(getattr(run_plan.spec, name) for name in fields_checked)
+    planned_spec = tuple(getattr(run_plan.spec, name) for name in fields_checked)
     loaded = tuple(getattr(spec, name) for name in fields_checked)
-    if planned != loaded:
+    if planned_spec != loaded:
         raise PlanFileError(
             f"the plan is for {run_plan.spec.name} ("
-            + ", ".join(f"{n} {v}" for n, v in zip(fields_checked, planned, strict=True))
+            + ", ".join(f"{n} {v}" for n, v in zip(fields_checked, planned_spec, strict=True))
             + "), the model loaded has " + ", ".join(
                 f"{n} {v}" for n, v in zip(fields_checked, loaded, strict=True)))
 

@@ -17,7 +17,7 @@
 
 Exactness: each block's attention sees only real tokens (padding is never attended),
 and the merge is exact up to float rounding, so the output equals single-process
-diffusers within the flat plan's tolerance (``tests/test_runtime_hybrid.py``).
+diffusers within the flat plan's tolerance (``tests/runtime/test_runtime_hybrid.py``).
 """
 
 from __future__ import annotations

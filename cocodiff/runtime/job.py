@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
     quiet_libraries()
 
     from cocodiff.quality import compare
-    from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.runtime.baseline import BASELINES, BaselineRuntime
     from cocodiff.runtime.digits import READERS, read_agreement
     from cocodiff.runtime.guards import NumericsGuard
     from cocodiff.runtime.parallel import UlyssesRuntime, parallelize
@@ -95,13 +95,12 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
         dtype = getattr(torch, request.dtype)
         pipe = load_pipeline(request.model, dtype)
         tiny = tiny_name_of(request.model)
-        if request.prompt is None:
-            request = replace(request,
-                              prompt=TINY_DEFAULTS[tiny].prompt if tiny else DEFAULT_PROMPT)
+        prompt = (request.prompt if request.prompt is not None
+                  else TINY_DEFAULTS[tiny].prompt if tiny else DEFAULT_PROMPT)
         width, height, frames = _size(request, tiny)
         # Tiny models use short prompts; real ones keep their pipeline's default length.
         text_tokens = TINY_DEFAULTS[tiny].max_sequence_length if tiny else None
-        runtime = None
+        runtime: BaselineRuntime | UlyssesRuntime | None = None
         if transport is not None and request.schedule in BASELINES:
             runtime = BASELINES[request.schedule](pipe, transport)
         elif transport is not None:
@@ -141,7 +140,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
 
             if ulysses is not None:
                 ulysses.start_generation(request.steps)
-            latents = run_pipeline(pipe, request.prompt, request.steps, width, height, frames,
+            latents = run_pipeline(pipe, prompt, request.steps, width, height, frames,
                                    request.seed, on_step, max_sequence_length=text_tokens)
             total_s = time.perf_counter() - started
         if guard is not None:
@@ -154,8 +153,9 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
         if request.reference:
             reference = latents  # one process: nothing is lossy
             if ulysses is not None:
-                reference = _exact_reference(request, pipe, ulysses, guard, launch.rank == 0,
-                                             (width, height, frames), text_tokens)
+                reference = _exact_reference(request, prompt, pipe, ulysses, guard,
+                                             launch.rank == 0, (width, height, frames),
+                                             text_tokens)
         if launch.rank == 0:
             record: dict[str, Any] = {}
             if vmajor_report is not None:
@@ -169,7 +169,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
                 record["quality"] = quality.to_json()
                 print(f"quality against the exact plan: {quality.summary()}", flush=True)
                 if tiny in READERS:
-                    agreement = read_agreement(READERS[tiny](), request.prompt, reference_image,
+                    agreement = read_agreement(READERS[tiny](), prompt, reference_image,
                                                image)
                     record["quality"]["classifier"] = agreement.to_json()
                     print(agreement.summary(), flush=True)
@@ -242,7 +242,7 @@ def _traffic_per_step(transport, runtime, traffic: list[list[float]]) -> dict[st
     }
 
 
-def _exact_reference(request: RunRequest, pipe, runtime, guard, is_root: bool,
+def _exact_reference(request: RunRequest, prompt: str, pipe, runtime, guard, is_root: bool,
                      size: tuple[int, int, int], text_tokens: int | None):
     """The same generation with V-Major off (TAPA + V-First, exact): the final latents."""
     from cocodiff.runtime.pipelines import run_pipeline
@@ -257,8 +257,7 @@ def _exact_reference(request: RunRequest, pipe, runtime, guard, is_root: bool,
                     guard.end_step()
                 advance()
 
-            latents = run_pipeline(pipe, request.prompt, request.steps, *size, request.seed,
-                                   on_step,
+            latents = run_pipeline(pipe, prompt, request.steps, *size, request.seed, on_step,
                                    max_sequence_length=text_tokens)
     finally:
         runtime.vmajor = options

@@ -9,6 +9,8 @@ topology's links (a phased exchange chunk by chunk, phase by phase, as the runti
 
 from __future__ import annotations
 
+from typing import cast
+
 from cocodiff.cost import roofline_seconds
 from cocodiff.plan.executor import Execution
 from cocodiff.plan.phasing import ChunkPipeline, member_bytes
@@ -113,5 +115,5 @@ class SimBackend:
 def rank_process(simulation: Simulation, execution: Execution, rank: int,
                   finish_s: dict[int, float]):
     for handle in execution:
-        yield handle.event
+        yield cast(SimHandle, handle).event  # the simulated transport's handles
     finish_s[rank] = simulation.now

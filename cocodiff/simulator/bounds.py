@@ -36,8 +36,10 @@ def exchange_bound(
         exchanges: global rank -> that rank's :class:`Exchange` of the collective.
     """
     spec = topology.spec
-    out_bytes = {tier: defaultdict(float) for tier in ("tile", "gpu", "node")}
-    in_bytes = {tier: defaultdict(float) for tier in ("tile", "gpu", "node")}
+    out_bytes: dict[str, defaultdict[str, float]] = {tier: defaultdict(float)
+                                                     for tier in ("tile", "gpu", "node")}
+    in_bytes: dict[str, defaultdict[str, float]] = {tier: defaultdict(float)
+                                                    for tier in ("tile", "gpu", "node")}
     latency_us = 0.0
     units: dict[int, dict[str, str]] = {}  # rank -> its tile, GPU and node
     latencies: dict[tuple[str, str], float] = {}  # (src, dst) unit pair -> route latency

@@ -48,8 +48,8 @@ def map_local(job: Job, context: Any, items: Sequence[Any], workers: int | None 
         The results in the order of ``items``.
     """
     workers = min(workers or local_cores(), len(items))
+    results: list[Any] = []
     if workers <= 1:
-        results = []
         for index, item in enumerate(items):
             results.append(job(context, item))
             if progress is not None:
@@ -57,7 +57,7 @@ def map_local(job: Job, context: Any, items: Sequence[Any], workers: int | None 
         return results
     methods = multiprocessing.get_all_start_methods()
     start = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    results: list[Any] = [None] * len(items)
+    results = [None] * len(items)
     with start.Pool(workers, initializer=_start_worker, initargs=(job, context)) as pool:
         # chunksize 1: jobs differ in cost by 10x and more, so hand them out one by one.
         for index, result in pool.imap_unordered(_run_item, enumerate(items), chunksize=1):

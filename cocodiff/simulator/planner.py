@@ -10,7 +10,7 @@ since anywhere else it only pushes the others onto slower tiers.
 Speed. All layers of a plan are the same, and every layer ends with exchanges that
 resynchronise the ranks, so a step's time is affine in its number of layers after the
 first: the planner simulates each plan with one and with two layers and extrapolates
-(``t(L) = t(1) + (L - 1) * (t(2) - t(1))``). ``tests/test_planner.py`` checks this
+(``t(L) = t(1) + (L - 1) * (t(2) - t(1))``). ``tests/simulator/test_planner.py`` checks this
 against the full simulation. With Ulysses degree 1 (pure Ring) there is no head
 exchange, so every schedule is the same plan and is simulated once.
 """
@@ -99,8 +99,8 @@ def candidate_layouts(num_ranks: int, num_heads: int, batch_size: int = 1
             if batch_size % batch:
                 continue
             ring = num_ranks // (ulysses * batch)
-            for inner in permutations(("ring", "ulysses")):
-                layout = ParallelLayout(ulysses, ring, batch, ("batch", *inner))
+            for first, second in permutations(("ring", "ulysses")):
+                layout = ParallelLayout(ulysses, ring, batch, ("batch", first, second))
                 layouts.setdefault(layout.name, layout)
     return list(layouts.values())
 

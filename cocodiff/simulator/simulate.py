@@ -144,7 +144,7 @@ def simulate_layers(
     ``x(L) = x(1) + (L - 1) * (x(2) - x(1))`` for the step time, the slowest rank's
     compute and exchange time, the bytes on every tier and link, and the exchanges
     started.
-    ``tests/test_simulate.py`` checks every field against the full simulation. A plan
+    ``tests/simulator/test_simulate.py`` checks every field against the full simulation. A plan
     of two layers or fewer, or with layers that differ, is simulated in full. The
     result holds no :class:`Simulation` (traces and plots need the full one).
 
@@ -169,9 +169,11 @@ def simulate_layers(
 
     step_time_s = affine(one.step_time_s, two.step_time_s)
     compute_s = affine(one.compute_s, two.compute_s)
+    sim_one, sim_two = one.simulation, two.simulation
+    assert sim_one is not None and sim_two is not None  # simulate_plan keeps them
     links_one, links_two = (
-        {link: s.bytes_carried for link, s in r.simulation.network.stats.items()}
-        for r in (one, two)
+        {link: s.bytes_carried for link, s in simulation.network.stats.items()}
+        for simulation in (sim_one, sim_two)
     )
     return SimResult(
         schedule=plan.schedule,
@@ -182,7 +184,7 @@ def simulate_layers(
         bytes_by_tier={tier: affine(one.bytes_by_tier[tier], two.bytes_by_tier[tier])
                        for tier in TIERS},
         busiest_links=busiest_links(
-            two.simulation, step_time_s,
+            sim_two, step_time_s,
             bytes_carried={link: affine(links_one[link], num_bytes)
                            for link, num_bytes in links_two.items()}),
         simulated_ranks=two.simulated_ranks,

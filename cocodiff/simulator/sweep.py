@@ -5,7 +5,7 @@ side: on the local cores (:func:`cocodiff.simulator.fanout.map_local`), and unde
 split across the ranks (:func:`cocodiff.simulator.fanout.map_mpi`, each rank fanning its share out
 over its own cores), so a larger sweep scales out on a cluster. Where a configuration
 runs changes nothing in its numbers: rows are gathered back in grid order and match a
-serial run (``--workers 1``) exactly (``tests/test_sweep.py``).
+serial run (``--workers 1``) exactly (``tests/simulator/test_sweep.py``).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def run_configuration(options: SweepOptions, config: tuple[str, int, int]) -> di
     return {
         "model": model_name, "resolution": resolution, "nodes": nodes,
         "num_ranks": placement.num_ranks,
-        "layouts": {name: layouts[name].name if layouts[name] else "pure" for name in names},
+        "layouts": {name: layout.name if layout else "pure" for name, layout in layouts.items()},
         "results": [r.to_json() for r in results.values()],
         "speedup": {name: flat / r.step_time_s for name, r in results.items()},
     }

@@ -36,7 +36,10 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+    def write(tmp: Path) -> None:
+        tmp.write_text(text)
+
+    atomic_write(path, write)
 
 
 def check_output_paths(paths: Iterable[Path | None]) -> None:

@@ -2,7 +2,7 @@
 one 2 x 2 cluster at 1 Gbit/s, every schedule and diffusers' context parallelism in one
 session, the float32 equality check and the simulator's predictions.
 
-Needs root with ``ip`` and ``tc`` (skipped otherwise, as tests/test_emulated_cluster.py).
+Needs root with ``ip`` and ``tc`` (skipped otherwise, as tests/emulated/test_emulated_cluster.py).
 Asserts what the report contains, never a time or a speedup."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from test_emulated_cluster import _REASON  # noqa: E402

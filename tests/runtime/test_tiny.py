@@ -123,7 +123,7 @@ def test_weights_identical_in_another_process() -> None:
         "from cocodiff.runtime.tiny import TINY_MODELS, build_tiny\n"
         "print(json.dumps({n: state_digest(build_tiny(n)) for n in TINY_MODELS}))\n"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True
     )

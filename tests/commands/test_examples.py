@@ -14,7 +14,7 @@ import pytest
 
 from cocodiff.commands.cli import build_parser
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 AURORA = EXAMPLES / "aurora" / "cocodiff.pbs"
 CUDA = EXAMPLES / "cuda" / "torchrun.sh"
 

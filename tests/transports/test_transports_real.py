@@ -1,7 +1,7 @@
 """The real transports (torch.distributed, mpi4py) against one conformance suite.
 
 The multi-process tests start real jobs (``torchrun``, ``mpiexec``) of
-``tests/transport_worker.py`` and pass when every rank passes its checks. They are marked
+``tests/transports/transport_worker.py`` and pass when every rank passes its checks. They are marked
 ``multiprocess`` (deselect with ``-m "not multiprocess"``) but run by default.
 """
 
@@ -37,7 +37,7 @@ from transports import (
 from transports.launch import job_id
 from transports.registry import auto_transport_name
 
-WORKER = REPO / "tests" / "transport_worker.py"
+WORKER = REPO / "tests" / "transports" / "transport_worker.py"
 JOB_TIMEOUT_S = 60
 
 

@@ -1,9 +1,10 @@
 """Transport conformance checks, run inside every rank of a real multi-process job.
 
-Started by ``tests/test_transports_real.py``::
+Started by ``tests/transports/test_transports_real.py``::
 
-    torchrun --standalone --nproc-per-node N tests/transport_worker.py --backend torch ...
-    mpiexec -n N python tests/transport_worker.py --backend mpi ...
+    torchrun --standalone --nproc-per-node N tests/transports/transport_worker.py \
+        --backend torch ...
+    mpiexec -n N python tests/transports/transport_worker.py --backend mpi ...
 
 Each rank prints ``conformance passed on rank R`` and exits 0 when every check holds; a
 failed check raises (non-zero exit, and the launcher stops the other ranks).
