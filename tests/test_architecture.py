@@ -10,6 +10,7 @@ see only the imports that ran.
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import networkx as nx
@@ -42,6 +43,11 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+@cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 def _imported(tree: ast.AST, deferred: bool) -> list[str]:
     """Every dotted name ``tree`` imports; module level only unless ``deferred``. Names
     under ``if TYPE_CHECKING:`` are never imported at run time and do not count."""
@@ -70,6 +76,7 @@ def _owner(name: str) -> str | None:
     return name or None
 
 
+@cache
 def _graph(deferred: bool) -> nx.DiGraph:
     """Module -> module it imports. A submodule's import also runs its packages'
     ``__init__``; those implied edges are left out (every package would loop with the
@@ -77,7 +84,7 @@ def _graph(deferred: bool) -> nx.DiGraph:
     graph = nx.DiGraph()
     graph.add_nodes_from(MODULES)
     for module, path in MODULES.items():
-        for name in _imported(ast.parse(path.read_text()), deferred):
+        for name in _imported(_tree(path), deferred):
             owner = _owner(name)
             if owner is not None and owner != module:
                 graph.add_edge(module, owner)
@@ -109,7 +116,7 @@ def test_imports_flow_one_way(lower):
 
 def test_only_the_command_layer_parses_arguments():
     parsing = [module for module, path in MODULES.items()
-               if "argparse" in _imported(ast.parse(path.read_text()), deferred=True)
+               if "argparse" in _imported(_tree(path), deferred=True)
                and not module.startswith(COMMANDS)
                and not module.startswith(ARGPARSE_ELSEWHERE)]
     assert parsing == []

@@ -10,6 +10,7 @@ import pytest
 from cocodiff.commands.cli import main
 
 
+@pytest.mark.slow
 def test_plan_prints_the_best_layouts(capsys, tmp_path):
     out = tmp_path / "plan.json"
     assert main(["plan", "--nodes", "2", "--resolution", "512", "--schedule", "flat,vfirst",

@@ -28,6 +28,7 @@ def simulate(tmp_path, *args):
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_default_aurora_8_nodes_writes_the_stable_json_keys(tmp_path, capsys):
     record = simulate(tmp_path, "--nodes", "8")
     assert JSON_KEYS <= record.keys()
@@ -51,6 +52,7 @@ def test_layout_pure_forces_pure_ulysses_with_its_idle_rank_note(tmp_path, capsy
     assert "pure U48" in out and "24 ranks hold no head" in out
 
 
+@pytest.mark.slow
 def test_all_to_all_share_rises_with_nodes_for_flux_1024(tmp_path):
     shares = []
     for nodes in (1, 2, 4, 8):

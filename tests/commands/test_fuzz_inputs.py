@@ -418,6 +418,7 @@ def test_known_simulator_livelock(tmp_path):
     assert code == 0
 
 
+@pytest.mark.slow
 def test_fuzz_valid_inputs_simulate_end_to_end(tmp_path_factory):
     """Valid, small topologies and configs (the noise-free halves of the strategies above)
     must simulate: exit 0, or one line and 2 for what the simulator refuses."""
@@ -546,6 +547,7 @@ def cli_files(tmp_path_factory) -> Path:
     return tmp
 
 
+@pytest.mark.slow
 def test_fuzz_simulate_command_lines(cli_files, monkeypatch):
     monkeypatch.chdir(cli_files)  # relative outputs ("-", "") land here, not in the repo
 
@@ -559,6 +561,7 @@ def test_fuzz_simulate_command_lines(cli_files, monkeypatch):
     case()
 
 
+@pytest.mark.slow
 def test_fuzz_run_command_lines(cli_files, monkeypatch):
     monkeypatch.chdir(cli_files)
 
@@ -692,6 +695,7 @@ def _write_files(folder: Path, files: dict[str, bytes]) -> None:
             pass
 
 
+@pytest.mark.slow
 def test_fuzz_hostile_valid_inputs(tmp_path_factory, monkeypatch):
     """Valid input with hostile names, paths, nesting, lengths and sizes, the way the
     outside fuzzer of issue 18 wrote it: each of its nine classes is one draw away."""
@@ -727,6 +731,7 @@ REAL_CASES = [
 ]
 
 
+@pytest.mark.slow
 def test_real_processes(cli_files):
     (cli_files / "junk.toml").write_bytes(b"\xff\xfe\x00[nodes")
     odd = cli_files / "\udcff"

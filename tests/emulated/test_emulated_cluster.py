@@ -46,7 +46,8 @@ def _why_not_runnable() -> str | None:
 
 
 _REASON = _why_not_runnable()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"emulated cluster: {_REASON}")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(_REASON is not None, reason=f"emulated cluster: {_REASON}")]
 
 
 def _root_links() -> list[str]:

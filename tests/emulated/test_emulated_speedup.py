@@ -23,6 +23,7 @@ from bench import emulated_speedup  # noqa: E402
 SCHEDULES = ["flat", "tapa", "vfirst", "cocodiff", "diffusers"]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.skipif(_REASON is not None, reason=f"emulated cluster: {_REASON}")
 def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, capsys):

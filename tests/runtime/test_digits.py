@@ -28,6 +28,7 @@ SEEDS = 10  # per digit: 100 samples
 AGREEMENT_FLOOR = 0.8
 
 
+@pytest.mark.slow
 def test_tiny_digits_draws_the_requested_digit_under_the_exact_schedule():
     """100 samples (seeds 0..9 of each digit, one batch with a generator per sample, so each
     sample's noise is that of ``cocodiff run --prompt D --seed S``); the classifier reads

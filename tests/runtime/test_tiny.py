@@ -117,6 +117,7 @@ def test_tiny_model_splits_over_four_ranks(name: str) -> None:
     assert 16 <= image_tokens <= 128
 
 
+@pytest.mark.slow
 def test_weights_identical_in_another_process() -> None:
     script = _DIGEST_SOURCE + (
         "import json\n"
