@@ -316,7 +316,6 @@ def _run(args: argparse.Namespace, launch) -> int:
         raise CocodiffError("--record-activity: V-Major acts on the inter-node tier; launch "
                             "ranks on more than one node (or give such a --layout)")
 
-
     from cocodiff.runtime.job import RunRequest, run_job
     from cocodiff.schedules import DEFAULT_CHUNKS, PlanOptions, VMajorOptions
 

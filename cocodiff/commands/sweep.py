@@ -77,5 +77,3 @@ def sweep_values(text, default, kind, what):
     elif any(v < 1 for v in values):
         raise CocodiffError(f"sweep {what}s must be positive, got {text!r}")
     return values
-
-

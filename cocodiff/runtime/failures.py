@@ -26,8 +26,6 @@ class RankFailure(CocodiffError):
     """Something that stops the job on every rank."""
 
 
-
-
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM arrived; raised in the main thread so that cleanups run."""
 
