@@ -5,7 +5,7 @@ sample's noise is that of ``cocodiff run --model tiny-digits --prompt D --seed S
 steps. Prints the share read as requested, overall and per digit, and writes a grid of
 the first five seeds (digits in columns) to ``docs/tiny_digits_samples.png``.
 
-    python bench/digits_samples.py            # 100 samples, as tests/test_digits.py
+    python bench/digits_samples.py            # 100 samples, as tests/runtime/test_digits.py
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ simulator's ranking of the same layouts on the calibrated topology.
    [--ring-inner] --schedule S`` runs it -- ``--repeats`` rounds, interleaved, the order
    rotated every round, in one launch (``bench/emulated_session.py``); the first step of
    each run is not counted. Round 1's final latents are checked against the reference.
-4. Rank the same pairs with the planner (``cocodiff.planner.rank_layouts``) on the
+4. Rank the same pairs with the planner (``cocodiff.simulator.planner.rank_layouts``) on the
    calibrated topology and collective model, and with the matrix-product compute rate
    (what calibrate wrote before it timed the real blocks), and print both rankings.
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _layouts(text: str | None, world: int, heads: int):
-    from cocodiff.planner import candidate_layouts
+    from cocodiff.simulator.planner import candidate_layouts
 
     sys.path.insert(0, str(REPO / "bench"))
     from emulated_session import parse_layout_name
@@ -215,7 +215,7 @@ def _measure(args, config, schedules, model_dir: Path, spec, common, work: Path,
 def _predict(spec, resolution: int, topology_path: Path, layouts, schedules,
              collective, tile_tflops: float | None) -> dict[str, float]:
     """The planner's step time of every (layout, schedule) pair, keyed ``schedule@layout``."""
-    from cocodiff.planner import rank_layouts
+    from cocodiff.simulator.planner import rank_layouts
     from topology import build_topology, load_topology
 
     described = load_topology(topology_path)

@@ -1,7 +1,7 @@
 """One rank of a benchmark session: every case, round after round, in one launch.
 
 ``bench/emulated_layouts.py`` starts this once per emulated cluster. It is a thin loop
-over :func:`cocodiff.validate.generate` (what ``cocodiff validate`` runs for each case:
+over :func:`cocodiff.validation.generate` (what ``cocodiff validate`` runs for each case:
 load the pipeline, parallelise it, generate, time each step between step callbacks),
 writing files for the caller instead of a report. ``bench/emulated_speedup.py`` runs
 ``cocodiff validate`` itself.
@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from cocodiff.validate import parse_layout_name  # noqa: F401  (tests and callers read it here)
+from cocodiff.validation import parse_layout_name  # noqa: F401  (tests and callers read it here)
 
 SEED = 0
 
@@ -35,11 +35,11 @@ def main() -> int:
     quiet_libraries()
     import torch
 
-    from cocodiff.errors import CocodiffError
+    from cocodiff.commands.run import rank_grid
     from cocodiff.runtime.pipelines import tiny_name_of
-    from cocodiff.runtime.run import rank_grid
     from cocodiff.runtime.tiny import TINY_DEFAULTS
-    from cocodiff.validate import Case, RunSetup, generate, round_order
+    from cocodiff.util.errors import CocodiffError
+    from cocodiff.validation import Case, RunSetup, generate, round_order
     from transports.registry import create_transport
 
     transport = create_transport("torch", timeout_s=300.0)

@@ -312,8 +312,8 @@ def run_reporting_failures(prog: str, run, args: argparse.Namespace) -> int:
 
 
 def _check_schedules(text: str) -> list[str]:
-    from cocodiff.errors import CocodiffError
-    from cocodiff.validate import parse_schedules
+    from cocodiff.util.errors import CocodiffError
+    from cocodiff.validation import parse_schedules
 
     try:
         return parse_schedules(text)

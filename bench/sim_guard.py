@@ -1,4 +1,4 @@
-"""The simulator's own throughput, for the resource guard (cocodiff.budget).
+"""The simulator's own throughput, for the resource guard (cocodiff.simulator.budget).
 
 Simulates one denoising step of a few small configurations chosen to stress one cost
 each (many collectives with few peers: TAPA on one Aurora node with many chunks; many
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cocodiff import budget
 from cocodiff.models import REGISTRY
 from cocodiff.schedules import PlanOptions
-from cocodiff.simulate import simulate_schedule
+from cocodiff.simulator import budget
+from cocodiff.simulator.simulate import simulate_schedule
 from topology import Placement, build_topology, get_preset
 
 # (schedule, Aurora nodes, chunks): collective-heavy first, then message-heavy.

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from cocodiff.models import REGISTRY
 from cocodiff.schedules import RankGrid, plan_for_step
-from cocodiff.simulate import simulate_plan
+from cocodiff.simulator.simulate import simulate_plan
 from topology import Placement, build_topology, get_preset
 
 

@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{a['cocodiff']}x (multi-node) | |")
     if args.plot:
         # The same figure `cocodiff simulate --sweep --plot` draws.
-        from cocodiff.atomic import atomic_write
-        from cocodiff.sweep import plot_sweep
+        from cocodiff.simulator.sweep import plot_sweep
+        from cocodiff.util.atomic import atomic_write
 
         atomic_write(args.plot, lambda tmp: plot_sweep(rows, names, tmp))
     return 0

@@ -56,10 +56,10 @@ def layer_breakdown(result, num_layers: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from cocodiff.models import load_model_spec
-    from cocodiff.planner import best_layouts
     from cocodiff.schedules import VMajorOptions
     from cocodiff.schedules.options import PlanOptions
-    from cocodiff.simulate import simulate_schedule
+    from cocodiff.simulator.planner import best_layouts
+    from cocodiff.simulator.simulate import simulate_schedule
     from topology import Placement, build_topology, get_preset
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

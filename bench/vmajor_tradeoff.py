@@ -63,12 +63,12 @@ def launch(model: str, schedules: list[str], steps: int, seeds: int, work: Path,
 
 def worker(model: str, schedules: list[str], steps: int, seeds: int, out: Path) -> None:
     """One rank: every sample under the exact plan, then under each schedule."""
+    from cocodiff.commands.run import rank_grid
     from cocodiff.models import load_object
     from cocodiff.quality import compare
     from cocodiff.runtime.digits import digit_prompt, read_agreement
     from cocodiff.runtime.parallel import parallelize
     from cocodiff.runtime.pipelines import decode, load_pipeline, run_pipeline
-    from cocodiff.runtime.run import rank_grid
     from cocodiff.runtime.tiny import TINY_DEFAULTS
     from cocodiff.runtime.vmajor import gather_activity
     from cocodiff.schedules.vmajor import VMajorOptions

@@ -2,6 +2,6 @@
 
 import sys
 
-from cocodiff.cli import main
+from cocodiff.commands.cli import main
 
 sys.exit(main())

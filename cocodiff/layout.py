@@ -32,10 +32,12 @@ import functools
 import math
 from dataclasses import dataclass
 
-from cocodiff.errors import ScheduleError
+from cocodiff.util.errors import ScheduleError
 
 AXES = ("batch", "ring", "ulysses")
 DEFAULT_ORDER = AXES  # batch outermost, Ulysses innermost
+# `--ring-inner`: Ring innermost, so its passes stay on the fastest links.
+RING_INNER_ORDER = ("batch", "ulysses", "ring")
 
 
 class LayoutError(ScheduleError):
@@ -161,7 +163,7 @@ class ParallelLayout:
         """The smallest shift s (dividing the rank count) that maps every group onto a
         group, every ring successor onto the shifted successor, and every rank onto a
         rank with as many heads: the plan repeats every s grid positions, so the
-        simulator may fold node-symmetric traffic (``cocodiff.simulate``).
+        simulator may fold node-symmetric traffic (``cocodiff.simulator.simulate``).
 
         Args:
             heads: heads of each Ulysses index.

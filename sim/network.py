@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-LinkId = Hashable
+LinkId = tuple[Hashable, Hashable]  # a topology edge (u, v)
 
 # A flow is finished when less than this fraction of its bytes is left: rates times
 # durations accumulate float rounding, and a completion timer must not fire twice.
@@ -290,10 +290,6 @@ class Network:
             )
         batch = FlowBatch.build([(indices, num_bytes, count, latency_s, (0,))], num_owners=1)
         return self.start(batch)[0]
-
-    @property
-    def active_flows(self) -> int:
-        return len(self._remaining)
 
     @property
     def settled(self) -> bool:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +28,6 @@ class Timeline:
 
     def on_track(self, track: str) -> list[Span]:
         return [span for span in self.spans if span.track == track]
-
-    def busy_s(self, track: str, category: str) -> float:
-        """Time the track spends in at least one span of the category (overlaps merged)."""
-        return merged_length(
-            (s.start_s, s.end_s) for s in self.spans if s.track == track and s.category == category
-        )
 
     def to_chrome_trace(self) -> dict:
         """The trace-event JSON that chrome://tracing and ui.perfetto.dev open.
@@ -74,21 +66,18 @@ class Timeline:
             )
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
-    def write_chrome_trace(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_chrome_trace()))
-
 
 def merged_length(intervals: Iterable[tuple[float, float]]) -> float:
     """Total length covered by possibly overlapping intervals."""
+    spans = sorted(intervals)
+    if not spans:
+        return 0.0
     total = 0.0
-    current_start = current_end = None
-    for start, end in sorted(intervals):
-        if current_end is None or start > current_end:
-            if current_end is not None:
-                total += current_end - current_start
+    current_start, current_end = spans[0]
+    for start, end in spans[1:]:
+        if start > current_end:
+            total += current_end - current_start
             current_start, current_end = start, end
         else:
             current_end = max(current_end, end)
-    if current_end is not None:
-        total += current_end - current_start
-    return total
+    return total + current_end - current_start

@@ -1,4 +1,4 @@
-"""Driving ``cocodiff.cli.main`` in-process the way a real process sees it, and checking
+"""Driving ``cocodiff.commands.cli.main`` in-process the way a real process sees it, and checking
 the promise every command makes: it works (exit 0), or it prints exactly one line on
 stderr and exits 2; never a traceback, never a hang."""
 
@@ -9,7 +9,7 @@ import signal
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 
-from cocodiff.cli import main
+from cocodiff.commands.cli import main
 
 
 class Hang(Exception):

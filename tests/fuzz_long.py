@@ -1,4 +1,4 @@
-"""The long fuzz run (outside CI): tests/test_fuzz_inputs.py with more cases, new random
+"""The long fuzz run (outside CI): tests/commands/test_fuzz_inputs.py with more cases, new random
 draws per seed, a few workers at low priority. Prints and writes (JSON) each seed's cases
 per target and its failures.
 
@@ -30,7 +30,7 @@ def run_seed(seed: int, scale: float, real_processes: bool) -> dict:
     env = os.environ | {"COCODIFF_FUZZ_RANDOM": "1", "COCODIFF_FUZZ_EXAMPLES": str(scale),
                         "PYTHONPATH": str(REPO)}
     argv = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-            "tests/test_fuzz_inputs.py", f"--hypothesis-seed={seed}"]
+            "tests/commands/test_fuzz_inputs.py", f"--hypothesis-seed={seed}"]
     if not real_processes:
         argv += ["-k", "not real_processes"]
     began = time.perf_counter()

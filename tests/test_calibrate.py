@@ -26,7 +26,7 @@ from cocodiff.calibration import (
     time_blocks,
     tiny_transformer_config,
 )
-from cocodiff.cli import main
+from cocodiff.commands.cli import main
 from topology import load_topology
 
 REPO = Path(__file__).resolve().parents[1]

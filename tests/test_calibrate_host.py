@@ -133,8 +133,8 @@ def test_calibrated_topology_of_a_spinning_transport_charges_the_spin_only() -> 
 
 def test_all_busy_rate_is_reproduced_by_the_simulator() -> None:
     from cocodiff.cost import Cost
-    from cocodiff.plan import Compute, HeadSplit, LayerPlan, Plan, RankProgram
-    from cocodiff.simulate import simulate_plan
+    from cocodiff.plan.steps import Compute, HeadSplit, LayerPlan, Plan, RankProgram
+    from cocodiff.simulator.simulate import simulate_plan
     from topology import build_topology
 
     spec = _calibration(HostMeasurement(2.0, None, None)).topology()

@@ -10,10 +10,10 @@ import pytest
 from jobwatch import watch_job
 from launching import launcher_prefix, needs_mpi, needs_torchrun, run_job
 
-from cocodiff.cli import main
-from cocodiff.errors import CocodiffError
+from cocodiff.commands.cli import main
 from cocodiff.layout import ParallelLayout
-from cocodiff.validate import (
+from cocodiff.util.errors import CocodiffError
+from cocodiff.validation import (
     Case,
     error_summary,
     make_cases,

@@ -1,7 +1,7 @@
 """The one transport interface every backend implements.
 
 A transport moves buffers between the ranks of one job. The executor
-(``cocodiff.executor``) is written against this interface only, so the same rank
+(``cocodiff.plan.executor``) is written against this interface only, so the same rank
 program runs over torch.distributed, mpi4py or the simulator.
 
 Conventions:

@@ -83,7 +83,7 @@ class CollectiveModel:
         engines: transfers set up at once, for the same.
         transfer_cap_gbps: per tier, the most one transfer achieves (GB/s).
         spans: ``(span, SpanCost)`` pairs overriding the default cost
-            (``cocodiff.collective_fit`` fits them from microbenchmarks).
+            (``cocodiff.simulator.collective_fit`` fits them from microbenchmarks).
     """
 
     name: str
@@ -95,10 +95,11 @@ class CollectiveModel:
     def cost(self, span: str) -> SpanCost:
         """The cost of a collective of ``span``."""
         own = dict(self.spans)
-        while span is not None:
-            if span in own:
-                return own[span]
-            span = _SPAN_FALLBACK[span]
+        name: str | None = span
+        while name is not None:
+            if name in own:
+                return own[name]
+            name = _SPAN_FALLBACK[name]
         return SpanCost(self.startup_us, self.engines)
 
     def cap_bytes_per_s(self, tier: str) -> float:
@@ -149,7 +150,7 @@ def group_span(topology, tiles: Sequence[str]) -> str:
     return "gpu"
 
 
-# Aurora's span costs, as cocodiff.collective_fit gives them (see COLLECTIVE_MODELS).
+# Aurora's span costs, as cocodiff.simulator.collective_fit gives them (see COLLECTIVE_MODELS).
 # A two-member exchange: links only (the point-to-point control, 26.2 GB/s across the
 # node boundary, is faster than the links' 25 GB/s: nothing left to charge).
 AURORA_SPANS: tuple[tuple[str, SpanCost], ...] = (
@@ -165,10 +166,10 @@ COLLECTIVE_MODELS: dict[str, CollectiveModel] = {
     "ideal": CollectiveModel("ideal"),
     # Aurora (Intel Max 1550 + Slingshot-11). Single-transfer rates from ALCF's
     # node-performance overview (158.5 GB/s to the sibling tile, 18.9 GB/s to another
-    # GPU; a NIC's 25 GB/s). The span costs are fitted by cocodiff.collective_fit on the
+    # GPU; a NIC's 25 GB/s). The span costs are fitted by cocodiff.simulator.collective_fit on the
     # published all-to-all microbenchmarks (cocodiff/data/aurora_alltoall.toml:
     # torch.distributed levels, torchcomms trend over size, the point-to-point control);
-    # tests/test_collective_fit.py re-runs the fit and checks these numbers.
+    # tests/simulator/test_collective_fit.py re-runs the fit and checks these numbers.
     "aurora": CollectiveModel(
         "aurora",
         transfer_cap_gbps=(("intra-gpu", 158.5), ("intra-node", 18.9), ("inter-node", 25.0)),

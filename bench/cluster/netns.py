@@ -576,7 +576,7 @@ def topology_notes(spec: ClusterSpec, measured: Mapping[str, float]) -> list[str
 
 def write_topology_file(path: str | Path, spec: TopologySpec, notes: Sequence[str]) -> None:
     """Write ``spec`` as TOML with ``notes`` as a comment header, whole or not at all."""
-    from cocodiff.atomic import atomic_write_text
+    from cocodiff.util.atomic import atomic_write_text
 
     header = "".join(f"# {line}\n" for line in notes)
     atomic_write_text(path, header + dump_topology(spec))

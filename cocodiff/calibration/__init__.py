@@ -41,7 +41,7 @@ What is measured (all on the real transport, between real processes):
   next to what the fitted links predict for them (the slowest of the busiest per-rank port
   and the busiest node NIC, each with its latency) so a reader can see how far a
   collective runs from the wire. With the two-rank exchanges they are the table that
-  :func:`cocodiff.collective_fit.fit_collective` fits the simulator's collective model to
+  :func:`cocodiff.simulator.collective_fit.fit_collective` fits the simulator's collective model to
   (per span: per-transfer set-up and the rate a rank's transfers reach together), the same
   fit that gives Aurora's preset; written as JSON ``collective`` (the topology file has no
   place for it).
@@ -61,7 +61,7 @@ Modules, by concern: :mod:`~cocodiff.calibration.options` (what to do, the error
 (timed exchanges), :mod:`~cocodiff.calibration.measure` (the whole run),
 :mod:`~cocodiff.calibration.result` (the result, its topology and summary),
 :mod:`~cocodiff.calibration.launch` (self-launch). The command's flags live in
-:mod:`cocodiff.calibrate_command`.
+:mod:`cocodiff.commands.calibrate`.
 """
 
 from cocodiff.calibration.blocks import BlockTiming, build_transformer, measure_blocks, time_blocks

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from cocodiff.calibration.options import CalibrationError
-from cocodiff.jsonfile import read_json
 from cocodiff.models import read_tiny_marker
+from cocodiff.util.jsonfile import read_json
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,13 @@
 """What one calibration is asked to do, and how it fails: plain data, no argument parsing
-(``cocodiff.calibrate_command`` turns flags into :class:`CalibrateOptions`)."""
+(``cocodiff.commands.calibrate`` turns flags into :class:`CalibrateOptions`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from cocodiff.atomic import check_output_paths
-from cocodiff.errors import CocodiffError
+from cocodiff.util.atomic import check_output_paths
+from cocodiff.util.errors import CocodiffError
 
 ROW_BYTES = 1024  # exchanges move rows of 1 KiB; sizes are whole rows
 DEFAULT_SIZES_KIB = (1, 4, 16, 64, 256, 1024, 4096)

@@ -190,9 +190,9 @@ def unconstrained_host_links(spec) -> dict[str, Any]:
 def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
     """The simulator's collective model fitted on what calibrate measured: the two-rank
     exchanges (pairs) and the world all-to-alls, on the calibrated topology (the fit of
-    :mod:`cocodiff.collective_fit`, as for Aurora's preset). JSON: the model
+    :mod:`cocodiff.simulator.collective_fit`, as for Aurora's preset). JSON: the model
     (``transports.sim.CollectiveModel.to_json``) and each measurement's fitted time."""
-    from cocodiff.collective_fit import Measurement, fit_collective
+    from cocodiff.simulator.collective_fit import Measurement, fit_collective
     from topology import build_topology
     from transports.sim import CollectiveModel
 
@@ -274,7 +274,7 @@ def summary(result: Calibration, output: Path) -> str:
 
 def write_outputs(result: Calibration, options: CalibrateOptions) -> None:
     """Write the topology file (and the JSON) atomically and print the summary (rank 0)."""
-    from cocodiff.atomic import atomic_write_text
+    from cocodiff.util.atomic import atomic_write_text
     from topology import dump_topology
 
     spec = result.topology()

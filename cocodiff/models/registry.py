@@ -10,10 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cocodiff.jsonfile import read_json
 from cocodiff.models.families import FAMILIES, TINY_MODELS, spec_from_config
 from cocodiff.models.spec import ModelSpec, ModelSpecError, _is_int
-from cocodiff.paths import path_problem
+from cocodiff.util.jsonfile import read_json
+from cocodiff.util.paths import path_problem
 
 # The presets of every family by name; each equals spec_from_config() of the model's real
 # transformer/config.json (tests/data/configs/<name>.json; tests/test_models.py checks it).

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from cocodiff.errors import CocodiffError
+from cocodiff.util.errors import CocodiffError
 from transports.base import Transport
 
 if TYPE_CHECKING:

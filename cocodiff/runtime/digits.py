@@ -6,7 +6,7 @@ upsampled 4x, nearest, grey in three channels); the VAE reduces that to an 8 x 8
 channels, which the transformer reads as 64 image tokens (patch size 1; 16 per rank on 4
 ranks). Every weight (transformer, VAE, the frozen T5 text encoder, the classifier) comes
 from ``weights/tiny-digits.safetensors``, which ``python -m
-cocodiff.runtime.digits_train`` writes; scikit-learn is needed only there.
+cocodiff.commands.train_digits`` writes; scikit-learn is needed only there.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Trains ``tiny-digits`` on scikit-learn's bundled 8x8 digits and writes its weights.
 
     pip install scikit-learn          # only this script needs it
-    python -m cocodiff.runtime.digits_train              # writes cocodiff/runtime/weights/...
-    python -m cocodiff.runtime.digits_train --out w.safetensors --json train.json
+    python -m cocodiff.commands.train_digits              # writes cocodiff/runtime/weights/...
+    python -m cocodiff.commands.train_digits --out w.safetensors --json train.json
 
 Deterministic: one thread, deterministic algorithms, every random draw from seeded
 generators, so a rerun on the same torch build writes the same bytes. Three models, in
@@ -18,10 +18,8 @@ the classifier.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,7 +34,6 @@ from cocodiff.runtime.digits import (
     DIGIT_MAX,
     NUM_CLASSES,
     UPSAMPLE,
-    WEIGHTS_PATH,
     DigitClassifier,
     build_architecture,
     digit_prompt,
@@ -256,25 +253,3 @@ def _train(budget: Budget, out: Path, sample_steps: int, samples_per_digit: int)
     save_file(state, str(out), metadata={"vae": json.dumps({"scaling_factor": scaling}),
                                          "report": json.dumps(report)})
     return report
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=WEIGHTS_PATH)
-    parser.add_argument("--json", type=Path, default=None, help="write the report here")
-    default = Budget()
-    parser.add_argument("--transformer-steps", type=int, default=default.transformer_steps)
-    parser.add_argument("--vae-steps", type=int, default=default.vae_steps)
-    parser.add_argument("--classifier-steps", type=int, default=default.classifier_steps)
-    args = parser.parse_args(argv)
-    budget = Budget(classifier_steps=args.classifier_steps, vae_steps=args.vae_steps,
-                    transformer_steps=args.transformer_steps)
-    report = train(budget, args.out)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cocodiff.errors import CocodiffError
+from cocodiff.util.errors import CocodiffError
 from transports.base import Group, Handle, Transport
 
 ENV_VAR = "COCODIFF_FAULT"

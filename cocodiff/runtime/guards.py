@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from cocodiff.runtime.parallel import UlyssesAttnProcessor
+from cocodiff.runtime.hooks import UlyssesAttnProcessor
 
 
 class NumericsError(RuntimeError):

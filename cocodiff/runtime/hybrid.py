@@ -17,7 +17,7 @@
 
 Exactness: each block's attention sees only real tokens (padding is never attended),
 and the merge is exact up to float rounding, so the output equals single-process
-diffusers within the flat plan's tolerance (``tests/test_runtime_hybrid.py``).
+diffusers within the flat plan's tolerance (``tests/runtime/test_runtime_hybrid.py``).
 """
 
 from __future__ import annotations
@@ -29,17 +29,12 @@ from typing import Any
 import torch
 
 from cocodiff.layout import LayoutError, ParallelLayout
-from cocodiff.plan import Exchange
-from cocodiff.plan_file import RunPlan
+from cocodiff.plan.file import RunPlan
+from cocodiff.plan.steps import Exchange
+from cocodiff.runtime.backend import TensorBackend, TimedHandle
 from cocodiff.runtime.exchange import all_gather_rows
-from cocodiff.runtime.parallel import (
-    TensorBackend,
-    TimedHandle,
-    UlyssesRuntime,
-    _install_processors,
-    _install_splits,
-    family_of,
-)
+from cocodiff.runtime.hooks import install_processors, install_splits
+from cocodiff.runtime.parallel import UlyssesRuntime, family_of
 from cocodiff.runtime.tapa import Route, plan_route
 from cocodiff.schedules import PlanOptions, RankGrid
 from cocodiff.schedules.hybrid import ulysses_grids
@@ -322,6 +317,6 @@ def parallelize_hybrid(model: Any, transport: Transport, schedule: str,
     runtime = HybridRuntime(transformer, transport, family_of(transformer), schedule,
                             parallel, grid, options, run_plan)
     _install_batch_split(runtime)
-    _install_splits(runtime)
-    _install_processors(runtime)
+    install_splits(runtime)
+    install_processors(runtime)
     return runtime

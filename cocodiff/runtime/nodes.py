@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Sequence
 
-from cocodiff.errors import CocodiffError
+from cocodiff.util.errors import CocodiffError
 
 
 class PlacementError(CocodiffError):
@@ -56,3 +56,18 @@ def node_major_shape(node_of: Sequence[int]) -> tuple[int, int]:
             f"{list(node_of)}); the cluster topology needs R consecutive ranks per node"
         )
     return num_nodes, per_node
+
+
+def launched_grid(transport):
+    """The nodes the launch spans (host and network namespace), one GPU per rank, as a
+    rank grid; None when every rank is on one node (collective).
+
+    Raises:
+        PlacementError: the ranks are not node-major on equal nodes.
+    """
+    from cocodiff.schedules import RankGrid
+
+    num_nodes, per_node = node_major_shape(detect_nodes(transport))
+    if num_nodes == 1:
+        return None
+    return RankGrid((num_nodes, per_node, 1), tuple(range(transport.world_size)))

@@ -3,9 +3,10 @@
 Three things are installed on the transformer, all from the model's :class:`Family`:
 
 1. hooks that split the token streams over the ranks where they enter the model, and
-   gather them where they leave (padding streams that do not divide);
+   gather them where they leave (padding streams that do not divide;
+   :mod:`cocodiff.runtime.hooks`);
 2. attention processors that run the plan's attention steps with the shared executor
-   (``cocodiff.executor``) through any transport;
+   (``cocodiff.plan.executor``) through any transport (:mod:`cocodiff.runtime.backend`);
 3. nothing else: the rest of every block runs as diffusers wrote it, on local tokens.
 
 The plan is made on the first forward call, when the token counts are known, by the
@@ -18,59 +19,27 @@ selective (V-Major) phases send only the chosen V blocks (:mod:`cocodiff.runtime
 
 from __future__ import annotations
 
-import inspect
-import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
-from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-from cocodiff.errors import CocodiffError, ScheduleError
-from cocodiff.executor import PlanError, drive_blocking, run_steps
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec, ModelSpecError, spec_from_config
-from cocodiff.plan import Compute, Exchange, LayerPlan, Plan
-from cocodiff.plan_file import RunPlan, build_run_plan, check_plan_fits_call, check_plan_fits_model
-from cocodiff.runtime.exchange import (
-    all_gather_rows,
-    pack_gather_heads,
-    pack_scatter_heads,
-    unpack_gather_heads,
-    unpack_scatter_heads,
-)
+from cocodiff.plan.executor import PlanError
+from cocodiff.plan.file import RunPlan, build_run_plan, check_plan_fits_call, check_plan_fits_model
+from cocodiff.plan.steps import Exchange, LayerPlan, Plan
+from cocodiff.runtime.backend import LEVEL_TIERS, StepRecord, TensorBackend
 from cocodiff.runtime.families import runtime_family
-from cocodiff.runtime.families.base import (
-    AttentionOps,
-    AttentionState,
-    Family,
-    Split,
-    module_matches,
-)
+from cocodiff.runtime.families.base import Family
+from cocodiff.runtime.hooks import UnsupportedModelError, install_processors, install_splits
 from cocodiff.runtime.sharding import TokenShard, TokenStreams
-from cocodiff.runtime.tapa import PhasedHandle, Route, plan_route
+from cocodiff.runtime.tapa import Route, plan_route
 from cocodiff.runtime.vmajor import VMajorCache
 from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, get_schedule
 from cocodiff.schedules.grid import LEVELS
-from transports.base import CompletedHandle, Group, Handle, Transport
-
-# The tier (a topology.TIERS name) that messages between ranks differing first in this
-# level cross: the runtime counts its bytes per tier, as the simulator does.
-LEVEL_TIERS = {"node": "inter-node", "gpu": "intra-node", "tile": "intra-gpu"}
-
-
-class UnsupportedModelError(CocodiffError):
-    """A model class the runtime has no family for."""
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """What the runtime did, for comparing with the plan: ("compute", op, 0) or
-    ("exchange", tensor, bytes sent)."""
-
-    kind: str
-    name: str
-    num_bytes: int
+from cocodiff.util.errors import ScheduleError
+from transports.base import Group, Transport
 
 
 class UlyssesRuntime:
@@ -281,144 +250,6 @@ class UlyssesRuntime:
         return route
 
 
-class TimedHandle:
-    """A transport handle whose ``wait()`` adds its blocking time to the runtime's
-    ``comm_s``: the communication time the rank actually waited for."""
-
-    __slots__ = ("_handle", "_runtime")
-
-    def __init__(self, handle: Handle, runtime: UlyssesRuntime) -> None:
-        self._handle = handle
-        self._runtime = runtime
-
-    def is_completed(self) -> bool:
-        return self._handle.is_completed()
-
-    def wait(self) -> Any:
-        start = time.perf_counter()
-        try:
-            return self._handle.wait()
-        finally:
-            self._runtime.comm_s += time.perf_counter() - start
-
-
-class TensorBackend:
-    """Binds plan steps to one attention call's tensors and the transport."""
-
-    def __init__(self, runtime: UlyssesRuntime, ops: AttentionOps, state: AttentionState,
-                 layer_index: int) -> None:
-        self.runtime = runtime
-        self.ops = ops
-        self.state = state
-        self.layer_index = layer_index
-
-    def _record(self, kind: str, name: str, num_bytes: int = 0) -> None:
-        if self.runtime.records is not None:
-            self.runtime.records.append(StepRecord(kind, name, num_bytes))
-
-    def compute(self, step: Compute) -> Handle:
-        if step.op == "attention":
-            self._attention()
-        else:
-            getattr(self.ops, step.op)(self.state)
-        self._record("compute", step.op)
-        return CompletedHandle()
-
-    def _attention(self) -> None:
-        # Pick the real tokens in the model's original order out of the gathered
-        # sequence, so the kernel sees exactly the single-process input (no padding).
-        # The mask is the model's own, over that same sequence.
-        tensors = self.state.tensors
-        positions = self.runtime.original_positions(self.ops.streams)
-        stream_tokens = tuple(self.runtime.shards[name].total for name in self.ops.streams)
-        q, k, v = (tensors[name].index_select(1, positions) for name in ("q", "k", "v"))
-        mask = self.ops.attention_mask(self.state, stream_tokens)
-        out = dispatch_attention_fn(q, k, v, attn_mask=mask)
-        gathered = out.new_zeros(tensors["q"].shape)
-        gathered[:, positions] = out
-        tensors["out"] = gathered
-
-    def start_exchange(self, step: Exchange) -> Handle:
-        self.runtime.exchanges_started += 1
-        x = self.state.tensors[step.tensor]
-        group = self.runtime.group(step.group)
-        if step.direction == "scatter_heads":
-            send = pack_scatter_heads(x)
-        else:
-            send = pack_gather_heads(x, group.size)
-        row_bytes = send[0].numel() * send.element_size()
-        if row_bytes != step.row_bytes or send.shape[0] != sum(step.send_rows):
-            raise PlanError(
-                f"exchange of {step.tensor}: the plan moves {sum(step.send_rows)} rows of "
-                f"{step.row_bytes} B, the model has {send.shape[0]} rows of {row_bytes} B"
-            )
-        self._record("exchange", step.tensor, send.numel() * send.element_size())
-        runtime = self.runtime
-        if step.phases:
-            # The rows go through the phases' sub-groups; the handle delivers them in the
-            # flat all-to-all's layout, so finish_exchange is the same for both.
-            groups = [runtime.group(phase.group) for phase in step.phases]
-            codecs = {
-                index: runtime.vcache.codec(step.tensor, runtime.step, runtime.call,
-                                            self.layer_index, phase.sent_fraction,
-                                            phase.blocks_per_row)
-                for index, phase in enumerate(step.phases) if phase.selective
-            }
-            tiers = [LEVEL_TIERS[phase.level] for phase in step.phases]
-            handle: Handle = PhasedHandle(
-                runtime.transport, groups, runtime.route(step), send, step.chunks, codecs,
-                on_sent=lambda phase, num_bytes: runtime.count_sent(tiers[phase], num_bytes),
-            )
-        else:
-            for member, rows in zip(step.group, step.send_rows, strict=True):
-                if member != runtime.transport.rank:
-                    runtime.count_sent(runtime.tier_to(member), rows * row_bytes)
-            handle = runtime.transport.all_to_all(send, step.send_rows, step.recv_rows, group)
-        return TimedHandle(handle, runtime)
-
-    def finish_exchange(self, step: Exchange, received: torch.Tensor) -> None:
-        if step.direction == "scatter_heads":
-            self.state.tensors[step.tensor] = unpack_scatter_heads(received, len(step.group))
-        else:
-            self.state.tensors[step.tensor] = unpack_gather_heads(received)
-
-
-class UlyssesAttnProcessor:
-    """Runs one layer's planned attention steps in place of a diffusers processor.
-
-    The explicit parameters matter: diffusers passes a processor only the keyword
-    arguments its ``__call__`` signature names. They are the union of what the supported
-    attention modules pass: FLUX (``image_rotary_emb``) and Wan (``rotary_emb``) pass the
-    rotary embedding positionally after ``attention_mask``, Qwen-Image passes
-    ``image_rotary_emb`` and ``encoder_hidden_states_mask`` by keyword.
-    """
-
-    def __init__(self, runtime: UlyssesRuntime, ops: AttentionOps, layer_index: int) -> None:
-        self.runtime = runtime
-        self.ops = ops
-        self.layer_index = layer_index
-
-    def __call__(
-        self,
-        attn: Any,
-        hidden_states: torch.Tensor,
-        encoder_hidden_states: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        image_rotary_emb: Any = None,
-        rotary_emb: Any = None,
-        encoder_hidden_states_mask: torch.Tensor | None = None,
-    ) -> Any:
-        rotary = image_rotary_emb if image_rotary_emb is not None else rotary_emb
-        extra = {"rotary_emb": rotary, "encoder_hidden_states_mask": encoder_hidden_states_mask}
-        state = AttentionState(attn, hidden_states, encoder_hidden_states, attention_mask, extra)
-        layer = self.runtime.layer_plan(
-            self.layer_index, self.ops.streams, hidden_states.shape[0], hidden_states.dtype
-        )
-        backend = self.runtime.backend_type(self.runtime, self.ops, state, self.layer_index)
-        drive_blocking(run_steps(layer.attention, backend))
-        return state.result
-
-
 def family_of(transformer: torch.nn.Module) -> Family:
     try:
         return runtime_family(type(transformer).__name__)
@@ -446,7 +277,7 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat",
         options: chunks and V-Major's ratio schedule (:class:`PlanOptions`; its dtype and
             batch are taken from the model's calls). Set ``runtime.vmajor = None`` to run
             cocodiff exactly (TAPA + V-First).
-        run_plan: a plan file's plan (:mod:`cocodiff.plan_file`) to execute instead; it
+        run_plan: a plan file's plan (:mod:`cocodiff.plan.file`) to execute instead; it
             fixes the schedule, the grid and the options, and the first call checks that
             the model's tokens, batch and dtype are the plan's.
 
@@ -457,92 +288,6 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat",
     transformer = getattr(model, "transformer", model)
     family = family_of(transformer)
     runtime = UlyssesRuntime(transformer, transport, family, schedule, grid, options, run_plan)
-    _install_splits(runtime)
-    _install_processors(runtime)
+    install_splits(runtime)
+    install_processors(runtime)
     return runtime
-
-
-def _install_processors(runtime: UlyssesRuntime) -> None:
-    ops = runtime.family.ops
-    pattern = runtime.family.attention_modules
-    layer_index = 0
-    for name, module in runtime.transformer.named_modules():
-        processor = getattr(module, "processor", None)
-        if processor is None or type(processor).__name__ not in ops.processor_classes:
-            continue
-        if pattern is None or module_matches(name, pattern):
-            module.set_processor(UlyssesAttnProcessor(runtime, ops, layer_index))
-            layer_index += 1
-    if layer_index != runtime.spec.num_layers:
-        raise UnsupportedModelError(
-            f"{type(runtime.transformer).__name__}: found {layer_index} attention processors "
-            f"to replace, expected {runtime.spec.num_layers} (a custom processor installed, "
-            f"or attention layers the runtime does not know?)"
-        )
-
-
-def _install_splits(runtime: UlyssesRuntime) -> None:
-    transformer = runtime.transformer
-    transport = runtime.transport
-    rank = runtime.sequence_index
-    module_names = [name for name, _ in transformer.named_modules()]
-    by_module: dict[str, list[Split]] = {}
-    for split in runtime.family.splits:
-        matched = [name for name in module_names if module_matches(name, split.module)]
-        if not matched:
-            raise UnsupportedModelError(
-                f"{type(transformer).__name__} has no module {split.module!r} to split "
-                f"{split.argument!r} at"
-            )
-        for name in matched:
-            by_module.setdefault(name, []).append(split)
-
-    def split_value(split: Split, value: Any) -> Any:
-        if not isinstance(value, torch.Tensor) or split.ndim not in (None, value.ndim):
-            return value
-        shard = runtime.shard(split.stream, value.shape[split.dim])
-        return shard.split(value, split.dim, rank)
-
-    def input_hook(module, args, kwargs, splits):
-        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
-        for split in splits:
-            if split.argument in bound.arguments:
-                bound.arguments[split.argument] = split_value(
-                    split, bound.arguments[split.argument]
-                )
-        return bound.args, bound.kwargs
-
-    def output_hook(module, args, output, splits):
-        single = isinstance(output, torch.Tensor)
-        values = [output] if single else list(output)
-        for split in splits:
-            values[split.argument] = split_value(split, values[split.argument])
-        return values[0] if single else tuple(values)
-
-    def root_hook(module, args, kwargs):
-        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
-        runtime.begin_forward(bound.arguments.get("timestep"))
-        return input_hook(module, args, kwargs, [s for s in by_module.get("", []) if not s.output])
-
-    transformer.register_forward_pre_hook(root_hook, with_kwargs=True)
-    for module_name, splits in by_module.items():
-        module = transformer.get_submodule(module_name)
-        inputs = [s for s in splits if not s.output]
-        outputs = [s for s in splits if s.output]
-        if module_name and inputs:
-            module.register_forward_pre_hook(
-                lambda m, a, k, s=inputs: input_hook(m, a, k, s), with_kwargs=True
-            )
-        if outputs:
-            module.register_forward_hook(lambda m, a, o, s=outputs: output_hook(m, a, o, s))
-
-    for gather in runtime.family.gathers:
-        def gather_hook(module, args, output, gather=gather):
-            shard = runtime.shards[gather.stream]
-            start = time.perf_counter()
-            chunks = all_gather_rows(transport, output.contiguous(), runtime.sequence_group)
-            runtime.comm_s += time.perf_counter() - start
-            # (P, ..., chunk, ...) -> (..., P*chunk, ...) -> drop the padding
-            return shard.unsplit(torch.cat(list(chunks), dim=gather.dim), gather.dim)
-
-        transformer.get_submodule(gather.module).register_forward_hook(gather_hook)

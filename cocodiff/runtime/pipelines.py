@@ -24,7 +24,6 @@ from diffusers import DiffusionPipeline  # noqa: E402
 from packaging.version import Version  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from cocodiff.jsonfile import read_json  # noqa: E402
 from cocodiff.models import (  # noqa: E402
     TINY_MARKER,
     TINY_MODELS,
@@ -34,6 +33,7 @@ from cocodiff.models import (  # noqa: E402
 )
 from cocodiff.runtime.families import runtime_family  # noqa: E402
 from cocodiff.runtime.tiny import build_tiny  # noqa: E402
+from cocodiff.util.jsonfile import read_json  # noqa: E402
 
 # diffusers 0.42 renamed from_pretrained's torch_dtype to dtype (the old name warns).
 _DTYPE_KWARG = "dtype" if Version(diffusers.__version__) >= Version("0.42") else "torch_dtype"

@@ -1,4 +1,4 @@
-"""TAPA exchanges on a real transport: a plan's phased :class:`~cocodiff.plan.Exchange`
+"""TAPA exchanges on a real transport: a plan's phased :class:`~cocodiff.plan.steps.Exchange`
 carried as all-to-alls on the phases' sub-groups.
 
 The logical (flat) all-to-all moves *blocks*: block ``(s, d)`` holds the rows group
@@ -15,7 +15,7 @@ know from the grid alone which blocks it carries. Blocks travel in canonical ord
 (sorted by (source, destination) position) and no index is sent.
 
 The rows may be cut into ``chunks`` (each block's rows split as evenly as possible)
-pipelined through the phases as :mod:`cocodiff.phasing` orders them, for the simulator
+pipelined through the phases as :mod:`cocodiff.plan.phasing` orders them, for the simulator
 and here alike: chunk c enters phase p once it has left phase p-1 and chunk c-1 has
 left phase p, so the slow tier carries chunk c while a fast tier carries chunk c-1.
 After the last phase every block destined to this rank is here; they are
@@ -36,9 +36,9 @@ from typing import Protocol
 
 import torch
 
-from cocodiff.executor import PlanError
-from cocodiff.phasing import ChunkPipeline, chunk_rows
-from cocodiff.plan import Exchange
+from cocodiff.plan.executor import PlanError
+from cocodiff.plan.phasing import ChunkPipeline, chunk_rows
+from cocodiff.plan.steps import Exchange
 from cocodiff.runtime.vmajor import as_bytes, from_bytes
 from cocodiff.schedules.grid import LEVELS, RankGrid
 from transports.base import Group, Handle, Transport, TransportError
@@ -317,7 +317,7 @@ class PhasedHandle:
         if self._waited:
             raise TransportError("wait() called twice on the same handle")
         self._waited = True
-        # The pipeline's order (cocodiff.phasing), waited one at a time.
+        # The pipeline's order (cocodiff.plan.phasing), waited one at a time.
         for chunk, phase in self._pipeline.wait_order():
             self._land(chunk, phase, self._posted.pop((chunk, phase)))
             for posting in self._pipeline.landed(chunk, phase):

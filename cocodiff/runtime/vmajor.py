@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from cocodiff.executor import PlanError
-from cocodiff.plan import LayerPlan
+from cocodiff.plan.executor import PlanError
+from cocodiff.plan.steps import LayerPlan
 from cocodiff.runtime.exchange import all_gather_rows
 from cocodiff.schedules.activity import ActivityTrace
 from cocodiff.schedules.vmajor import block_tokens, blocks_sent, message_bytes

@@ -1,4 +1,5 @@
-"""Schedulers: pure functions from (model, rank layout, options) to a :class:`~cocodiff.plan.Plan`.
+"""Schedulers: pure functions from (model, rank layout, options) to a
+:class:`~cocodiff.plan.steps.Plan`.
 
 Each is registered by name with what it is in :data:`SCHEDULES`
 (:mod:`cocodiff.schedules.registry`); :func:`get_schedule` resolves a name and lists the
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Plan
+from cocodiff.plan.steps import Plan
 from cocodiff.schedules.flat import plan_cocodiff, plan_flat, plan_tapa, plan_vfirst
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.hybrid import plan_hybrid

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cocodiff.errors import ScheduleError
+from cocodiff.util.errors import ScheduleError
 
 FORMAT = "cocodiff-activity/1"
 
@@ -83,7 +83,7 @@ class ActivityTrace:
 
 def load_activity(path: str | Path) -> ActivityTrace:
     """Read and validate a trace file; every problem is one ScheduleError line."""
-    from cocodiff.jsonfile import read_json
+    from cocodiff.util.jsonfile import read_json
 
     return parse_activity(read_json(path, "activity trace", ScheduleError), str(path))
 
@@ -151,7 +151,7 @@ def plan_from_activity(spec, grid, stream_tokens: Sequence[int], trace: Activity
     """The ``cocodiff`` plan of ``step`` with each rank's and layer's V-Major fraction
     taken from the trace instead of the ratio schedule (``options``: a
     :class:`~cocodiff.schedules.options.PlanOptions`; its V-Major slow levels apply)."""
-    from cocodiff.plan import Plan, RankProgram
+    from cocodiff.plan.steps import Plan, RankProgram
     from cocodiff.schedules.flat import plan_phased
     from cocodiff.schedules.options import DEFAULT_OPTIONS
     from cocodiff.schedules.vmajor import VMajorOptions

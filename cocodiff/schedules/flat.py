@@ -21,9 +21,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 
-from cocodiff.errors import ScheduleError
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Exchange, HeadSplit, LayerPlan, Plan, RankProgram, Step, Tensor, Wait
+from cocodiff.plan.steps import (
+    Exchange,
+    HeadSplit,
+    LayerPlan,
+    Plan,
+    RankProgram,
+    Step,
+    Tensor,
+    Wait,
+)
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.options import DEFAULT_OPTIONS, PlanOptions
 from cocodiff.schedules.tapa import TapaRows
@@ -37,6 +45,7 @@ from cocodiff.schedules.ulysses import (
     smallest_period,
 )
 from cocodiff.schedules.vmajor import blocks_per_row
+from cocodiff.util.errors import ScheduleError
 
 ExchangeFor = Callable[[Tensor, int], Exchange]
 """(tensor, global rank) -> that rank's exchange of the tensor."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cocodiff.errors import ScheduleError
+from cocodiff.util.errors import ScheduleError
 
 LEVELS = ("node", "gpu", "tile")
 

@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from cocodiff.layout import LayoutError, ParallelLayout
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Compute, Exchange, LayerPlan, Plan, RankProgram, Step, Wait
+from cocodiff.plan.steps import Compute, Exchange, LayerPlan, Plan, RankProgram, Step, Wait
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.options import DEFAULT_OPTIONS, PlanOptions
 from cocodiff.schedules.registry import get_schedule

@@ -2,7 +2,7 @@
 
 A scheduler is ``plan(spec, grid, stream_tokens, options)``: the model, where the ranks
 sit and the token streams say *what* is run; :class:`PlanOptions` says *how*. The same
-object travels in a plan file (:mod:`cocodiff.plan_file`), so what was simulated is what
+object travels in a plan file (:mod:`cocodiff.plan.file`), so what was simulated is what
 runs.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cocodiff.errors import ScheduleError
 from cocodiff.schedules.tapa import DEFAULT_CHUNKS
 from cocodiff.schedules.vmajor import VMajorOptions
+from cocodiff.util.errors import ScheduleError
 
 # Bytes per activation value, by the torch dtype's name (float64: the runtime's exactness
 # tests; bfloat16: what the simulator charges by default, as the paper's runs use).

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from cocodiff.errors import ScheduleError
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Plan
+from cocodiff.plan.steps import Plan
 from cocodiff.schedules.flat import plan_cocodiff, plan_flat, plan_tapa, plan_vfirst
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.options import PlanOptions
+from cocodiff.util.errors import ScheduleError
 
 Scheduler = Callable[..., Plan]
 """(spec, grid, stream_tokens, options[, cache_ratio]) -> Plan"""

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cocodiff.errors import ScheduleError
-from cocodiff.plan import Exchange, Phase, Plan
+from cocodiff.plan.steps import Exchange, Phase, Plan
 from cocodiff.schedules.grid import LEVELS, RankGrid
+from cocodiff.util.errors import ScheduleError
 
 # One chunk: with per-transfer set-up costs (transports.sim.CollectiveModel) more chunks
 # mean more, smaller transfers; large payloads may prefer 2-4 (`--chunks`).

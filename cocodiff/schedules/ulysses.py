@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cocodiff.cost import Cost, LayerShape, op_cost
-from cocodiff.errors import ScheduleError
 from cocodiff.models import ModelSpec
-from cocodiff.plan import Compute, Exchange, HeadSplit, Tensor
+from cocodiff.plan.steps import Compute, Exchange, HeadSplit, Tensor
+from cocodiff.util.errors import ScheduleError
 
 
 def split_heads(num_heads: int, num_ranks: int) -> tuple[int, ...]:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cocodiff.errors import ScheduleError
-from cocodiff.plan import HeadSplit
+from cocodiff.plan.steps import HeadSplit
+from cocodiff.util.errors import ScheduleError
 
 RATIO_SCHEDULES = ("linear", "constant")
 # Tokens per V-Major block: 4 KiB at head_dim 128 in bf16, against a 4-byte index.

@@ -22,11 +22,10 @@ import sys
 
 import torch
 from parity import STEPS, expected_records, main, pipeline_latents, report  # same dir
+from probe import transformer_inputs
 
-from cocodiff.layout import ParallelLayout
-from cocodiff.plan_command import RING_INNER_ORDER
+from cocodiff.layout import RING_INNER_ORDER, ParallelLayout
 from cocodiff.runtime.hybrid import parallelize_hybrid
-from cocodiff.runtime.probe import transformer_inputs
 from cocodiff.runtime.tiny import build_tiny
 
 

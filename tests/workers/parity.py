@@ -21,12 +21,13 @@ import sys
 
 import torch
 from diffusers import DiffusionPipeline
+from probe import transformer_inputs
 
-from cocodiff.plan import Compute, Exchange
-from cocodiff.runtime.parallel import StepRecord, parallelize
+from cocodiff.commands.run import rank_grid
+from cocodiff.plan.steps import Compute, Exchange
+from cocodiff.runtime.backend import StepRecord
+from cocodiff.runtime.parallel import parallelize
 from cocodiff.runtime.pipelines import run_pipeline
-from cocodiff.runtime.probe import transformer_inputs
-from cocodiff.runtime.run import rank_grid
 from cocodiff.runtime.tiny import SEED, TINY_DEFAULTS, build_tiny
 from cocodiff.schedules import PlanOptions
 from transports.registry import create_transport

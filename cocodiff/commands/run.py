@@ -1,0 +1,358 @@
+"""``cocodiff run``: one denoising job on every rank of a launch.
+
+Single process, under ``mpiexec -n N`` or under ``torchrun --nproc-per-node N``: every
+rank loads the same model, the transformer is parallelised over the transport, and
+rank 0 shows progress and writes the outputs (each written whole or not at all).
+Errors that every rank hits the same way (a bad model directory) are printed once, by
+rank 0; every rank exits non-zero.
+
+Failures never hang the job:
+
+* every wait on a peer is bounded by ``--timeout`` (both transports); a rank whose peer
+  died or went silent prints one line naming itself and what it waited for, and exits 1;
+  under mpiexec it then ends the whole job (``MPI_Abort``), since mpiexec would leave a
+  silent peer running and MPI_Finalize may wait for a dead one;
+* SIGINT and SIGTERM raise in the main thread, so ``finally`` blocks run (a half-written
+  output's temporary file is removed) and the rank exits ``128 + signal``; a second signal
+  ends it at once;
+* NaN or Inf in a step stops the run with the step and layer (``--no-guards`` turns the
+  checks off), before anything is written.
+
+``COCODIFF_FAULT`` injects a failure for tests (:mod:`cocodiff.runtime.faults`). This
+module reads and checks the flags; the job itself is :mod:`cocodiff.runtime.job`, the
+failure handling :mod:`cocodiff.runtime.failures`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from cocodiff.commands.plan import (
+    AUTO,
+    PURE,
+    add_degree_arguments,
+    add_vmajor_arguments,
+    explicit_layout,
+    vmajor_from_arguments,
+)
+from cocodiff.models import TINY_NAMES
+from cocodiff.runtime.failures import (
+    EXIT_FAILURE,
+    Interrupted,
+    end_job_after_failure,
+    raise_on_signals,
+)
+from cocodiff.util.errors import CocodiffError, one_line
+
+DTYPES = ("float32", "bfloat16")
+# Defaults of the flags a plan file fixes (None on the parser: "given" is then visible).
+DEFAULTS = {"model": "tiny-flux", "schedule": "flat", "steps": 4, "dtype": "float32"}
+# Flags that say what a plan file already says: refused beside --plan.
+PLAN_FIXES = ("schedule", "steps", "dtype", "resolution", "frames", "grid", "parallel_layout",
+              "ulysses", "ring", "batch", "chunks", "vmajor_ratio_schedule", "vmajor_warmup",
+              "vmajor_refresh")
+# --timeout above this is a typo, not a wish: gloo's timeout is in int milliseconds.
+MAX_TIMEOUT_S = 1e6
+# torch.Generator.manual_seed accepts [-2**63, 2**64).
+SEED_RANGE = range(-(2**63), 2**64)
+EXIT_USAGE = 2
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+    parser.add_argument("--plan", type=Path, default=None, metavar="PATH",
+                        help="execute this plan file (`cocodiff plan ... --out PATH`): it fixes "
+                        "the schedule, steps, dtype, resolution, rank grid and layout; the "
+                        "launch must have its rank count")
+    parser.add_argument("--model", default=None,
+                        help=f"a built-in tiny model ({', '.join(TINY_NAMES)}; tiny-digits is "
+                        "trained on 8x8 digits and its prompt is a digit), or a local diffusers "
+                        "pipeline directory (default: tiny-flux, or the plan's model)")
+    parser.add_argument("--prompt", default=None,
+                        help="the text prompt (default: 3 for tiny-digits, else 'a lighthouse "
+                        "on a cliff at dawn')")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="denoising steps (default 4)")
+    parser.add_argument("--resolution", default=None,
+                        help="PIXELS or WIDTHxHEIGHT (default: the model's)")
+    parser.add_argument("--frames", type=positive_int, default=None,
+                        help="video frames (video models; default: the model's)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
+    parser.add_argument("--schedule", default=None,
+                        help="plan schedule: flat, tapa, vfirst or cocodiff; or diffusers: "
+                        "diffusers' own Ulysses context parallelism, torch transport only "
+                        "(default: flat)")
+    parser.add_argument("--grid", default=None, metavar="NODESxGPUSxTILES",
+                        help="the rank grid: where the launched ranks sit, e.g. 2x4x1: rank r "
+                        "on node r // (GPUS*TILES); the product must be the number of ranks. "
+                        "tapa and vfirst carry each all-to-all as one phase per level with more "
+                        "than one member (default: the nodes the launch spans, found by host "
+                        "and network namespace, one GPU per rank; on one node they carry each "
+                        "all-to-all flat, like flat)")
+    parser.add_argument("--parallel-layout", default=None, choices=(AUTO, PURE),
+                        help="auto: the planner chooses the Ulysses x Ring x batch degrees for "
+                        "the rank grid (`cocodiff plan`); pure: pure Ulysses over every rank "
+                        "(default: pure, or the degrees --ulysses/--ring/--batch give)")
+    parser.add_argument("--layout", default=None, metavar="NODESxGPUSxTILES|auto",
+                        help="deprecated alias, kept for one release: --layout "
+                        "NODESxGPUSxTILES is --grid, --layout auto is --parallel-layout auto")
+    add_degree_arguments(parser, positive_int)
+    parser.add_argument("--chunks", type=positive_int, default=None,
+                        help="pipeline chunks of TAPA exchanges (tapa, vfirst, cocodiff; "
+                        "default: 1)")
+    add_vmajor_arguments(parser)
+    parser.add_argument("--record-activity", type=Path, default=None, metavar="PATH",
+                        help="cocodiff: write the V blocks each rank sent over the inter-node "
+                        "tier, step by step (JSON, cocodiff-activity/1; `cocodiff simulate "
+                        "--activity-trace PATH` replays it)")
+    parser.add_argument("--reference", action="store_true",
+                        help="cocodiff: also run the exact plan (V-Major off) and report PSNR "
+                        "and SSIM of the image and the max abs error of the latents against it "
+                        "(tiny-digits: and the digit its classifier reads in each image)")
+    parser.add_argument("--transport", default="auto",
+                        help="auto, torch or mpi (auto: mpi under mpiexec when mpi4py is "
+                        "installed, else torch)")
+    parser.add_argument("--dtype", default=None, choices=DTYPES,
+                        help="activation dtype (default float32)")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds a rank waits for its peers before giving up (default 60)")
+    parser.add_argument("--output", type=Path, default=None, help="write the image here (PNG)")
+    parser.add_argument("--json", type=Path, default=None, help="write timings as JSON here")
+    parser.add_argument("--save-latents", type=Path, default=None,
+                        help="write the final latents here (torch.save of one tensor)")
+    parser.add_argument("--latents-format", default="diffusers",
+                        choices=("diffusers", "unpacked"),
+                        help="diffusers: what the pipeline returns with output_type='latent' "
+                        "(FLUX and Qwen-Image packed 2x2; default); unpacked: the VAE's "
+                        "layout (batch, channels, [frames,] height/8, width/8), float32")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--no-guards", action="store_true",
+                        help="do not check each step for NaN/Inf (one isfinite per attention "
+                        "layer and step)")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from transports.launch import detect_launch
+
+    launch = detect_launch()
+    is_root = launch.rank == 0
+    with raise_on_signals() as signals:
+        try:
+            try:
+                return _run(args, launch)
+            finally:
+                # Once the run is over (done or failing), a signal (the launcher ending
+                # the job) must not interrupt the reporting below with a traceback.
+                signals.disarm()
+        except CocodiffError as error:
+            _report(is_root, str(error))
+            return EXIT_USAGE
+        except (ValueError, FileNotFoundError) as error:
+            _report(is_root, str(error.args[0] if error.args else error))
+            return EXIT_USAGE
+        except Interrupted as interrupt:
+            print(f"cocodiff run: rank {launch.rank}: interrupted by {interrupt.signal_name}",
+                  file=sys.stderr, flush=True)
+            return 128 + interrupt.signum
+        except Exception as error:  # a peer died, a timeout, NaN: say so on every rank that saw it
+            print(f"cocodiff run: rank {launch.rank}: {type(error).__name__}: "
+                  f"{one_line(_first_line(error))}", file=sys.stderr, flush=True)
+            end_job_after_failure(launch)
+            return EXIT_FAILURE
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+# torchrun kills every rank as soon as one exits non-zero; a user error that every rank
+# hits must leave rank 0 the time to print its line first.
+_NON_ROOT_EXIT_DELAY_S = 2.0
+
+
+def _report(is_root: bool, message: str) -> None:
+    if is_root:
+        print(f"cocodiff run: error: {one_line(message)}", file=sys.stderr, flush=True)
+    else:
+        time.sleep(_NON_ROOT_EXIT_DELAY_S)
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Everything about the arguments that can be checked before the expensive imports."""
+    from cocodiff.models import parse_resolution
+    from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.schedules import get_schedule
+    from cocodiff.util.atomic import check_output_paths
+    from transports.registry import AUTO, TRANSPORTS, create_transport
+
+    if args.schedule not in BASELINES:  # a baseline is not a plan schedule
+        get_schedule(args.schedule)
+    if args.transport != AUTO and args.transport not in TRANSPORTS:
+        create_transport(args.transport)  # raises the registry's one-line error
+    outputs = [path for path in (args.output, args.json, args.save_latents,
+                                 args.record_activity) if path is not None]
+    check_output_paths(outputs)
+    if len({path.resolve() for path in outputs}) != len(outputs):
+        raise CocodiffError(f"--output, --json, --save-latents and --record-activity name the "
+                            f"same file: {', '.join(map(str, outputs))}")
+    vmajor = vmajor_from_arguments(args)  # raises on values out of range
+    lossy_only = [flag for flag, given in (("--vmajor-*", vmajor is not None),
+                                           ("--record-activity", args.record_activity),
+                                           ("--reference", args.reference)) if given]
+    if lossy_only and (args.schedule in BASELINES
+                       or not get_schedule(args.schedule).step_dependent):
+        raise CocodiffError(f"{', '.join(lossy_only)}: V-Major options, for --schedule "
+                            f"cocodiff (the {args.schedule} schedule is exact)")
+    if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
+        raise CocodiffError(f"--timeout must be in (0, {MAX_TIMEOUT_S:g}] seconds, "
+                            f"got {args.timeout}")
+    if args.seed not in SEED_RANGE:
+        raise CocodiffError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
+    if args.resolution is not None:
+        parse_resolution(args.resolution)
+    if args.chunks is not None and (args.schedule in BASELINES
+                                    or not get_schedule(args.schedule).phased):
+        raise CocodiffError("--chunks pipelines the phases of tapa and vfirst exchanges; "
+                            f"{args.schedule} has none")
+
+
+def _apply_plan_file(args: argparse.Namespace, world_size: int):
+    """``--plan``: read the plan file and take from it what the flags would say (refusing
+    the flags it fixes); without it, the flags' defaults. Returns the plan, or None.
+
+    Raises:
+        CocodiffError: the file is unreadable or malformed, a flag it fixes was given,
+            or it is for another rank count.
+    """
+    if args.plan is None:
+        for name, value in DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        return None
+    from cocodiff.plan.file import load_run_plan
+
+    given = [name for name in PLAN_FIXES if getattr(args, name) not in (None, False)]
+    if args.ring_inner:
+        given.append("ring_inner")
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise CocodiffError(f"--plan fixes {flags}: drop {'it' if len(given) == 1 else 'them'}"
+                            " (or make another plan)")
+    run_plan = load_run_plan(args.plan)
+    if run_plan.num_ranks != world_size:
+        raise CocodiffError(f"the plan {args.plan} is for {run_plan.num_ranks} ranks, the "
+                            f"launch has {world_size}")
+    if run_plan.options.dtype not in DTYPES:
+        raise CocodiffError(f"the plan's dtype {run_plan.options.dtype} does not run here; "
+                            f"valid: {', '.join(DTYPES)}")
+    args.model = args.model or run_plan.spec.name
+    args.schedule = run_plan.schedule
+    args.steps = run_plan.num_steps
+    args.dtype = run_plan.options.dtype
+    width, height = run_plan.resolution
+    args.resolution, args.frames = f"{width}x{height}", run_plan.frames
+    return run_plan
+
+
+def parse_grid(text: str) -> tuple[int, int, int]:
+    """``NODESxGPUSxTILES`` (e.g. ``2x4x1``) -> (nodes, GPUs per node, tiles per GPU).
+
+    Raises:
+        CocodiffError: not three positive integers joined by ``x``.
+    """
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(part.isdecimal() and int(part) > 0 for part in parts):
+        raise CocodiffError(f"--grid must be NODESxGPUSxTILES with positive integers, "
+                            f"e.g. 2x4x1; got {text!r}")
+    nodes, gpus, tiles = map(int, parts)
+    return nodes, gpus, tiles
+
+
+def rank_grid(grid: str | None, num_ranks: int):
+    """The :class:`~cocodiff.schedules.RankGrid` of ``--grid`` over ``num_ranks``
+    ranks (node-major), or None (no grid: the runtime's default line of ranks).
+
+    Raises:
+        CocodiffError: a malformed grid, or one that does not hold ``num_ranks`` ranks.
+    """
+    from cocodiff.schedules import RankGrid
+
+    if grid is None:
+        return None
+    shape = parse_grid(grid)
+    if shape[0] * shape[1] * shape[2] != num_ranks:
+        raise CocodiffError(f"--grid {grid} holds {shape[0] * shape[1] * shape[2]} ranks, "
+                            f"the launch has {num_ranks}")
+    return RankGrid(shape, tuple(range(num_ranks)))
+
+
+def _apply_layout_alias(args: argparse.Namespace) -> None:
+    """The deprecated ``--layout``: ``NODESxGPUSxTILES`` is ``--grid``, ``auto`` is
+    ``--parallel-layout auto``."""
+    if args.layout is None:
+        return
+    new = "parallel_layout" if args.layout == AUTO else "grid"
+    if getattr(args, new) is not None:
+        raise CocodiffError(f"--layout is the old name of --{new.replace('_', '-')}: give "
+                            "only the new one")
+    setattr(args, new, args.layout)
+    args.layout = None
+
+
+def _explicit_parallel(args: argparse.Namespace, num_ranks: int):
+    """The Ulysses x Ring x batch layout the flags give (None: pure Ulysses, or the
+    planner's under ``--parallel-layout auto``), checked before any collective."""
+    from cocodiff.runtime.baseline import BASELINES
+
+    parallel = explicit_layout(args, num_ranks)
+    if parallel is not None and args.parallel_layout is not None:
+        raise CocodiffError(f"--parallel-layout {args.parallel_layout} and "
+                            "--ulysses/--ring/--batch both choose the layout: give one")
+    if parallel is None and args.parallel_layout != AUTO:
+        return None
+    if args.schedule in BASELINES:
+        raise CocodiffError(f"--schedule {args.schedule} runs pure Ulysses only; Ring and batch "
+                            "layouts run flat, tapa, vfirst and cocodiff")
+    return parallel
+
+
+def _run(args: argparse.Namespace, launch) -> int:
+    from cocodiff.runtime.faults import fault_from_env
+
+    fault = fault_from_env()  # read once; None (and nothing installed) when unset
+    # Every rank checks the plan, the flags and the layout before any collective: all of
+    # them stop, none hangs.
+    _apply_layout_alias(args)
+    run_plan = _apply_plan_file(args, launch.world_size)
+    _check_arguments(args)
+    if run_plan is not None:
+        grid, parallel = run_plan.grid, run_plan.parallel
+    else:
+        grid = rank_grid(args.grid, launch.world_size)
+        parallel = _explicit_parallel(args, launch.world_size)
+    if args.record_activity and (not launch.is_distributed
+                                 or grid is not None and grid.shape[0] == 1):
+        raise CocodiffError("--record-activity: V-Major acts on the inter-node tier; launch "
+                            "ranks on more than one node (or give such a --grid)")
+
+    from cocodiff.runtime.job import RunRequest, run_job
+    from cocodiff.schedules import DEFAULT_CHUNKS, PlanOptions, VMajorOptions
+
+    request = RunRequest(
+        model=args.model, prompt=args.prompt, steps=args.steps, resolution=args.resolution,
+        frames=args.frames, seed=args.seed, schedule=args.schedule,
+        plan_layout=args.parallel_layout == AUTO, transport=args.transport, timeout_s=args.timeout,
+        dtype=args.dtype, guards=not args.no_guards, progress=not args.quiet,
+        reference=args.reference, record_activity=args.record_activity, output=args.output,
+        json=args.json, save_latents=args.save_latents, latents_format=args.latents_format,
+        # Every rank must run the same command: the job compares a digest of these.
+        argv=(*sys.argv[1:], *([run_plan.sha256] if run_plan is not None else [])),
+    )
+    options = PlanOptions(chunks=args.chunks or DEFAULT_CHUNKS,
+                          vmajor=vmajor_from_arguments(args) or VMajorOptions())
+    run_job(request, launch, fault, run_plan, grid, parallel, options)
+    return 0

@@ -1,0 +1,347 @@
+"""``cocodiff simulate``: schedules side by side on one machine, or the paper's sweep.
+
+Everything is validated before any simulation runs, and output files are written only
+once every result exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+from cocodiff.commands.plan import (
+    AUTO,
+    DEFAULT_TOPOLOGY,
+    MAX_STEPS,
+    PURE,
+    add_degree_arguments,
+    add_machine_arguments,
+    add_schedule_option_arguments,
+    collective_arg,
+    explicit_layout,
+    load_spec,
+    plan_options,
+    schedule_names,
+)
+from cocodiff.schedules.registry import BASELINE
+from cocodiff.simulator.fanout import local_cores, map_local
+from cocodiff.util.errors import CocodiffError
+
+PLAN_FIXES = ("model", "resolution", "frames", "steps", "schedule", "dtype", "batch_size",
+              "chunks", "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh",
+              "activity_trace", "parallel_layout", "ulysses", "ring", "batch", "ring_inner",
+              "sweep")
+
+# --parallel-layout: the planner's layouts, or pure Ulysses over every rank.
+LAYOUT_CHOICES = (AUTO, PURE)
+
+
+def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+    add_machine_arguments(parser, positive_int)
+    parser.add_argument("--steps", type=positive_int, default=28,
+                        help="denoising steps (default: 28)")
+    parser.add_argument("--schedule", default="flat,tapa,vfirst,cocodiff",
+                        help="schedule(s), comma-separated: flat, tapa, vfirst (TAPA + V-First), "
+                        "cocodiff (TAPA + V-First + V-Major); default: all four")
+    add_schedule_option_arguments(parser, positive_int)
+    parser.add_argument("--plan", type=Path, default=None, metavar="PATH",
+                        help="simulate this plan file (`cocodiff plan ... --out PATH`) on "
+                        "--topology/--nodes (default: the machine it was made for); it fixes "
+                        "the model, resolution, schedule, steps and layout")
+    parser.add_argument("--activity-trace", type=Path, default=None,
+                        help="replay a recorded V-Major activity trace (JSON, "
+                        "cocodiff-activity/1) in the cocodiff schedule")
+    parser.add_argument("--parallel-layout", "--layout", dest="parallel_layout", default=None,
+                        choices=LAYOUT_CHOICES,
+                        help="auto: each schedule on the planner's best Ulysses x Ring x batch "
+                        "layout (`cocodiff plan`); pure: pure Ulysses over every rank; "
+                        "default: pure up to the head count, auto past it (or the layout "
+                        "--ulysses/--ring/--batch give). --layout is the old name, kept as an "
+                        "alias for one release")
+    add_degree_arguments(parser, positive_int)
+    parser.add_argument("--sweep", action="store_true",
+                        help="run the paper's grid (models flux1-dev, qwen-image, sd35-large, "
+                        "flux2-dev; 768/1536/2304 px; 1/2/4/8 Aurora nodes); where there are "
+                        "more ranks than heads, each schedule runs on the planner's layout")
+    parser.add_argument("--sweep-models", default=None, help="restrict the sweep's models")
+    parser.add_argument("--sweep-resolutions", default=None, help="restrict its resolutions")
+    parser.add_argument("--sweep-nodes", default=None, help="restrict its node counts")
+    parser.add_argument("--workers", type=positive_int, default=None,
+                        help="local processes to simulate on (default: every core this "
+                        "process may use; under mpiexec, shared by the ranks of a host)")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--trace", type=Path,
+                        help="write a Chrome/Perfetto trace (open in ui.perfetto.dev)")
+    parser.add_argument("--plot", type=Path,
+                        help="write a PNG: a Gantt chart of one layer, or with --sweep the "
+                        "speedup over flat against nodes per model")
+    # The flags a plan file fixes, with their defaults: given otherwise beside --plan,
+    # they are refused rather than silently overridden.
+    parser.set_defaults(plan_fixed={name: parser.get_default(name) for name in PLAN_FIXES})
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    from cocodiff.util.atomic import check_output_paths
+
+    check_output_paths((args.json, args.trace, args.plot))
+    if args.plan is not None:
+        return _from_plan_file(args)
+    if args.steps > MAX_STEPS:
+        raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
+    names = schedule_names(args.schedule)
+    options = plan_options(args)
+    collective = collective_arg(args.collective)
+    if args.activity_trace is not None:
+        from cocodiff.schedules.activity import load_activity
+
+        args.activity = load_activity(args.activity_trace)
+        if args.sweep:
+            raise CocodiffError("--activity-trace replays one run; it cannot drive --sweep")
+    else:
+        args.activity = None
+    degrees = (args.ulysses, args.ring, args.batch)
+    if args.sweep and (args.parallel_layout or args.ring_inner or args.batch_size != 1
+                       or any(d is not None for d in degrees)):
+        raise CocodiffError("--sweep chooses its own layouts (the planner's where pure Ulysses "
+                            "cannot run); drop --parallel-layout, --ulysses/--ring/--batch, "
+                            "--batch-size")
+    if args.sweep:
+        from cocodiff.commands.sweep import sweep_command
+
+        return sweep_command(args, names, options, collective)
+    return _single(args, names, options, collective)
+
+
+def _from_plan_file(args) -> int:
+    """``--plan``: simulate exactly the file's steps on the machine."""
+    from cocodiff.plan.file import load_run_plan
+    from cocodiff.simulator.simulate import simulate_run_plan
+    from topology import Placement, build_topology, resolve_topology
+
+    given = [name for name, default in args.plan_fixed.items() if getattr(args, name) != default]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise CocodiffError(f"--plan fixes {flags}: drop {'it' if len(given) == 1 else 'them'}"
+                            " (or make another plan)")
+    collective = collective_arg(args.collective)
+    run_plan = load_run_plan(args.plan)
+    machine = run_plan.machine or {}
+    name = args.topology or machine.get("topology") or DEFAULT_TOPOLOGY
+    nodes = args.nodes or (machine.get("nodes") if args.topology is None else None)
+    topology = build_topology(resolve_topology(name, nodes))
+    placement = Placement.node_major(topology)
+    record = args.trace is not None or args.plot is not None
+    result = simulate_run_plan(run_plan, topology, placement, collective=collective,
+                               record_spans=record)
+    model = run_plan.spec
+    width, height = run_plan.resolution
+    layouts = {run_plan.schedule: run_plan.parallel}
+    title = (f"{model.name} {width}x{height}" + (f"x{run_plan.frames}f" if run_plan.frames > 1
+                                                  else "")
+             + f": plan {args.plan} ({run_plan.sha256[:12]}) on {topology.spec.name}, "
+             f"{topology.spec.num_nodes} node(s), {placement.num_ranks} ranks; "
+             f"{run_plan.num_steps} steps")
+    return _report(args, [result], title, model, topology, placement, layouts, collective,
+                   run_plan.num_steps, {
+                       "plan": str(args.plan), "plan_sha256": run_plan.sha256,
+                       "resolution": [width, height], "frames": run_plan.frames,
+                       "sequence_tokens": sum(run_plan.stream_tokens),
+                       "batch_size": run_plan.options.batch, "dtype": run_plan.options.dtype})
+
+
+def _single(args, names, options, collective) -> int:
+    from cocodiff.models import parse_resolution
+    from cocodiff.schedules import get_schedule
+    from topology import Placement, build_topology, resolve_topology
+
+    machine = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
+    model = load_spec(args.model)
+    width, height = parse_resolution(args.resolution)
+    model.check_resolution(width, height)
+    estimate = _check_resources(args, names, options, machine, model)
+    topology = build_topology(machine)
+    tokens = model.sequence_tokens(width, height, args.frames)
+    streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
+    placement = Placement.node_major(topology)
+    record = args.trace is not None or args.plot is not None
+    layouts, known = _layouts(args, names, model, topology, streams, options, collective,
+                              placement.num_ranks)
+    context = {"positional": (model, topology, placement, streams, args.steps),
+               "options": {"options": options, "collective": collective,
+                           "record_spans": record, "activity": args.activity},
+               "layouts": layouts,
+               # the planner's own simulation of a winner (same options) is that step
+               "known": known}
+    # Schedules run side by side on the local cores, the step-dependent ones (V-Major's:
+    # a plan per cache ratio, the longest) first; a recorded timeline (trace, plot)
+    # stays in this process.
+    longest_first = sorted(names, key=lambda name: not get_schedule(name).step_dependent)
+    with _progress(names, estimate.wall_s) as advance:
+        done = map_local(_simulate_one, context, longest_first, 1 if record else args.workers,
+                         progress=advance)
+    by_name = dict(zip(longest_first, done, strict=True))
+    results = [by_name[name] for name in names]
+    spec = topology.spec
+    title = (
+        f"{model.name} {width}x{height}" + (f"x{args.frames}f" if args.frames > 1 else "")
+        + f": {tokens} tokens on {spec.name}, {spec.num_nodes} node(s), "
+        f"{placement.num_ranks} ranks; {args.steps} steps"
+    )
+    return _report(args, results, title, model, topology, placement, layouts, collective,
+                   args.steps, {"resolution": [width, height], "frames": args.frames,
+                                "sequence_tokens": tokens, "batch_size": args.batch_size,
+                                "dtype": args.dtype})
+
+
+def _report(args, results, title, model, topology, placement, layouts, collective, steps,
+            fields) -> int:
+    """Print the table and notes, and write what was asked for."""
+    from cocodiff.simulator.report import plot_layer_gantt, print_results
+    from cocodiff.util.atomic import atomic_write_text
+
+    spec = topology.spec
+    notes = _notes(results, steps, collective, topology, model, placement, layouts)
+    print_results(results, title, notes,
+                  layouts=[_layout_name(layouts[r.schedule], placement.num_ranks)
+                           for r in results])
+    if args.json:
+        atomic_write_text(args.json, json.dumps({
+            "model": model.name,
+            "topology": spec.name,
+            "num_nodes": spec.num_nodes,
+            "num_ranks": placement.num_ranks,
+            "steps": steps,
+            **fields,
+            "results": [{**r.to_json(), "layout": _layout_json(layouts[r.schedule])}
+                        for r in results],
+        }, indent=2))
+    if args.trace:
+        atomic_write_text(args.trace,
+                          json.dumps(results[0].simulation.timeline.to_chrome_trace()))
+    if args.plot:
+        plot_layer_gantt(results[0], args.plot, title)
+    return 0
+
+
+def _check_resources(args, names, options, machine, model):
+    """Refuse what would not fit in memory or would run for hours, before building
+    anything (``cocodiff.simulator.budget``); returns the estimate."""
+    from cocodiff.simulator import budget
+
+    plans = {name: budget.distinct_plans(name, args.steps, options, args.activity)
+             for name in names}
+    estimate = budget.estimate_simulation(machine, model.num_layers, model.num_heads, plans,
+                                          options.chunks, group=args.ulysses)
+    planned = args.parallel_layout == AUTO or (
+        args.parallel_layout is None and args.activity is None and args.ulysses is None
+        and args.ring is None and args.batch is None and machine.num_tiles > model.num_heads)
+    if planned:  # the planner ranks the layouts first (an upper bound: it prunes)
+        estimate = budget.combine([estimate, budget.estimate_planner(
+            machine, model.num_layers, model.num_heads, budget.ranked_schedules(names),
+            options.batch, options.chunks)])
+    ranks = machine.num_tiles
+    budget.check_estimate(estimate, f"simulating {len(names)} schedule(s) of {model.name} on "
+                          f"{machine.num_nodes} node(s) ({ranks} ranks)")
+    return estimate
+
+
+@contextmanager
+def _progress(names, estimate_s: float):
+    """A progress bar on a terminal's stderr for what is estimated to run long (the
+    resource guard's estimate): schedules done of those asked for. Yields the callback
+    :func:`cocodiff.simulator.fanout.map_local` calls as each one finishes."""
+    import sys
+
+    from cocodiff.simulator import budget
+
+    if estimate_s < budget.PROGRESS_S or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("schedules"), TimeElapsedColumn(),
+               TextColumn(f"(estimated ~{estimate_s:.0f} s of CPU in all)"))
+    with Progress(*columns, console=Console(stderr=True, markup=False),
+                  transient=True) as bar:
+        task = bar.add_task("schedules", total=len(names))
+        yield lambda _index: bar.advance(task)
+
+
+def _simulate_one(context: dict, name: str):
+    """One schedule's :func:`~cocodiff.simulator.simulate.simulate_schedule` (a local
+    worker's job)."""
+    from cocodiff.simulator.simulate import simulate_schedule
+
+    result = simulate_schedule(name, *context["positional"], parallel=context["layouts"][name],
+                               known=context["known"].get(name), **context["options"])
+    if not context["options"]["record_spans"]:
+        result.simulation = None  # nothing reads it, and a worker's result must pickle
+    return result
+
+
+def _layouts(args, names, model, topology, streams, options, collective, num_ranks
+             ) -> tuple[dict, dict]:
+    """Each schedule's parallel layout: None (pure Ulysses), the flags', or the planner's;
+    and the steps the planner simulated for its choices (by schedule)."""
+    layout = explicit_layout(args, num_ranks)
+    if layout is not None and args.parallel_layout is not None:
+        raise CocodiffError(f"--parallel-layout {args.parallel_layout} and "
+                            "--ulysses/--ring/--batch both choose the layout: drop one")
+    if layout is not None:
+        layout.check(num_ranks, model.num_heads, args.batch_size)
+        return dict.fromkeys(names, layout), {}
+    choice = args.parallel_layout
+    if choice is None:  # pure Ulysses leaves ranks idle past the head count
+        auto = num_ranks > model.num_heads and args.activity is None
+        choice = AUTO if auto else PURE
+    if choice == AUTO:
+        if args.activity is not None:
+            raise CocodiffError("--activity-trace replays a pure-Ulysses run; it cannot use "
+                                "--parallel-layout auto")
+        from cocodiff.simulator.planner import choose_layouts
+
+        choices = choose_layouts(model, topology, streams, names, options, collective,
+                                 workers=args.workers or local_cores())
+        return ({name: c.layout for name, c in choices.items()},
+                {name: c.result for name, c in choices.items() if c.result is not None})
+    return dict.fromkeys(names), {}
+
+
+def _layout_name(layout, num_ranks: int) -> str:
+    return layout.name if layout is not None else f"pure U{num_ranks}"
+
+
+def _layout_json(layout) -> dict | None:
+    if layout is None:
+        return None
+    return {"name": layout.name, "ulysses": layout.ulysses, "ring": layout.ring,
+            "batch": layout.batch, "order": list(layout.order)}
+
+
+def _notes(results, steps, collective, topology, model, placement, layouts=None) -> list[str]:
+    from transports.sim import collective_model_for
+
+    model_used = collective or collective_model_for(topology.spec.name)
+    notes = [f"collective model: {model_used.describe()}; bound = links only"]
+    flat = next((r for r in results if r.schedule == BASELINE), None)
+    for r in results:
+        speedup = f", {flat.step_time_s / r.step_time_s:.2f}x over flat" if flat else ""
+        notes.append(
+            f"{r.schedule}: {steps} steps {sum(r.step_times_s) / len(r.step_times_s) * steps:.3f}"
+            f" s{speedup}; all-to-all efficiency {r.efficiency:.2f} of the link bound "
+            f"(simulated {r.simulated_ranks} of {r.num_ranks} ranks"
+            + (", folded" if r.folded else "") + f", {r.wall_s:.2f} s wall)"
+        )
+    if any((layouts or {}).values()):
+        notes.append("layout UxRxB = Ulysses x Ring x batch degrees ('/ring-inner': the Ring "
+                     "on the fast tiers); `cocodiff plan` ranks them all")
+    heads = model.num_heads
+    if placement.num_ranks > heads and not any((layouts or {}).values()):
+        notes.append(f"{placement.num_ranks} ranks > {heads} heads: "
+                     f"{placement.num_ranks - heads} ranks hold no head during attention "
+                     "(the pure-Ulysses limit)")
+    return notes

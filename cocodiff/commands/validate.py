@@ -1,0 +1,378 @@
+"""``cocodiff validate``: does the simulator hold on this machine?
+
+Under the launcher of the user's choice (``mpiexec -n N cocodiff validate ...``,
+``torchrun --nproc-per-node N -m cocodiff validate ...``, or across the emulated cluster
+with ``python -m bench.cluster run``), with a topology (``--topology FILE.toml`` from
+``cocodiff calibrate``), every rank runs the chosen schedules and layouts for real,
+interleaved, the order rotated every round, ``--rounds`` times; rank 0 simulates the
+plans that ran and prints, per row, the measured step (the median over rounds of each
+run's median step, the first step left out; min-max over rounds), the predicted step
+and the error (predicted / measured - 1), then the planner's pick against the measured
+best. The logic is :mod:`cocodiff.validation`.
+
+Failures never hang the job: every wait on a peer is bounded by ``--timeout``, and a
+rank that fails ends the job as ``cocodiff run`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from cocodiff.commands.run import EXIT_USAGE, MAX_TIMEOUT_S
+from cocodiff.runtime.failures import (
+    EXIT_FAILURE,
+    Interrupted,
+    end_job_after_failure,
+    raise_on_signals,
+)
+from cocodiff.util.errors import CocodiffError, one_line
+
+DEFAULT_SCHEDULES = "flat,tapa,vfirst,cocodiff,diffusers"
+DTYPES = ("float32", "bfloat16")
+COLLECTIVE_AUTO = "auto"
+# torchrun ends every rank once one exits non-zero: rank 0 needs time to print first.
+_NON_ROOT_EXIT_DELAY_S = 2.0
+
+
+def add_validate_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+    parser.add_argument("--topology", default=None, metavar="PRESET|FILE.toml",
+                        help="the machine the simulator predicts with: a `cocodiff calibrate` "
+                        "TOML (or a preset); its ranks must be the launch's (default: the "
+                        "uncalibrated `cluster` preset shaped as the nodes the launch spans)")
+    parser.add_argument("--nodes", type=positive_int, default=None,
+                        help="nodes of a preset topology (default: the file's, or the nodes "
+                        "the launch spans)")
+    parser.add_argument("--collective", default=COLLECTIVE_AUTO, metavar="auto|NAME|FILE.json",
+                        help="the simulator's collective model: a name (ideal, aurora, ...), "
+                        "or calibrate's --json file (its `collective`); auto: the JSON beside "
+                        "the topology file (same name, .json) when calibrate wrote one, else "
+                        "the topology's preset model")
+    parser.add_argument("--model", default="tiny-flux",
+                        help="a tiny model's name or a local diffusers pipeline directory")
+    parser.add_argument("--resolution", default=None,
+                        help="PIXELS or WIDTHxHEIGHT (default: the model's)")
+    parser.add_argument("--steps", type=positive_int, default=4,
+                        help="denoising steps per run, at least 2: the first is left out "
+                        "(default 4)")
+    parser.add_argument("--rounds", type=positive_int, default=3,
+                        help="rounds over every case, the order rotated each round (default 3)")
+    parser.add_argument("--schedules", default=DEFAULT_SCHEDULES,
+                        help="comma-separated: flat, tapa, vfirst, cocodiff, and diffusers "
+                        f"(diffusers' own context parallelism) (default {DEFAULT_SCHEDULES})")
+    parser.add_argument("--layouts", default="auto",
+                        help="auto, or pure and Ulysses x Ring x batch layouts, e.g. "
+                        "pure,U2xR2xB1,U2xR2xB1/ring-inner (auto: pure Ulysses when the heads "
+                        "split over every rank, else every layout the planner considers)")
+    parser.add_argument("--transport", default="auto",
+                        help="auto, torch or mpi (auto: mpi under mpiexec when mpi4py is "
+                        "installed, else torch; diffusers runs over torch only)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="activation dtype (default float32)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="skip the exactness check (float32: one single-process run on "
+                        "rank 0, against which every row's round-1 latents are compared)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds a rank waits for its peers before giving up "
+                        "(default 300)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="write the rows, the planner's pick and the measured best here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    from transports.launch import detect_launch
+
+    launch = detect_launch()
+    with raise_on_signals() as signals:
+        try:
+            try:
+                return _validate(args, launch)
+            finally:
+                signals.disarm()
+        except (CocodiffError, ValueError, FileNotFoundError, KeyError) as error:
+            message = str(error.args[0] if error.args else error)
+            if launch.rank == 0:
+                print(f"cocodiff validate: error: {one_line(message)}", file=sys.stderr,
+                      flush=True)
+            else:
+                import time
+
+                time.sleep(_NON_ROOT_EXIT_DELAY_S)
+            return EXIT_USAGE
+        except Interrupted as interrupt:
+            print(f"cocodiff validate: rank {launch.rank}: interrupted by "
+                  f"{interrupt.signal_name}", file=sys.stderr, flush=True)
+            return 128 + interrupt.signum
+        except Exception as error:  # a peer died, a timeout: say so on every rank that saw it
+            lines = str(error).strip().splitlines()
+            print(f"cocodiff validate: rank {launch.rank}: {type(error).__name__}: "
+                  f"{one_line(lines[0] if lines else '')}", file=sys.stderr, flush=True)
+            end_job_after_failure(launch)
+            return EXIT_FAILURE
+
+
+def _check_arguments(args: argparse.Namespace, launch) -> dict[str, Any]:
+    """Everything that can be checked before a transport exists, on every rank (all stop,
+    none hangs). Returns the parsed schedules, layouts, topology and collective model."""
+    from cocodiff.models import parse_resolution
+    from cocodiff.util.atomic import check_output_paths
+    from cocodiff.validation import parse_layouts, parse_schedules
+    from transports.registry import AUTO, TRANSPORTS, create_transport
+
+    schedules = parse_schedules(args.schedules)
+    layouts = parse_layouts(args.layouts)
+    if args.steps < 2:
+        raise CocodiffError(f"--steps must be at least 2 (the first step is left out), got "
+                            f"{args.steps}")
+    if args.transport != AUTO and args.transport not in TRANSPORTS:
+        create_transport(args.transport)  # the registry's one-line error
+    if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
+        raise CocodiffError(f"--timeout must be in (0, {MAX_TIMEOUT_S:g}] seconds, "
+                            f"got {args.timeout}")
+    if args.resolution is not None:
+        parse_resolution(args.resolution)
+    check_output_paths([args.json])
+    collective = _collective(args)
+    if not launch.is_distributed:
+        raise CocodiffError("validate runs parallel schedules: launch it on 2 or more ranks "
+                            "(mpiexec -n N cocodiff validate ..., or torchrun "
+                            "--nproc-per-node N -m cocodiff validate ...)")
+    described = None
+    if args.topology is not None:
+        from topology import resolve_topology
+
+        described = resolve_topology(args.topology, args.nodes)
+        ranks = described.num_nodes * described.gpus_per_node * described.tiles_per_gpu
+        if ranks != launch.world_size:
+            raise CocodiffError(f"the topology {args.topology} has {ranks} ranks "
+                                f"({described.num_nodes} node(s)), the launch "
+                                f"{launch.world_size}")
+    elif args.nodes is not None:
+        raise CocodiffError("--nodes shapes a preset topology: give --topology too")
+    return {"schedules": schedules, "layouts": layouts, "described": described,
+            "collective": collective}
+
+
+def _collective(args: argparse.Namespace) -> tuple[Any, str]:
+    """(the collective model or None for the topology's preset, where it came from)."""
+    from cocodiff.util.jsonfile import read_json
+    from transports.sim import COLLECTIVE_MODELS, CollectiveModel
+
+    source = args.collective
+    if source == COLLECTIVE_AUTO:
+        beside = Path(args.topology).with_suffix(".json") if args.topology and \
+            args.topology.endswith(".toml") else None
+        if beside is None or not beside.is_file():
+            return None, "the topology's preset model"
+        source = str(beside)
+    if source in COLLECTIVE_MODELS:
+        return COLLECTIVE_MODELS[source], source
+    if not source.endswith(".json"):
+        raise CocodiffError(f"unknown collective model {source!r}; valid: auto, "
+                            f"{', '.join(COLLECTIVE_MODELS)}, or calibrate's JSON file")
+    data = read_json(Path(source), "calibration file", CocodiffError)
+    measured = data.get("collective") if isinstance(data, dict) else None
+    if not isinstance(measured, dict):
+        if args.collective == COLLECTIVE_AUTO:
+            return None, "the topology's preset model"
+        raise CocodiffError(f"{source} holds no fitted collective model (`collective`); "
+                            "write it with `cocodiff calibrate --json PATH`")
+    return CollectiveModel.from_json(measured, "calibrated"), source
+
+
+def _validate(args: argparse.Namespace, launch) -> int:
+    checked = _check_arguments(args, launch)
+    from cocodiff.runtime.quiet import quiet_libraries
+
+    quiet_libraries()  # before torch and diffusers, which warn as they load
+    import torch
+
+    from cocodiff.models import parse_resolution, spec_from_config
+    from cocodiff.runtime.faults import fault_from_env, install_faults
+    from cocodiff.runtime.job import StepProgress, agree_on_arguments
+    from cocodiff.runtime.nodes import launched_grid
+    from cocodiff.runtime.pipelines import load_pipeline, tiny_name_of
+    from cocodiff.runtime.tiny import TINY_DEFAULTS, default_resolution
+    from cocodiff.schedules import RankGrid
+    from cocodiff.validation import (
+        Measurements,
+        RunSetup,
+        generate,
+        make_cases,
+        reference_latents,
+        round_order,
+    )
+    from topology import Placement, build_topology
+    from topology.presets import cluster
+    from transports.registry import create_transport
+
+    is_root = launch.rank == 0
+    fault = fault_from_env()  # COCODIFF_FAULT (tests): one rank misbehaves, as in `run`
+    transport = create_transport(args.transport, timeout_s=args.timeout)
+    try:
+        transport, step_fault = install_faults(fault, transport, launch.rank)
+        agree_on_arguments(transport, [*sys.argv[1:]])
+        launched = launched_grid(transport)
+        launched_shape = launched.shape if launched is not None else (1, launch.world_size, 1)
+        described = checked["described"]
+        if described is None:  # uncalibrated: the cluster preset as the launch sits
+            described = cluster(num_nodes=launched_shape[0],
+                                ranks_per_node=launched_shape[1] * launched_shape[2])
+        topology = build_topology(described)
+        grid = RankGrid.from_placement(topology, Placement.node_major(topology))
+        notes = []
+        if checked["described"] is None:
+            notes.append("no --topology: the uncalibrated `cluster` preset (run `cocodiff "
+                         "calibrate` and pass its TOML)")
+        if launched is not None and tuple(launched_shape) != tuple(grid.shape):
+            notes.append(f"the launch spans {'x'.join(map(str, launched_shape))} (nodes x "
+                         f"ranks x 1), the topology says {'x'.join(map(str, grid.shape))}: "
+                         "the ranks run as the topology places them")
+        dtype = getattr(torch, args.dtype)
+        tiny = tiny_name_of(args.model)
+        pipe = load_pipeline(args.model, dtype)
+        transformer = pipe.transformer
+        spec = spec_from_config({"_class_name": type(transformer).__name__,
+                                 **dict(transformer.config)}, name=type(transformer).__name__)
+        del pipe, transformer
+        cases = make_cases(checked["schedules"], checked["layouts"], launch.world_size,
+                           spec.num_heads)
+        width, height, frames = default_resolution(tiny) if tiny else (1024, 1024, 1)
+        if args.resolution is not None:
+            width, height = parse_resolution(args.resolution)
+        setup = RunSetup(args.model, dtype, args.steps, (width, height, frames),
+                         TINY_DEFAULTS[tiny].max_sequence_length if tiny else None, grid,
+                         args.seed)
+        reference = None
+        if is_root and args.dtype == "float32" and not args.no_reference:
+            reference = reference_latents(setup)
+        transport.barrier()
+
+        measurements = Measurements()
+        total = args.rounds * len(cases) * args.steps
+        with StepProgress(is_root=is_root and not args.quiet, steps=total,
+                       label="validate") as show_step:
+            steps_done = 0
+
+            def advance() -> None:
+                nonlocal steps_done
+                steps_done += 1
+                show_step()
+                if step_fault is not None:  # counts the steps of every run
+                    step_fault.after_step(steps_done)
+
+            for round_index in range(args.rounds):
+                for case in round_order(cases, round_index):
+                    if case.name in measurements.skipped:
+                        continue
+                    try:
+                        generation = generate(setup, transport, case, advance)
+                    except CocodiffError as error:  # refused alike on every rank
+                        measurements.skipped[case.name] = str(error)
+                        for _ in range(args.steps * (args.rounds - round_index)):
+                            show_step()
+                        continue
+                    measurements.add(case, round_index, generation)
+        if is_root:
+            report = _report(args, cases, measurements, topology, checked, grid, spec,
+                             (width, height, frames), transport.name, reference, notes)
+            _print(report)
+            if args.json is not None:
+                from cocodiff.util.atomic import atomic_write_text
+
+                atomic_write_text(args.json, json.dumps(report, indent=2))
+        transport.barrier()
+    finally:
+        transport.close()
+    return 0
+
+
+def _report(args, cases, measurements, topology, checked, grid, spec, size, transport_name,
+            reference, notes) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from cocodiff.validation import EXACT_ATOL, layouts_json, summarise
+    from topology import dump_topology
+    from transports.sim import collective_model_for
+
+    collective, source = checked["collective"]
+    used = collective or collective_model_for(topology.spec.name)
+    summary = summarise(cases, measurements, topology, used, reference)
+    for name, message in measurements.skipped.items():
+        notes.append(f"{name} skipped: the runtime refused it ({message})")
+    exactness = None
+    if reference is not None:
+        checked_rows = [row for row in summary["rows"] if row.get("exact_schedule")]
+        exactness = {"reference": "single process", "dtype": args.dtype, "atol": EXACT_ATOL,
+                     "checked": [f"{row['schedule']}@{row['layout']}" for row in checked_rows],
+                     "passed": all(row["exact"] for row in checked_rows)}
+    return {
+        **summary,
+        "model": {"name": args.model, "spec": asdict(spec)},
+        "resolution": list(size[:2]),
+        "frames": size[2],
+        "num_ranks": grid.num_ranks,
+        "grid": list(grid.shape),
+        "transport": transport_name,
+        "dtype": args.dtype,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "layouts": layouts_json(cases),
+        "calibration": {"topology": args.topology or "cluster (preset, uncalibrated)",
+                        "topology_toml": dump_topology(topology.spec),
+                        "collective": used.to_json(), "collective_source": source},
+        "exactness": exactness,
+        "skipped": measurements.skipped,
+        "runs": measurements.runs,
+        "notes": notes,
+    }
+
+
+def _print(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from cocodiff.util.console import plain_console
+
+    table = Table(title=f"{report['model']['name']} on {report['num_ranks']} ranks "
+                  f"({'x'.join(map(str, report['grid']))}), {report['transport']}, "
+                  f"{report['steps']} steps x {report['rounds']} round(s), first step left out")
+    for column in ("schedule", "layout", "measured step (min-max)", "predicted", "error"):
+        table.add_column(column, justify="left" if column in ("schedule", "layout")
+                         else "right")
+    for row in report["rows"]:
+        predicted, error = row["predicted_step_s"], row["error"]
+        table.add_row(row["schedule"], row["layout"],
+                      f"{row['measured_step_s'] * 1e3:.2f} ms ({row['min_step_s'] * 1e3:.2f}-"
+                      f"{row['max_step_s'] * 1e3:.2f})",
+                      "-" if predicted is None else f"{predicted * 1e3:.2f} ms",
+                      "-" if error is None else f"{error:+.1%}")
+    console = plain_console()
+    console.print(table)
+    pick, best = report["planner_pick"], report["measured_best"]
+    if pick is not None:
+        verdict = "within 5%" if report["pick_within_5pct"] else "NOT within 5%"
+        console.print(f"planner's pick: {pick['schedule']} {pick['layout']} (predicted "
+                      f"{pick['predicted_step_s'] * 1e3:.2f} ms, measured "
+                      f"{pick['measured_step_s'] * 1e3:.2f} ms); measured best: "
+                      f"{best['schedule']} {best['layout']} ({best['measured_step_s'] * 1e3:.2f}"
+                      f" ms): {report['pick_slower_than_best']:+.1%}, {verdict}")
+    if "median_abs_error" in report:
+        console.print(f"median |error| {report['median_abs_error']:.1%}; within 15%: "
+                      f"{report['within_15pct']:.0%} of rows, within 20%: "
+                      f"{report['within_20pct']:.0%}")
+    exactness = report["exactness"]
+    if exactness is not None:
+        diffs = ", ".join(f"{row['schedule']}@{row['layout']} {row['max_abs_diff']:.1e}"
+                          for row in report["rows"] if "max_abs_diff" in row)
+        console.print(f"final latents against one single-process run (round 1): {diffs}; "
+                      f"exact schedules within {exactness['atol']:g}: "
+                      f"{'yes' if exactness['passed'] else 'NO'}")
+    console.print(f"collective model: {report['calibration']['collective_source']}")
+    for note in report["notes"]:
+        console.print(f"note: {note}")

@@ -1,0 +1,82 @@
+"""The one executor of a plan, shared by the simulator and the runtime.
+
+A rank's program is run as a generator that yields a handle whenever the rank must
+wait. The caller decides what waiting means:
+
+* the runtime drives it with :func:`drive_blocking` (nothing to do: ``handle.wait()``
+  inside the executor blocks on real communication);
+* the simulator drives it inside a SimPy process (``cocodiff.simulator.simulate``), yielding
+  the handle's SimPy event so that simulated time passes first.
+
+The executor itself knows nothing of tensors or time: a *backend* binds compute steps
+to real modules or to cost-model durations, and exchanges to buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable
+from typing import Any, Protocol
+
+from cocodiff.plan.steps import Compute, Exchange, LayerPlan, RankProgram, Step, Tensor, Wait
+from transports.base import Handle
+
+Execution = Generator[Handle, None, None]
+
+
+class PlanError(RuntimeError):
+    """A plan that cannot be executed (a wait with no exchange in flight, ...)."""
+
+
+class Backend(Protocol):
+    """Binds plan steps to something that runs them."""
+
+    def compute(self, step: Compute) -> Handle:
+        """Run (or start) a compute step."""
+        ...
+
+    def start_exchange(self, step: Exchange) -> Handle:
+        """Start an exchange through the transport."""
+        ...
+
+    def finish_exchange(self, step: Exchange, received: Any) -> None:
+        """Take delivery of an exchange's received buffer."""
+        ...
+
+
+def run_steps(steps: Iterable[Step], backend: Backend) -> Execution:
+    """Execute steps in order; yield each handle the rank must wait on."""
+    in_flight: dict[Tensor, tuple[Exchange, Handle]] = {}
+    for step in steps:
+        if isinstance(step, Compute):
+            handle = backend.compute(step)
+            yield handle
+            handle.wait()
+        elif isinstance(step, Exchange):
+            if step.tensor in in_flight:
+                raise PlanError(f"exchange of {step.tensor} started twice without a wait")
+            in_flight[step.tensor] = (step, backend.start_exchange(step))
+        elif isinstance(step, Wait):
+            if step.tensor not in in_flight:
+                raise PlanError(f"wait for {step.tensor} with no exchange in flight")
+            exchange, handle = in_flight.pop(step.tensor)
+            yield handle
+            backend.finish_exchange(exchange, handle.wait())
+        else:
+            raise PlanError(f"unknown plan step {step!r}")
+    if in_flight:
+        raise PlanError(f"exchanges never waited for: {sorted(in_flight)}")
+
+
+def run_layer(layer: LayerPlan, backend: Backend) -> Execution:
+    yield from run_steps(layer.steps, backend)
+
+
+def run_program(program: RankProgram, backend: Backend) -> Execution:
+    for layer in program.layers:
+        yield from run_layer(layer, backend)
+
+
+def drive_blocking(execution: Execution) -> None:
+    """Run an execution whose handles block in ``wait()`` (real transports)."""
+    for _handle in execution:
+        pass

@@ -1,0 +1,157 @@
+"""The simulator's executor backend: plan steps as simulated time on one rank's tile.
+
+The shared executor (:mod:`cocodiff.plan.executor`) walks a rank's program and asks a
+backend to carry out each step; here compute steps take the cost model's roofline time
+on the tile and exchanges go through the simulated transport as flows on the
+topology's links (a phased exchange chunk by chunk, phase by phase, as the runtime's
+:class:`~cocodiff.runtime.tapa.PhasedHandle` carries it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from cocodiff.cost import roofline_seconds
+from cocodiff.plan.executor import Execution
+from cocodiff.plan.phasing import ChunkPipeline, member_bytes
+from cocodiff.plan.steps import Compute, Exchange, Phase
+from sim import Simulation
+from transports.base import Group, VirtualBuffer
+from transports.sim import SimHandle, SimTransport
+
+if TYPE_CHECKING:
+    import simpy
+
+
+class SimBackend:
+    """Binds plan steps to simulated time on one rank's tile."""
+
+    def __init__(self, transport: SimTransport, tile: str, record_spans: bool) -> None:
+        self.transport = transport
+        self.simulation = transport.simulation
+        spec = self.simulation.topology.spec
+        self._tflops = spec.tile_tflops
+        self._memory_gbps = spec.tile_memory_gbps
+        self._tile = tile
+        self._track = f"rank {transport.rank}"
+        self._record = record_spans
+        self._groups: dict[tuple[int, ...], Group] = {}
+        self._started: dict[str, float] = {}
+        self._splits: dict[tuple, tuple] = {}
+        self.compute_s = 0.0
+        self.exchanges_started = 0
+        self.exchange_intervals: list[tuple[float, float]] = []  # start -> arrival
+        self._exchange_handles: set[int] = set()  # ids of exchanges a wait may spin on
+
+    def compute(self, step: Compute) -> SimHandle:
+        duration_s = roofline_seconds(step.cost, self._tflops, self._memory_gbps)
+        host = self.simulation.host
+        if host is not None and host.compute_core_demand > 0:
+            # A CPU rank's compute: duration_s at its demand, shared with its host's tasks;
+            # its compute time is what it took, sharing included.
+            demand = host.compute_core_demand
+            done = self.simulation.cpu_task(self.transport.rank, duration_s * demand, demand,
+                                            self._track if self._record else None, step.op)
+            start = self.simulation.now
+            done.callbacks.append(self._add_compute_since(start))
+            return SimHandle(done)
+        self.compute_s += duration_s
+        if self._record:
+            event = self.simulation.compute(self._tile, duration_s, self._track, step.op)
+        else:
+            event = self.simulation.env.timeout(duration_s)
+        return SimHandle(event)
+
+    def _add_compute_since(self, start: float):
+        def add(_event) -> None:
+            self.compute_s += self.simulation.now - start
+        return add
+
+    def blocked_on(self, handle: SimHandle) -> simpy.Event:
+        """What the rank's process yields to wait for ``handle``: its event, or, on a host
+        that busy-polls, a process that spins on a core until an exchange completes."""
+        if id(handle) not in self._exchange_handles:
+            return handle.event
+        self._exchange_handles.discard(id(handle))
+        if handle.event.processed:
+            return handle.event
+        return self.simulation.env.process(self._poll(handle))
+
+    def _poll(self, handle: SimHandle):
+        token = self.simulation.start_poll(self.transport.rank)
+        yield handle.event
+        self.simulation.stop_poll(token)
+
+    def _group(self, ranks: tuple[int, ...]) -> Group:
+        group = self._groups.get(ranks)
+        if group is None:
+            group = self._groups[ranks] = self.transport.new_group(ranks)
+        return group
+
+    def start_exchange(self, step: Exchange) -> SimHandle:
+        self._started[step.tensor] = self.simulation.now
+        self.exchanges_started += 1
+        if step.phases:
+            env = self.simulation.env
+            handle = SimHandle(env.process(self._phased(step)))
+        else:
+            send = VirtualBuffer(sum(step.send_rows), step.row_bytes)
+            handle = self.transport.all_to_all(send, step.send_rows, step.recv_rows,
+                                               self._group(step.group), tag=step.tensor)
+        if self.simulation.host is not None and self.simulation.host.busy_poll:
+            self._exchange_handles.add(id(handle))
+        return handle
+
+    def _chunk_splits(self, step: Exchange, phase: Phase, chunk: int
+                      ) -> tuple[list[int], list[int]]:
+        """Bytes to and from each member for one chunk of one phase (layers repeat the
+        same phase objects, so this is computed once per phase and chunk)."""
+        key = (id(phase), chunk, step.row_bytes)
+        cached = self._splits.get(key)
+        if cached is None:
+            send_rows, recv_rows = phase.chunk_rows(chunk, step.chunks)
+            send = [member_bytes(phase, rows, step.row_bytes) for rows in send_rows]
+            recv = [member_bytes(phase, rows, step.row_bytes) for rows in recv_rows]
+            cached = self._splits[key] = (phase, send, recv)  # keeps the phase alive
+        return cached[1], cached[2]
+
+    def _phased(self, step: Exchange):
+        """The phases of a TAPA exchange, its chunks pipelined through them as
+        :class:`~cocodiff.plan.phasing.ChunkPipeline` orders them (the runtime's order): each
+        (chunk, phase) is posted as soon as the pipeline allows, event by event."""
+        env = self.simulation.env
+        pipeline = ChunkPipeline(step.chunks, len(step.phases))
+        done = env.event()
+
+        def carry(chunk: int, p: int):
+            phase = step.phases[p]
+            send, recv = self._chunk_splits(step, phase, chunk)
+            handle = self.transport.all_to_all(
+                VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
+                tag=(step.tensor, chunk, p),
+            )
+            yield handle.event
+            handle.wait()
+            for posting in pipeline.landed(chunk, p):
+                env.process(carry(*posting))
+            if pipeline.finished:
+                done.succeed()
+
+        for posting in pipeline.first():
+            env.process(carry(*posting))
+        yield done
+
+    def finish_exchange(self, step: Exchange, received: VirtualBuffer) -> None:
+        start = self._started[step.tensor]
+        self.exchange_intervals.append((start, self.simulation.now))
+        if self._record:
+            self.simulation.timeline.add(
+                self._track, f"a2a {step.tensor}", "comm", start, self.simulation.now
+            )
+
+
+def rank_process(simulation: Simulation, execution: Execution, rank: int,
+                 finish_s: dict[int, float], backend: SimBackend):
+    for handle in execution:
+        yield backend.blocked_on(cast(SimHandle, handle))  # the simulated transport's handles
+    finish_s[rank] = simulation.now

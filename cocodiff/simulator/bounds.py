@@ -1,0 +1,200 @@
+"""The fastest an all-to-all can possibly be on a topology, whatever the schedule.
+
+Every block (source, destination) must leave its source's tile, GPU and node when the
+destination is elsewhere. So for each tier the bytes leaving (and entering) each tile,
+GPU and node are fixed by the exchange, and the links of that tier can carry them no
+faster than their total capacity. Tiers run in parallel at best, so the bound is the
+slowest tier, plus the latency of the longest route. Schedules are measured against
+it: ``efficiency = bound / simulated``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from cocodiff.cost import roofline_seconds
+from cocodiff.plan.steps import Compute, Exchange, Plan
+from topology import Placement, Topology
+from transports.sim import CollectiveModel
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeBound:
+    """The bound of one logical exchange, and which tier sets it."""
+
+    seconds: float
+    tier: str
+
+
+def exchange_bound(
+    exchanges: dict[int, Exchange], topology: Topology, placement: Placement
+) -> ExchangeBound:
+    """Bound of one all-to-all, given every member rank's logical exchange.
+
+    Args:
+        exchanges: global rank -> that rank's :class:`Exchange` of the collective.
+    """
+    spec = topology.spec
+    out_bytes: dict[str, defaultdict[str, float]] = {tier: defaultdict(float)
+                                                     for tier in ("tile", "gpu", "node")}
+    in_bytes: dict[str, defaultdict[str, float]] = {tier: defaultdict(float)
+                                                    for tier in ("tile", "gpu", "node")}
+    latency_us = 0.0
+    units: dict[int, dict[str, str]] = {}  # rank -> its tile, GPU and node
+    latencies: dict[tuple[str, str], float] = {}  # (src, dst) unit pair -> route latency
+
+    def units_of(rank: int) -> dict[str, str]:
+        if rank not in units:
+            units[rank] = _units(topology, placement.tile_of(rank))
+        return units[rank]
+
+    for src, exchange in exchanges.items():
+        src_unit = units_of(src)
+        for dst, rows in zip(exchange.group, exchange.send_rows, strict=True):
+            if dst == src or not rows:
+                continue
+            dst_unit = units_of(dst)
+            num_bytes = rows * exchange.row_bytes
+            # A block crosses the boundary of every unit its endpoints do not share.
+            for tier in ("tile", "gpu", "node"):
+                if src_unit[tier] != dst_unit[tier]:
+                    out_bytes[tier][src_unit[tier]] += num_bytes
+                    in_bytes[tier][dst_unit[tier]] += num_bytes
+            pair = (src_unit["tile"], dst_unit["tile"])
+            if pair not in latencies:
+                latencies[pair] = topology.route_latency_us(topology.route(*pair))
+            latency_us = max(latency_us, latencies[pair])
+    capacity = {
+        # a tile's sibling links (tile -> other tiles of its GPU); its GPU port otherwise
+        "tile": _bytes_per_s(spec.tile_link) * (spec.tiles_per_gpu - 1) if spec.tile_link
+        else _bytes_per_s(spec.port_link),
+        "gpu": _gpu_capacity(spec),
+        "node": _bytes_per_s(spec.nic_link) * spec.nics_per_node if spec.nics_per_node
+        else float("inf"),
+    }
+    worst = ExchangeBound(0.0, "none")
+    for tier in ("tile", "gpu", "node"):
+        loads = list(out_bytes[tier].values()) + list(in_bytes[tier].values())
+        if loads and capacity[tier] > 0:
+            seconds = max(loads) / capacity[tier]
+            if seconds > worst.seconds:
+                worst = ExchangeBound(seconds, _TIER_NAMES[tier])
+    return ExchangeBound(worst.seconds + latency_us * 1e-6, worst.tier)
+
+
+def plan_bound_s(plan: Plan, topology: Topology, placement: Placement, layer: int = 0) -> float:
+    """Sum of the bounds of one layer's exchanges, times the number of layers."""
+    # LayerPlan.exchanges builds a tuple on every call: once per rank here.
+    exchanges = [plan.program(rank).layers[layer].exchanges for rank in range(plan.num_ranks)]
+    total = 0.0
+    for index in range(len(exchanges[0])):
+        members = {rank: exchanges[rank][index] for rank in range(plan.num_ranks)}
+        total += exchange_bound(members, topology, placement).seconds
+    return total * len(plan.program(0).layers)
+
+
+_TIER_NAMES = {"tile": "intra-gpu", "gpu": "intra-node", "node": "inter-node"}
+
+
+def _units(topology: Topology, tile: str) -> dict[str, str]:
+    node = topology.node_of(tile)
+    return {"tile": tile, "gpu": topology.gpu_of(tile), "node": f"n{node}"}
+
+
+def _bytes_per_s(link) -> float:
+    return link.bandwidth_gbps * 1e9 if link is not None else 0.0
+
+
+def _gpu_capacity(spec) -> float:
+    """Bytes/s one GPU can send to the other GPUs of its node."""
+    if spec.gpu_link is None:
+        return float("inf")
+    if spec.gpu_fabric == "all-to-all":
+        return _bytes_per_s(spec.gpu_link) * (spec.gpus_per_node - 1)
+    return _bytes_per_s(spec.gpu_link)
+
+
+def step_floor_s(plan: Plan, topology: Topology, placement: Placement,
+                 collective: CollectiveModel) -> float:
+    """A lower bound on the simulated step time of ``plan`` that needs no simulation.
+
+    Each rank runs its steps in order: compute steps take exactly their roofline time
+    (as in the simulator), and an exchange waited for cannot end before every message
+    this rank sends in it has paid its route latency and the set-up the collective
+    model charges for the exchange's span and this rank's message count, and moved its
+    bytes at the fastest rate its route, its tier's single-transfer cap and the span's
+    per-rank rate allow (:class:`transports.sim.CollectiveModel`; contention and
+    waiting for peers only add to that). Walking a rank's layers with those times gives
+    a time no simulation of the plan can beat. A phased exchange is charged its first
+    chunk's way through the phases, one after another (the chunk pipeline posts a
+    chunk's next phase only once the previous one has landed). The planner skips
+    candidates whose floor is above the best step time it has already simulated.
+    """
+    from cocodiff.plan.phasing import member_bytes
+    from transports.sim import group_span
+
+    spec = topology.spec
+    tiles = [placement.tile_of(rank) for rank in range(plan.num_ranks)]
+    message_s: dict[tuple, float] = {}
+    spans: dict[tuple[int, ...], str] = {}
+
+    def span_of(group: tuple[int, ...]) -> str:
+        if group not in spans:
+            spans[group] = group_span(topology, [tiles[rank] for rank in group])
+        return spans[group]
+
+    def fastest_s(src: int, dst: int, num_bytes: int, messages: int, span: str) -> float:
+        key = (tiles[src], tiles[dst], num_bytes, messages, span)
+        if key not in message_s:
+            route = topology.route(tiles[src], tiles[dst])
+            cost = collective.cost(span)
+            rate = min(cost.rank_gbps * 1e9 / messages,
+                       collective.cap_bytes_per_s(topology.tier(tiles[src], tiles[dst])),
+                       *(topology.link_attrs(link)[0] * 1e9 for link in route))
+            message_s[key] = (topology.route_latency_us(route) * 1e-6
+                              + cost.setup_s(messages) + num_bytes / rate)
+        return message_s[key]
+
+    def sends_s(rank: int, group: tuple[int, ...], send_bytes) -> float:
+        sends = [(dst, num_bytes) for dst, num_bytes in zip(group, send_bytes, strict=True)
+                 if num_bytes and dst != rank]
+        span = span_of(tuple(group))
+        return max((fastest_s(rank, dst, num_bytes, len(sends), span)
+                    for dst, num_bytes in sends), default=0.0)
+
+    def exchange_s(rank: int, step: Exchange) -> float:
+        if not step.phases:
+            return sends_s(rank, step.group, [rows * step.row_bytes for rows in step.send_rows])
+        total = 0.0
+        for phase in step.phases:
+            send_rows, _ = phase.chunk_rows(0, step.chunks)
+            total += sends_s(rank, phase.group,
+                             [member_bytes(phase, rows, step.row_bytes) for rows in send_rows])
+        return total
+
+    def layer_s(rank: int, layer) -> float:
+        now = 0.0
+        started: dict[str, float] = {}
+        for step in layer.steps:
+            if isinstance(step, Compute):
+                now += roofline_seconds(step.cost, spec.tile_tflops, spec.tile_memory_gbps)
+            elif isinstance(step, Exchange):
+                started[step.tensor] = now + exchange_s(rank, step)
+            else:  # Wait
+                now = max(now, started.pop(step.tensor))
+        return now
+
+    floors: dict[tuple[int, int], float] = {}  # (rank, id(layer)): layers are shared
+    worst = 0.0
+    # Any rank's walk bounds the step; node 0's ranks stand for the others (nodes are
+    # alike), which keeps this a small fraction of one simulation's cost.
+    for rank in range(min(plan.num_ranks, placement.ranks_per_node)):
+        total = 0.0
+        for layer in plan.program(rank).layers:
+            key = (rank, id(layer))
+            if key not in floors:
+                floors[key] = layer_s(rank, layer)
+            total += floors[key]
+        worst = max(worst, total)
+    return worst

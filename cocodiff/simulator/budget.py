@@ -1,0 +1,278 @@
+"""Resource guards: what a simulation will cost, estimated before it starts.
+
+A valid command line can still ask for more than a machine has: ``--nodes 5000`` (60,000
+Aurora ranks) builds plans of billions of entries, and ``--chunks 1000`` posts millions
+of collectives. Both used to run for hours or exhaust memory. This module counts, from the
+topology's shape, the ranks, the model's layers, the chunks and the steps (never from a
+simulation), what the simulator will do, and turns it into memory and wall-time
+estimates, so a command can refuse in one line what would not fit, and show progress on
+what runs long.
+
+The counts are properties of the plans (collectives posted, rank-to-peer messages, plan
+entries held); the per-unit costs that turn them into seconds and bytes are measured on
+this simulator (``bench/sim_guard.py``: microbenchmarks of the simulator itself, not of
+any result it is compared with) or, where said, assumed; docs/hardening.md has them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+
+from cocodiff.util.errors import CocodiffError
+
+# Per-unit times fitted by bench/sim_guard.py to the CPU time of six simulations on the
+# development machine (docs/hardening.md): per collective one simulated rank posts (SimPy
+# events, flow batches) and per rank-to-peer message (flow set-up, bundling, max-min).
+SECONDS_PER_COLLECTIVE = 100e-6
+SECONDS_PER_MESSAGE = 0.1e-6
+# The planner also builds a plan and its links' bound per (layout, schedule) pair: CPU
+# time per rank of each (`cocodiff plan --nodes 8`: 17.4 s for 49 pairs of 96 ranks, of
+# which the simulations above account for 5.9 s).
+SECONDS_PER_PLANNED_RANK = 2.5e-3
+# Memory per plan entry (a peer's row count in a phase: Python ints in tuples; TAPA's plan
+# of 500 Aurora nodes measured 1.5 GB for 24 M entries), per topology graph element
+# (networkx vertex or link with its attributes; about 0.5 KB measured at 500 nodes,
+# 1.5 KB assumed) and per cached message of a simulated rank (flow arrays; assumed).
+BYTES_PER_PLAN_ENTRY = 64
+BYTES_PER_GRAPH_ELEMENT = 1500
+BYTES_PER_MESSAGE = 200
+BASE_BYTES = 300e6  # the interpreter with numpy, networkx, simpy and rich loaded
+
+# Refuse what would run longer than this (override: COCODIFF_MAX_SIM_S); show progress
+# beyond PROGRESS_S.
+MAX_WALL_S = 3600.0
+PROGRESS_S = 10.0
+# Use at most this share of the memory available when the command starts.
+MEMORY_SHARE = 0.8
+EXCHANGES_PER_LAYER = 4  # Q, K, V and the attention output
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """What simulating some schedules will cost.
+
+    Attributes:
+        collectives: all-to-alls posted by the simulated ranks (chunks and phases count).
+        messages: rank-to-peer messages of those collectives.
+        plan_entries: per-peer row counts the largest plan holds.
+        graph_elements: nodes and links of the topology graph.
+        memory_bytes: estimated peak memory.
+        wall_s: estimated wall time.
+    """
+
+    collectives: int
+    messages: int
+    plan_entries: int
+    graph_elements: int
+    memory_bytes: float
+    wall_s: float
+
+
+def graph_elements(spec) -> int:
+    """Vertices and directed links of :func:`topology.build_topology`'s graph."""
+    gpus, per_gpu, nics = spec.gpus_per_node, spec.tiles_per_gpu, spec.nics_per_node
+    switched = spec.gpu_link is not None and spec.gpu_fabric == "switch"
+    vertices = 1 + gpus + gpus * per_gpu + nics + (1 if switched else 0)  # 1: the host
+    if spec.gpu_link is None:
+        gpu_links = 0
+    else:
+        gpu_links = 2 * gpus if switched else gpus * (gpus - 1)
+    # Both directions of: GPU-host, tile-GPU, tile-tile, the GPU fabric, host-NIC, and
+    # NIC-fabric switch between nodes.
+    links = (2 * gpus + 2 * gpus * per_gpu + gpus * per_gpu * (per_gpu - 1) + gpu_links
+             + 2 * nics + (2 * nics if spec.num_nodes > 1 else 0))
+    return spec.num_nodes * (vertices + links) + (1 if spec.num_nodes > 1 else 0)
+
+
+def _simulated_ranks(spec, num_ranks: int, heads: tuple[int, ...]) -> int:
+    """Ranks the simulator runs: the fold period of a node-symmetric plan
+    (``cocodiff.simulator.simulate._fold_period_nodes``) or all of them."""
+    from cocodiff.schedules.ulysses import smallest_period
+
+    per_node = spec.gpus_per_node * spec.tiles_per_gpu
+    if spec.num_nodes == 1 or num_ranks != spec.num_nodes * per_node:
+        return num_ranks
+    period_nodes = math.lcm(smallest_period(heads), per_node) // per_node
+    if period_nodes >= spec.num_nodes or spec.num_nodes % period_nodes:
+        return num_ranks
+    return period_nodes * per_node
+
+
+def _phase_sizes(spec, group: int) -> list[int]:
+    """Group sizes of TAPA's phases over ``group`` node-major ranks (tile, GPU, node)."""
+    sizes = []
+    for level_size in (spec.tiles_per_gpu, spec.gpus_per_node, spec.num_nodes):
+        size = min(level_size, group)
+        if size > 1:
+            sizes.append(size)
+        group = max(1, group // max(1, level_size))
+    return sizes
+
+
+def estimate_simulation(spec, num_layers: int, num_heads: int, schedules: dict[str, int],
+                        chunks: int, group: int | None = None) -> Estimate:
+    """The cost of simulating ``schedules`` on the machine ``spec``, every layer counted:
+    exact for a full simulation (a recorded timeline), an upper bound when the simulator
+    extrapolates a step from one and two layers
+    (:func:`cocodiff.simulator.simulate.simulate_layers`).
+
+    Args:
+        spec: the machine (a ``topology.TopologySpec``); every tile is a rank.
+        num_layers: the model's attention layers.
+        num_heads: its heads (they decide how far the simulator folds the machine).
+        schedules: schedule name -> how many distinct plans it simulates (V-Major: one
+            per distinct cache ratio; others 1).
+        chunks: TAPA's pipeline chunks.
+        group: ranks of one Ulysses group (a hybrid layout); None: all of them.
+    """
+    from cocodiff.schedules import get_schedule
+    from cocodiff.schedules.ulysses import split_heads
+
+    num_ranks = spec.num_nodes * spec.gpus_per_node * spec.tiles_per_gpu
+    group = group or num_ranks
+    # A hybrid layout's folding is not worked out here: count every rank (an upper bound).
+    simulated = (_simulated_ranks(spec, num_ranks, split_heads(num_heads, group))
+                 if group == num_ranks else num_ranks)
+    collectives = messages = plan_entries = 0
+    for name, plans in schedules.items():
+        per_rank = simulated * num_layers * EXCHANGES_PER_LAYER * plans
+        if get_schedule(name).phased:  # the topology-aligned schedules: phases, chunks
+            sizes = _phase_sizes(spec, group)
+            # One tier: the exchange stays flat and unchunked (V-Major's selective phase
+            # on a single inter-node tier is the exception, counted unchunked here).
+            pieces = chunks if len(sizes) > 1 else 1
+            collectives += per_rank * pieces * len(sizes)
+            messages += per_rank * pieces * sum(size - 1 for size in sizes)
+            # Every rank holds its own phases (send and receive rows per member).
+            plan_entries = max(plan_entries, num_ranks * EXCHANGES_PER_LAYER * 2 * sum(sizes))
+        else:
+            collectives += per_rank
+            messages += per_rank * (group - 1)
+            # Ranks with equal head counts share one layer: two kinds at most.
+            plan_entries = max(plan_entries, 2 * EXCHANGES_PER_LAYER * 2 * group)
+    elements = graph_elements(spec)
+    sizes = _phase_sizes(spec, group)
+    cached_messages = simulated * EXCHANGES_PER_LAYER * max(
+        (chunks if len(sizes) > 1 else 1) * sum(size - 1 for size in sizes), group - 1)
+    memory = (BASE_BYTES + BYTES_PER_GRAPH_ELEMENT * elements
+              + BYTES_PER_PLAN_ENTRY * plan_entries + BYTES_PER_MESSAGE * cached_messages)
+    wall_s = SECONDS_PER_COLLECTIVE * collectives + SECONDS_PER_MESSAGE * messages
+    return Estimate(collectives, messages, plan_entries, elements, memory, wall_s)
+
+
+def estimate_planner(spec, num_layers: int, num_heads: int, schedules, batch_size: int,
+                     chunks: int) -> Estimate:
+    """The cost of :func:`cocodiff.simulator.planner.rank_layouts`: one step of every candidate
+    layout under each schedule, two layers of it (the planner extrapolates identical
+    layers), every rank counted (its folding is not worked out here). Ring passes are
+    not counted: a lower bound for layouts with a Ring, which the all-rank count covers.
+    """
+    from cocodiff.simulator.planner import candidate_layouts
+
+    estimates = []
+    for layout in candidate_layouts(spec.num_tiles, num_heads, batch_size):
+        names = tuple(schedules)[:1] if layout.ulysses == 1 else tuple(schedules)
+        simulation = estimate_simulation(spec, min(num_layers, 2), num_heads,
+                                         dict.fromkeys(names, 1), chunks, group=layout.ulysses)
+        planning_s = SECONDS_PER_PLANNED_RANK * spec.num_tiles * len(names)
+        estimates.append(replace(simulation, wall_s=simulation.wall_s + planning_s))
+    return combine(estimates)
+
+
+def combine(estimates) -> Estimate:
+    """Estimates of work done one after another: counts and time add, memory is the
+    largest (each simulation's memory is freed before the next)."""
+    estimates = list(estimates)
+    if not estimates:
+        return Estimate(0, 0, 0, 0, BASE_BYTES, 0.0)
+    return Estimate(sum(e.collectives for e in estimates), sum(e.messages for e in estimates),
+                    max(e.plan_entries for e in estimates),
+                    max(e.graph_elements for e in estimates),
+                    max(e.memory_bytes for e in estimates), sum(e.wall_s for e in estimates))
+
+
+def distinct_plans(name: str, num_steps: int, options, activity) -> int:
+    """Plans :func:`cocodiff.plan.file.build_run_plan` makes (and the simulator runs) for
+    ``name``: one per recorded step with an activity trace, one per distinct planned
+    cache ratio for a step-dependent schedule (V-Major), else one."""
+    from cocodiff.schedules import get_schedule
+
+    entry = get_schedule(name)
+    if not entry.step_dependent:
+        return 1
+    if activity is not None:
+        return activity.num_steps
+    return len({entry.cache_ratio(options, step, num_steps) for step in range(num_steps)})
+
+
+def ranked_schedules(names) -> dict[str, None]:
+    """The schedules the planner ranks layouts by for ``names`` (each registry entry's
+    ``ranked_as``), in order, once each."""
+    from cocodiff.schedules import get_schedule
+
+    return dict.fromkeys(get_schedule(name).ranked_as for name in names)
+
+
+def available_memory_bytes() -> float:
+    """Memory this process may still use: MemAvailable (Linux), else physical memory."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError):
+        return math.inf
+
+
+def max_wall_s() -> float:
+    text = os.environ.get("COCODIFF_MAX_SIM_S")
+    if text is None:
+        return MAX_WALL_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise CocodiffError(f"COCODIFF_MAX_SIM_S={text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise CocodiffError(f"COCODIFF_MAX_SIM_S={text!r} must be positive")
+    return value
+
+
+def check_estimate(estimate: Estimate, what: str) -> None:
+    """Refuse, in one line naming the estimate and the limit, what would not fit in
+    memory or would run longer than :func:`max_wall_s`.
+
+    Args:
+        estimate: from :func:`estimate_simulation`.
+        what: the request in words, for the message ("60000 ranks, 4 schedules").
+    """
+    limit_bytes = MEMORY_SHARE * available_memory_bytes()
+    if estimate.memory_bytes > limit_bytes:
+        raise CocodiffError(
+            f"{what} would need about {_gb(estimate.memory_bytes)} of memory "
+            f"({estimate.plan_entries:,} plan entries, {estimate.graph_elements:,} graph "
+            f"elements); the limit here is {_gb(limit_bytes)} ({MEMORY_SHARE:.0%} of the "
+            "memory available)")
+    limit_s = max_wall_s()
+    if estimate.wall_s > limit_s:
+        raise CocodiffError(
+            f"{what} would run for about {_duration(estimate.wall_s)} "
+            f"({estimate.collectives:,} collectives, {estimate.messages:,} messages to "
+            f"simulate); the limit is {_duration(limit_s)} (COCODIFF_MAX_SIM_S)")
+
+
+def _gb(num_bytes: float) -> str:
+    return f"{num_bytes / 1e9:.1f} GB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"

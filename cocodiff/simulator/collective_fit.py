@@ -1,0 +1,211 @@
+"""Fitting a collective model's span costs to all-to-all microbenchmarks.
+
+Input: measured times of flat all-to-alls (nodes, ranks, bytes per rank, seconds) on a
+machine whose links the topology already describes. Every measurement has a *span*
+(``transports.sim.SPANS``: a pair, one GPU, one node, several nodes); each span gets
+its own :class:`~transports.sim.SpanCost`, fitted on that span's measurements only:
+
+* ``rank_gbps`` (what a rank's transfers of one collective reach together) by a
+  search over a log-spaced grid, refined by golden section, ``inf`` (links only)
+  included;
+* for each candidate rate, ``startup_us`` in closed form: the simulated all-to-all
+  with no set-up takes ``D``, and with set-up ``s`` per transfer exactly ``(P-1) s + D``
+  (every rank of a flat all-to-all has the same P-1 transfers, all delayed alike), so
+  the least-squares ``s >= 0`` on relative error is a ratio of sums.
+
+The simulator is in the loop (each ``D`` is a simulated all-to-all on the topology), so
+the fit accounts for what the links already explain. ``cocodiff calibrate`` fits its
+own sweeps this way; Aurora's preset is this fit on :data:`AURORA_TABLE`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cocodiff.simulator.collective import simulate_all_to_all, spread_placement
+from topology import Topology, build_topology, get_preset
+from transports.sim import CollectiveModel, SpanCost, group_span
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+AURORA_TABLE = Path(__file__).parents[1] / "data" / "aurora_alltoall.toml"
+# The stack the runtime uses on Aurora gives the levels; torchcomms, the only stack
+# measured at several sizes, gives the trend over size.
+LEVEL_STACK = "torch.distributed"
+TREND_STACK = "torchcomms"
+
+_RATE_GRID_GBPS = tuple(1e-3 * 10 ** (k / 3) for k in range(19))  # 0.001 .. 1000 GB/s
+_GOLDEN_STEPS = 12  # narrows the bracket to 0.3% of its width
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One flat all-to-all: ``time_s`` for ``bytes_per_rank`` per rank over ``ranks``
+    ranks spread evenly over ``nodes`` nodes; ``weight`` in the fit."""
+
+    nodes: int
+    ranks: int
+    bytes_per_rank: int
+    time_s: float
+    weight: float = 1.0
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SpanFit:
+    """A span's fitted cost and how far it lands from each measurement."""
+
+    span: str
+    cost: SpanCost
+    rows: tuple[tuple[Measurement, float], ...]  # (measurement, fitted time_s)
+
+    @property
+    def max_rel_error(self) -> float:
+        return max(abs(fitted / m.time_s - 1) for m, fitted in self.rows)
+
+
+def all_to_all_time_s(bytes_per_rank: int, ranks: int, busbw_gbps: float) -> float:
+    """The time behind a published all-to-all busbw (nccl-tests convention)."""
+    algbw_gbps = busbw_gbps * ranks / (ranks - 1)
+    return bytes_per_rank / (algbw_gbps * 1e9)
+
+
+def load_table(path: Path = AURORA_TABLE) -> dict:
+    """The microbenchmark table (TOML: ``source``, ``ranks_per_node``, ``[[cell]]``,
+    ``[[control]]``)."""
+    with open(path, "rb") as handle:
+        return tomllib.load(handle)
+
+
+def aurora_measurements(table: dict) -> list[Measurement]:
+    """What Aurora's model is fitted on: at each rank count, the torch.distributed cell
+    as the level and the torchcomms cells' shape over size (their times scaled to meet
+    the torch.distributed cell at its size), plus the cross-node point-to-point control
+    as a two-rank exchange."""
+    per_node = table["ranks_per_node"]
+    cells = [c for c in table["cell"] if "busbw_gbps" in c]
+    out = []
+    for level in (c for c in cells if c["stack"] == LEVEL_STACK):
+        ranks, size = level["ranks"], level["bytes_per_rank"]
+        level_s = all_to_all_time_s(size, ranks, level["busbw_gbps"])
+        nodes = -(-ranks // per_node)
+        out.append(Measurement(nodes, ranks, size, level_s, 2.0,
+                               f"{LEVEL_STACK} {ranks} ranks {size >> 20} MiB"))
+        trend = {c["bytes_per_rank"]: all_to_all_time_s(c["bytes_per_rank"], ranks,
+                                                         c["busbw_gbps"])
+                 for c in cells if c["stack"] == TREND_STACK and c["ranks"] == ranks}
+        for trend_size, trend_s in sorted(trend.items()):
+            if trend_size != size and size in trend:
+                out.append(Measurement(nodes, ranks, trend_size,
+                                       level_s * trend_s / trend[size], 1.0,
+                                       f"{TREND_STACK} trend {ranks} ranks "
+                                       f"{trend_size >> 20} MiB"))
+    for control in table.get("control", ()):
+        if control["op"] == "sendrecv" and control["nodes"] > 1:
+            # sendrecv sends its whole buffer to the peer: a two-rank all-to-all
+            # whose buffer is twice that (half of it stays home).
+            size = control["bytes_per_rank"]
+            out.append(Measurement(2, 2, 2 * size, size / (control["busbw_gbps"] * 1e9), 1.0,
+                                   "sendrecv across nodes"))
+    return out
+
+
+def measurement_span(topology: Topology, measurement: Measurement) -> str:
+    placement = spread_placement(topology, measurement.ranks)
+    return group_span(topology, placement.tiles)
+
+
+def fit_collective(topology_for: Callable[[int], Topology],
+                   measurements: Sequence[Measurement], base: CollectiveModel
+                   ) -> tuple[CollectiveModel, list[SpanFit]]:
+    """``base`` with each measured span's cost fitted (spans not measured keep theirs).
+
+    Args:
+        topology_for: the machine with a given number of nodes.
+        measurements: flat all-to-alls; each span needs at least one.
+        base: the model to extend (its per-tier transfer caps are used while fitting).
+
+    Returns:
+        The fitted model and, per span, its fit.
+    """
+    by_span: dict[str, list[Measurement]] = defaultdict(list)
+    for m in measurements:
+        by_span[measurement_span(topology_for(m.nodes), m)].append(m)
+    costs = dict(base.spans)
+    fits = []
+    for span, rows in by_span.items():
+        fit = _fit_span(span, rows, topology_for, base)
+        costs[span] = fit.cost
+        fits.append(fit)
+    model = CollectiveModel(base.name, base.startup_us, base.engines, base.transfer_cap_gbps,
+                            tuple(costs.items()))
+    return model, fits
+
+
+def _fit_span(span: str, rows: list[Measurement], topology_for, base) -> SpanFit:
+    def data_times(rate_gbps: float) -> list[float]:
+        model = CollectiveModel(base.name, transfer_cap_gbps=base.transfer_cap_gbps,
+                                spans=((span, SpanCost(0.0, 1, rate_gbps)),))
+        return [simulate_all_to_all(topology_for(m.nodes), m.bytes_per_rank, "flat", model,
+                                    m.ranks).time_s for m in rows]
+
+    def solve(rate_gbps: float) -> tuple[float, float, list[float]]:
+        """(error, startup_s, times) at this rate, the set-up chosen in closed form."""
+        data = data_times(rate_gbps)
+        messages = [m.ranks - 1 for m in rows]
+        # Minimise sum w ((n s + D) / t - 1)^2 over s >= 0.
+        num = sum(m.weight * (n / m.time_s) * (1 - d / m.time_s)
+                  for m, n, d in zip(rows, messages, data, strict=True))
+        den = sum(m.weight * (n / m.time_s) ** 2 for m, n in zip(rows, messages, strict=True))
+        startup_s = max(0.0, num / den)
+        times = [n * startup_s + d for n, d in zip(messages, data, strict=True)]
+        error = sum(m.weight * (t / m.time_s - 1) ** 2 for m, t in zip(rows, times, strict=True))
+        return error, startup_s, times
+
+    candidates = {rate: solve(rate) for rate in (*_RATE_GRID_GBPS, math.inf)}
+    best = min(candidates, key=lambda rate: candidates[rate][0])
+    if math.isfinite(best):
+        # Golden section on log(rate) between the grid neighbours of the best point.
+        step = math.log(_RATE_GRID_GBPS[1] / _RATE_GRID_GBPS[0])
+        low, high = math.log(best) - step, math.log(best) + step
+        ratio = (math.sqrt(5) - 1) / 2
+        a, b = high - ratio * (high - low), low + ratio * (high - low)
+        fa, fb = solve(math.exp(a)), solve(math.exp(b))
+        for _ in range(_GOLDEN_STEPS):
+            if fa[0] < fb[0]:
+                high, b, fb = b, a, fa
+                a = high - ratio * (high - low)
+                fa = solve(math.exp(a))
+            else:
+                low, a, fa = a, b, fb
+                b = low + ratio * (high - low)
+                fb = solve(math.exp(b))
+        candidates[math.exp(a)], candidates[math.exp(b)] = fa, fb
+        best = min(candidates, key=lambda rate: candidates[rate][0])
+    if candidates[math.inf][0] <= candidates[best][0] * (1 + 1e-9):
+        best = math.inf  # the links alone do as well: claim no rate of the algorithm's own
+    _, startup_s, times = candidates[best]
+    cost = SpanCost(startup_s * 1e6, 1, best)
+    return SpanFit(span, cost, tuple(zip(rows, times, strict=True)))
+
+
+def aurora_topology(num_nodes: int) -> Topology:
+    return build_topology(get_preset("aurora", num_nodes))
+
+
+def fit_aurora(path: Path = AURORA_TABLE) -> tuple[CollectiveModel, list[SpanFit]]:
+    """Aurora's collective model, fitted on the published table (the preset's numbers
+    in ``transports.sim.AURORA_SPANS`` are this function's output, rounded)."""
+    from transports.sim import COLLECTIVE_MODELS
+
+    base = COLLECTIVE_MODELS["aurora"]
+    base = CollectiveModel(base.name, transfer_cap_gbps=base.transfer_cap_gbps)
+    return fit_collective(aurora_topology, aurora_measurements(load_table(path)), base)

@@ -1,0 +1,264 @@
+"""The planner: every valid parallel layout and schedule, ranked by simulated step time.
+
+A layout is valid when ``ulysses x ring x batch`` is the rank count, the Ulysses degree
+is at most the head count, and the batch degree divides the step's samples
+(:meth:`cocodiff.layout.ParallelLayout.check`). For each, both placements of the
+communicating axes are tried (Ulysses innermost, on the fast tiers, and Ring
+innermost); batch, which never communicates inside the transformer, stays outermost,
+since anywhere else it only pushes the others onto slower tiers.
+
+Speed. All layers of a plan are the same, and every layer ends with exchanges that
+resynchronise the ranks, so a step's time is affine in its number of layers after the
+first: the planner simulates each plan with one and with two layers and extrapolates
+(``t(L) = t(1) + (L - 1) * (t(2) - t(1))``). ``tests/simulator/test_planner.py`` checks this
+against the full simulation. With Ulysses degree 1 (pure Ring) there is no head
+exchange, so every schedule is the same plan and is simulated once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from itertools import permutations
+
+from cocodiff.layout import AXES, ParallelLayout
+from cocodiff.models import ModelSpec
+from cocodiff.plan.steps import Plan
+from cocodiff.schedules import (
+    DEFAULT_OPTIONS,
+    EXACT,
+    PlanOptions,
+    RankGrid,
+    get_schedule,
+    plan_hybrid,
+)
+from cocodiff.simulator.bounds import plan_bound_s, step_floor_s
+from cocodiff.simulator.fanout import map_local
+from cocodiff.simulator.results import SimResult
+from cocodiff.simulator.simulate import simulate_layers
+from topology import Placement, Topology
+from transports.sim import CollectiveModel, collective_model_for
+
+# Schedules the planner ranks by default: the exact ones (V-Major is lossy).
+DEFAULT_SCHEDULES = EXACT
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One layout and schedule with its simulated step.
+
+    Args:
+        layout: the parallel layout.
+        schedule: the Ulysses schedule inside each Ulysses group.
+        step_time_s: simulated time of one denoising step.
+        compute_s: compute of the slowest rank in that step.
+        bound_s: the topology's lower bound for the step's exchanges (links only,
+            ``cocodiff.simulator.bounds``): no schedule of this layout communicates faster; None
+            when the ranking was asked for none.
+    """
+
+    layout: ParallelLayout
+    schedule: str
+    step_time_s: float
+    compute_s: float
+    bound_s: float | None
+
+    def to_json(self) -> dict:
+        return {"layout": self.layout.name, "ulysses": self.layout.ulysses,
+                "ring": self.layout.ring, "batch": self.layout.batch,
+                "order": list(self.layout.order), "schedule": self.schedule,
+                "step_time_s": self.step_time_s, "compute_s": self.compute_s,
+                "bound_s": self.bound_s}
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    """Every candidate, fastest first, and how long ranking them took."""
+
+    candidates: tuple[Candidate, ...]
+    wall_s: float
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(num_ranks: int, num_heads: int, batch_size: int = 1
+                      ) -> list[ParallelLayout]:
+    """Every valid layout of ``num_ranks`` ranks, each communicating placement once."""
+    layouts: dict[str, ParallelLayout] = {}
+    for ulysses in divisors(num_ranks):
+        if ulysses > num_heads:
+            break
+        for batch in divisors(num_ranks // ulysses):
+            if batch_size % batch:
+                continue
+            ring = num_ranks // (ulysses * batch)
+            for first, second in permutations(("ring", "ulysses")):
+                layout = ParallelLayout(ulysses, ring, batch, ("batch", first, second))
+                layouts.setdefault(layout.name, layout)
+    return list(layouts.values())
+
+
+def simulate_step(plan: Plan, topology: Topology, placement: Placement,
+                  collective: CollectiveModel | None = None,
+                  num_layers: int | None = None) -> tuple[float, float]:
+    """(step time, compute of the slowest rank) of ``plan``, by layer extrapolation
+    (:func:`cocodiff.simulator.simulate.simulate_layers`; ``num_layers`` as there)."""
+    result = simulate_layers(plan, topology, placement, collective, num_layers)
+    return result.step_time_s, result.compute_s
+
+
+def rank_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
+                 schedules: Sequence[str] = DEFAULT_SCHEDULES,
+                 options: PlanOptions = DEFAULT_OPTIONS,
+                 collective: CollectiveModel | None = None,
+                 layouts: Sequence[ParallelLayout] | None = None, *,
+                 with_bounds: bool = True, workers: int = 1) -> PlanResult:
+    """Simulate every valid layout under every schedule on all of ``topology``'s tiles
+    and rank them by step time.
+
+    Args:
+        spec: the model.
+        topology: the machine (one rank per tile, node-major).
+        stream_tokens: tokens of each stream of one sample.
+        schedules: Ulysses schedules to try inside the Ulysses groups (each is ranked as
+            its registry entry's ``ranked_as``, at its first step).
+        options: dtype, samples per step (``batch``: 2 for a classifier-free-guidance
+            batch), chunks of phased exchanges.
+        collective: the collective model (default: the topology preset's).
+        layouts: the layouts to rank (default: :func:`candidate_layouts`).
+        with_bounds: compute each candidate's link bound (else ``bound_s`` is None):
+            only for showing, it plays no part in the ranking.
+        workers: local processes to simulate the candidates on
+            (:func:`cocodiff.simulator.fanout.map_local`); the ranking is the same for any number.
+    """
+    start = time.perf_counter()
+    placement = Placement.node_major(topology)
+    if layouts is None:
+        layouts = candidate_layouts(placement.num_ranks, spec.num_heads, options.batch)
+    # Without a Ulysses exchange every schedule makes the same plan.
+    pairs = [(layout, name) for layout in layouts
+             for name in (schedules[:1] if layout.ulysses == 1 else schedules)]
+    context = _Context(spec, topology, placement, RankGrid.from_placement(topology, placement),
+                       tuple(stream_tokens), options, collective, with_bounds)
+    candidates = map_local(_evaluate, context, pairs, workers)
+    candidates.sort(key=lambda c: (c.step_time_s, c.layout.name, c.schedule))
+    return PlanResult(tuple(candidates), time.perf_counter() - start)
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What every candidate of one ranking shares."""
+
+    spec: ModelSpec
+    topology: Topology
+    placement: Placement
+    grid: RankGrid
+    stream_tokens: tuple[int, ...]
+    options: PlanOptions
+    collective: CollectiveModel | None
+    with_bounds: bool
+
+
+def _evaluate(context: _Context, pair: tuple[ParallelLayout, str]) -> Candidate:
+    layout, name = pair
+    plan = plan_hybrid(name, context.spec, context.grid, context.stream_tokens, layout,
+                       context.options)
+    step_s, compute_s = simulate_step(plan, context.topology, context.placement,
+                                      context.collective)
+    bound_s = (plan_bound_s(plan, context.topology, context.placement)
+               if context.with_bounds else None)
+    return Candidate(layout, name, step_s, compute_s, bound_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The planner's layout for one schedule, and the step it simulated to choose it
+    (None for a schedule ranked as another: ``cocodiff`` as ``vfirst``). The step is the
+    one :func:`cocodiff.simulator.simulate.simulate_schedule` gives for that layout with the same
+    options, so callers may reuse it instead of simulating it again (its ``known``)."""
+
+    layout: ParallelLayout
+    result: SimResult | None
+
+
+def best_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
+                 schedules: Sequence[str], options: PlanOptions = DEFAULT_OPTIONS,
+                 collective: CollectiveModel | None = None, *,
+                 workers: int = 1) -> dict[str, ParallelLayout]:
+    """The planner's best layout for each schedule (:func:`choose_layouts`)."""
+    choices = choose_layouts(spec, topology, stream_tokens, schedules, options, collective,
+                             workers=workers)
+    return {name: choice.layout for name, choice in choices.items()}
+
+
+def choose_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
+                   schedules: Sequence[str], options: PlanOptions = DEFAULT_OPTIONS,
+                   collective: CollectiveModel | None = None, *,
+                   workers: int = 1) -> dict[str, Choice]:
+    """The planner's best layout for each schedule, ranked as its registry entry says
+    (V-Major's ``cocodiff`` as its exact twin ``vfirst``: the same exchanges before
+    V-Major trims them).
+
+    The same choice as the best of :func:`rank_layouts` for that schedule alone, without
+    simulating every candidate: candidates are simulated in the order of their step
+    floor (:func:`cocodiff.simulator.bounds.step_floor_s`, a lower bound that needs no
+    simulation), and once a floor exceeds the best step time simulated so far no later
+    candidate can win. Ties go to the layout name first, as in :func:`rank_layouts`.
+    ``workers`` local processes search for different schedules at once.
+    """
+    from cocodiff.plan.file import canonical_streams
+
+    placement = Placement.node_major(topology)
+    # The streams as a run's plan holds them, so that a winner's step is that plan's.
+    context = _Context(spec, topology, placement, RankGrid.from_placement(topology, placement),
+                       canonical_streams(stream_tokens), options, collective, False)
+    ranked_as = {name: get_schedule(name).ranked_as for name in schedules}
+    ranked = list(dict.fromkeys(ranked_as.values()))
+    best = dict(zip(ranked, map_local(_best_for, context, ranked, workers), strict=True))
+    return {name: best[name] if ranked_as[name] == name
+            else Choice(best[ranked_as[name]].layout, None) for name in schedules}
+
+
+def _best_for(context: _Context, name: str) -> Choice:
+    """:func:`choose_layouts` for one schedule."""
+    topology, placement = context.topology, context.placement
+    model = context.collective or collective_model_for(topology.spec.name)
+    layouts = candidate_layouts(placement.num_ranks, context.spec.num_heads,
+                                context.options.batch)
+    # Every layer of a plan is the same: plans of two layers stand for the whole step, for
+    # the floor (a sum over layers) and for the simulation (two layers, extrapolated).
+    num_layers = context.spec.num_layers
+    short = replace(context.spec, num_layers=min(num_layers, 2))
+    plans = [plan_hybrid(name, short, context.grid, context.stream_tokens, layout,
+                         context.options) for layout in layouts]
+    floors = sorted((step_floor_s(plan, topology, placement, model) * num_layers
+                     / short.num_layers, layout.name, index)
+                    for index, (layout, plan) in enumerate(zip(layouts, plans, strict=True)))
+    winner: tuple[float, str, int, SimResult] | None = None
+    for floor_s, layout_name, index in floors:
+        # A floor within float rounding of the best may still tie it: simulate it.
+        if winner is not None and floor_s > winner[0] * (1 + _FLOOR_SLACK):
+            break
+        result = simulate_layers(plans[index], topology, placement, context.collective,
+                                 num_layers)
+        if winner is None or (result.step_time_s, layout_name) < winner[:2]:
+            winner = (result.step_time_s, layout_name, index, result)
+    assert winner is not None, "candidate_layouts always holds pure Ulysses or pure Ring"
+    result = winner[3]
+    result.simulation = None  # a worker's result must pickle
+    return Choice(layouts[winner[2]], result)
+
+
+# Relative float rounding a step floor may carry above the simulated time it bounds.
+_FLOOR_SLACK = 1e-9
+
+
+__all__ = ["AXES", "Candidate", "Choice", "PlanResult", "best_layouts",
+           "candidate_layouts", "choose_layouts", "rank_layouts", "simulate_step"]

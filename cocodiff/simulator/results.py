@@ -1,0 +1,96 @@
+"""What a simulation says about one plan: step time, exposed communication, traffic per
+link tier, the busiest links."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim import Simulation
+
+
+@dataclass(frozen=True, slots=True)
+class LinkUse:
+    link: tuple[str, str]
+    kind: str
+    utilisation: float  # bytes carried / (capacity x step time)
+
+
+@dataclass(slots=True)
+class SimResult:
+    """One simulated denoising step of one plan."""
+
+    schedule: str
+    num_ranks: int
+    step_time_s: float
+    compute_s: float  # on the slowest rank
+    comm_exposed_s: float  # step time the slowest rank spends waiting for exchanges
+    bytes_by_tier: dict[str, float]
+    busiest_links: list[LinkUse]
+    simulated_ranks: int
+    folded: bool
+    wall_s: float
+    num_flows: int
+    num_events: int
+    exchange_s: float = 0.0  # time the slowest rank has an exchange in flight
+    bound_s: float = 0.0  # the topology's lower bound for the same exchanges
+    step_times_s: list[float] = field(default_factory=list)  # per denoising step
+    # Exchanges (all-to-alls and Ring passes) all ranks start, per denoising step.
+    exchanges_per_step: list[int] = field(default_factory=list)
+    simulation: Simulation | None = field(default=None, repr=False)
+
+    @property
+    def efficiency(self) -> float:
+        """Lower bound over simulated exchange time (1 = as fast as the links allow)."""
+        return self.bound_s / self.exchange_s if self.exchange_s > 0 else 1.0
+
+    @property
+    def comm_share(self) -> float:
+        return self.comm_exposed_s / self.step_time_s if self.step_time_s > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "schedule": self.schedule,
+            "step_time_s": self.step_time_s,
+            "compute_s": self.compute_s,
+            "comm_exposed_s": self.comm_exposed_s,
+            "comm_share": self.comm_share,
+            "bytes_by_tier": dict(self.bytes_by_tier),
+            "busiest_link": (
+                {
+                    "link": "->".join(self.busiest_links[0].link),
+                    "kind": self.busiest_links[0].kind,
+                    "utilisation": self.busiest_links[0].utilisation,
+                }
+                if self.busiest_links
+                else None
+            ),
+            "exchange_s": self.exchange_s,
+            "bound_s": self.bound_s,
+            "efficiency": self.efficiency,
+            "step_times_s": self.step_times_s or [self.step_time_s],
+            "exchanges_per_step": self.exchanges_per_step,
+            "simulated_ranks": self.simulated_ranks,
+            "folded": self.folded,
+            "sim_wall_s": self.wall_s,
+            "sim_flows": self.num_flows,
+            "sim_events": self.num_events,
+        }
+
+
+def busiest_links(simulation: Simulation, step_time_s: float, top: int = 5,
+                   bytes_carried: dict | None = None) -> list[LinkUse]:
+    """The ``top`` links by utilisation; ``bytes_carried`` (link -> bytes) replaces
+    what the simulation's links carried (an extrapolated step's bytes)."""
+    if step_time_s <= 0:
+        return []
+    graph = simulation.topology.graph
+    stats = simulation.network.stats
+    carried = bytes_carried or {link: s.bytes_carried for link, s in stats.items()}
+    uses = [
+        LinkUse(link, graph.edges[link]["kind"],
+                num_bytes / (stats[link].capacity_bytes_per_s * step_time_s))
+        for link, num_bytes in carried.items()
+        if num_bytes > 0
+    ]
+    uses.sort(key=lambda use: use.utilisation, reverse=True)
+    return uses[:top]

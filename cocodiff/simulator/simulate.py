@@ -1,0 +1,339 @@
+"""Executing a plan in the simulator: the SimPy driver of :mod:`cocodiff.plan.executor`.
+
+Every simulated rank is a SimPy process that runs the shared executor; compute steps
+take the cost model's roofline time on the rank's tile, exchanges go through the
+simulated transport as flows on the topology's links.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from cocodiff.layout import ParallelLayout
+from cocodiff.models import ModelSpec
+from cocodiff.plan.executor import run_program
+from cocodiff.plan.steps import Plan, RankProgram
+from cocodiff.schedules import (
+    BASELINE,
+    DEFAULT_OPTIONS,
+    PlanOptions,
+    RankGrid,
+    get_schedule,
+    plan_for_step,
+)
+from cocodiff.schedules.activity import ActivityTrace
+from cocodiff.schedules.tapa import check_chunks
+from cocodiff.simulator.backend import SimBackend, rank_process
+from cocodiff.simulator.bounds import plan_bound_s
+from cocodiff.simulator.results import SimResult, busiest_links
+from sim import Simulation
+from sim.timeline import merged_length
+from topology import TIERS, Placement, Topology
+from transports.sim import (
+    CollectiveModel,
+    SimWorld,
+    collective_model_for,
+)
+
+if TYPE_CHECKING:
+    from cocodiff.plan.file import RunPlan
+
+
+def simulate_plan(
+    plan: Plan,
+    topology: Topology,
+    placement: Placement | None = None,
+    fold: bool | None = None,
+    record_spans: bool = False,
+    collective: CollectiveModel | None = None,
+) -> SimResult:
+    """Run one denoising step of ``plan`` on ``topology``.
+
+    Args:
+        plan: the plan (all ranks).
+        topology: the machine.
+        placement: rank -> tile; node-major over the first ``plan.num_ranks`` tiles
+            by default.
+        fold: simulate node 0 only and fold node-symmetric traffic (exact; see
+            ``transports.sim``). Default: whenever plan and placement allow it.
+        record_spans: keep per-rank compute/comm spans and link intervals on the
+            timeline (for traces and plots).
+        collective: how collectives are carried out beyond the wire; by default the
+            model of the topology's preset (``transports.sim.COLLECTIVE_MODELS``).
+    """
+    wall_start = time.perf_counter()
+    placement = placement or Placement.node_major(topology, plan.num_ranks)
+    if placement.num_ranks != plan.num_ranks:
+        raise ValueError(
+            f"plan has {plan.num_ranks} ranks, placement {placement.num_ranks}"
+        )
+    fold_nodes = _fold_period_nodes(plan, topology, placement)
+    if fold is None:
+        fold = fold_nodes is not None
+    elif fold and fold_nodes is None:
+        raise ValueError("this plan and placement are not node-symmetric; cannot fold")
+    simulation = Simulation(topology, record_link_intervals=record_spans)
+    collective = collective or collective_model_for(topology.spec.name)
+    world = SimWorld(simulation, placement, fold_nodes=fold_nodes if fold else None,
+                     collective=collective)
+    finish_s: dict[int, float] = {}
+    backends: dict[int, SimBackend] = {}
+    for rank in world.simulated_ranks:
+        backend = SimBackend(world.transport(rank), placement.tile_of(rank), record_spans)
+        backends[rank] = backend
+        simulation.env.process(
+            rank_process(simulation, run_program(plan.program(rank), backend), rank, finish_s,
+                         backend)
+        )
+    simulation.run()
+    missing = [rank for rank in world.simulated_ranks if rank not in finish_s]
+    if missing:
+        raise RuntimeError(f"ranks {missing[:8]} never finished: a collective was not matched")
+    slowest = max(finish_s, key=lambda rank: finish_s[rank])
+    step_time_s = finish_s[slowest]
+    compute_s = backends[slowest].compute_s
+    if record_spans:
+        simulation.record_link_spans()
+    return SimResult(
+        schedule=plan.schedule,
+        num_ranks=plan.num_ranks,
+        step_time_s=step_time_s,
+        compute_s=compute_s,
+        comm_exposed_s=max(0.0, step_time_s - compute_s),
+        bytes_by_tier={tier: world.bytes_by_tier[tier] for tier in TIERS},
+        busiest_links=busiest_links(simulation, step_time_s),
+        simulated_ranks=len(world.simulated_ranks),
+        folded=world.folded,
+        wall_s=time.perf_counter() - wall_start,
+        num_flows=simulation.network.num_flows_started,
+        num_events=simulation.env.events_processed,
+        # Concurrent exchanges (V-First) count once: the time any exchange is in flight.
+        exchange_s=merged_length(backends[slowest].exchange_intervals),
+        # Folding simulates one period of node-symmetric ranks: the others start as many.
+        exchanges_per_step=[sum(b.exchanges_started for b in backends.values())
+                            * plan.num_ranks // len(world.simulated_ranks)],
+        simulation=simulation,
+    )
+
+
+def _with_layers(plan: Plan, num_layers: int) -> Plan:
+    return replace(plan, programs=tuple(RankProgram(p.rank, p.layers[:num_layers])
+                                        for p in plan.programs))
+
+
+def _repeats_one_layer(plan: Plan) -> bool:
+    """Whether every layer of every rank is the same object (schedulers share it)."""
+    return all(all(layer is p.layers[0] for layer in p.layers) for p in plan.programs)
+
+
+def simulate_layers(
+    plan: Plan,
+    topology: Topology,
+    placement: Placement | None = None,
+    collective: CollectiveModel | None = None,
+    num_layers: int | None = None,
+) -> SimResult:
+    """:func:`simulate_plan`'s result for a plan whose layers are all the same, from a
+    one-layer and a two-layer simulation.
+
+    Every layer ends with exchanges that resynchronise the ranks, so everything a step
+    accumulates is affine in its number of layers ``L`` after the first:
+    ``x(L) = x(1) + (L - 1) * (x(2) - x(1))`` for the step time, the slowest rank's
+    compute and exchange time, the bytes on every tier and link, and the exchanges
+    started.
+    ``tests/simulator/test_simulate.py`` checks every field against the full simulation. A plan
+    of two layers or fewer, or with layers that differ, is simulated in full. The
+    result holds no :class:`Simulation` (traces and plots need the full one).
+
+    ``num_layers``: the step's layer count when ``plan`` holds only its first layers
+    (at least two, all the same; the planner builds such plans, which is faster).
+    """
+    held = len(plan.program(0).layers)
+    num_layers = num_layers or held
+    repeats = _repeats_one_layer(plan)
+    if num_layers != held and not (repeats and held >= min(num_layers, 2)):
+        raise ValueError(f"a plan of {held} layers stands for {num_layers} only when it "
+                         "repeats one layer at least twice")
+    if num_layers <= 2 or not repeats:
+        return simulate_plan(_with_layers(plan, num_layers) if held != num_layers else plan,
+                             topology, placement, collective=collective)
+    one, two = (simulate_plan(_with_layers(plan, k), topology, placement, collective=collective)
+                for k in (1, 2))
+    extra = num_layers - 1
+
+    def affine(first: float, second: float) -> float:
+        return first + extra * (second - first)
+
+    step_time_s = affine(one.step_time_s, two.step_time_s)
+    compute_s = affine(one.compute_s, two.compute_s)
+    sim_one, sim_two = one.simulation, two.simulation
+    assert sim_one is not None and sim_two is not None  # simulate_plan keeps them
+    links_one, links_two = (
+        {link: s.bytes_carried for link, s in simulation.network.stats.items()}
+        for simulation in (sim_one, sim_two)
+    )
+    return SimResult(
+        schedule=plan.schedule,
+        num_ranks=plan.num_ranks,
+        step_time_s=step_time_s,
+        compute_s=compute_s,
+        comm_exposed_s=max(0.0, step_time_s - compute_s),
+        bytes_by_tier={tier: affine(one.bytes_by_tier[tier], two.bytes_by_tier[tier])
+                       for tier in TIERS},
+        busiest_links=busiest_links(
+            sim_two, step_time_s,
+            bytes_carried={link: affine(links_one[link], num_bytes)
+                           for link, num_bytes in links_two.items()}),
+        simulated_ranks=two.simulated_ranks,
+        folded=two.folded,
+        wall_s=one.wall_s + two.wall_s,
+        num_flows=one.num_flows + two.num_flows,
+        num_events=one.num_events + two.num_events,
+        exchange_s=affine(one.exchange_s, two.exchange_s),
+        exchanges_per_step=[one.exchanges_per_step[0]
+                            + extra * (two.exchanges_per_step[0] - one.exchanges_per_step[0])],
+    )
+
+
+def simulate_schedule(
+    name: str,
+    spec: ModelSpec,
+    topology: Topology,
+    placement: Placement,
+    stream_tokens: Sequence[int],
+    num_steps: int,
+    *,
+    options: PlanOptions = DEFAULT_OPTIONS,
+    collective: CollectiveModel | None = None,
+    record_spans: bool = False,
+    with_bound: bool = True,
+    activity: ActivityTrace | None = None,
+    parallel: ParallelLayout | None = None,
+    known: SimResult | None = None,
+) -> SimResult:
+    """Simulate a schedule over a whole generation of ``num_steps`` denoising steps: the
+    run's plan (:func:`cocodiff.plan.file.build_run_plan`, as ``cocodiff plan`` and
+    ``cocodiff run`` make it) through :func:`simulate_run_plan` (``known`` as there)."""
+    from cocodiff.plan.file import build_run_plan
+
+    grid = RankGrid.from_placement(topology, placement)
+    run_plan = build_run_plan(name, spec, grid, stream_tokens, num_steps, options,
+                              parallel=parallel, activity=activity)
+    return simulate_run_plan(run_plan, topology, placement, collective=collective,
+                             record_spans=record_spans, with_bound=with_bound, known=known)
+
+
+def simulate_run_plan(
+    run_plan: RunPlan,
+    topology: Topology,
+    placement: Placement | None = None,
+    *,
+    collective: CollectiveModel | None = None,
+    record_spans: bool = False,
+    with_bound: bool = True,
+    known: SimResult | None = None,
+) -> SimResult:
+    """Simulate every step of a run's plan.
+
+    Steps that share a plan share one simulation (a schedule that does the same thing
+    every step is simulated once; V-Major's, once per distinct cache ratio or recorded
+    step); step times are averaged over the steps (``step_times_s`` lists them all).
+    Each plan is simulated by :func:`simulate_layers` (one and two layers,
+    extrapolated), except the one a trace or plot records (``record_spans``), which
+    runs in full. ``known``: the simulated step of the run's one plan of a schedule that
+    does the same every step, when the caller already has it (the planner simulated it
+    to choose the layout, :class:`cocodiff.simulator.planner.Choice`); then it is not run again.
+
+    Raises:
+        PlanFileError: the plan's rank grid is not where ``placement`` puts the ranks on
+            ``topology``.
+        ScheduleError: more chunks than any message has rows (:func:`check_chunks`:
+            empty chunks change nothing but cost simulated collectives).
+    """
+    from cocodiff.plan.file import PlanFileError
+
+    wall_start = time.perf_counter()
+    placement = placement or Placement.node_major(topology, run_plan.num_ranks)
+    if placement.num_ranks != run_plan.num_ranks:
+        raise PlanFileError(f"the plan has {run_plan.num_ranks} ranks, the machine "
+                            f"{topology.spec.name} with {topology.spec.num_nodes} node(s) "
+                            f"{placement.num_ranks}")
+    grid = RankGrid.from_placement(topology, placement)
+    if grid != run_plan.grid:
+        raise PlanFileError(f"the plan's ranks sit as {_shape(run_plan.grid)} (nodes x GPUs "
+                            f"x tiles), the machine's as {_shape(grid)}")
+    entry = get_schedule(run_plan.schedule)
+    if entry.phased:
+        check_chunks(run_plan.plans[0], run_plan.options.chunks)
+    by_plan: dict[int, SimResult] = {}
+    for index in dict.fromkeys(run_plan.step_plans):
+        plan = run_plan.plans[index]
+        if (known is not None and not entry.step_dependent and len(run_plan.plans) == 1
+                and not record_spans):
+            by_plan[index] = known
+        elif record_spans and not by_plan:  # the trace and the plot show this one
+            by_plan[index] = simulate_plan(plan, topology, placement, collective=collective,
+                                           record_spans=True)
+        else:
+            by_plan[index] = simulate_layers(plan, topology, placement, collective)
+    per_step = [by_plan[index] for index in run_plan.step_plans]
+    # A schedule that does the same every step reports (and averages) that step once, as
+    # it always has.
+    if not entry.step_dependent and len(by_plan) == 1:
+        per_step = per_step[:1]
+    first = per_step[0]
+    result = SimResult(
+        schedule=run_plan.schedule,
+        num_ranks=first.num_ranks,
+        step_time_s=_mean(r.step_time_s for r in per_step),
+        compute_s=_mean(r.compute_s for r in per_step),
+        comm_exposed_s=_mean(r.comm_exposed_s for r in per_step),
+        bytes_by_tier={tier: _mean(r.bytes_by_tier[tier] for r in per_step) for tier in TIERS},
+        busiest_links=first.busiest_links,
+        simulated_ranks=first.simulated_ranks,
+        folded=first.folded,
+        wall_s=0.0,
+        num_flows=sum(r.num_flows for r in by_plan.values()),
+        num_events=sum(r.num_events for r in by_plan.values()),
+        exchange_s=_mean(r.exchange_s for r in per_step),
+        step_times_s=[r.step_time_s for r in per_step],
+        exchanges_per_step=[r.exchanges_per_step[0] for r in per_step],
+        simulation=first.simulation,
+    )
+    if with_bound:
+        # The links' lower bound for the flat baseline's exchanges on the same layout.
+        flat = plan_for_step(BASELINE, run_plan.spec, grid, run_plan.stream_tokens,
+                             run_plan.options, parallel=run_plan.parallel)
+        result.bound_s = plan_bound_s(flat, topology, placement)
+    result.wall_s = time.perf_counter() - wall_start
+    return result
+
+
+def _shape(grid: RankGrid) -> str:
+    return "x".join(map(str, grid.shape))
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def _fold_period_nodes(plan: Plan, topology: Topology, placement: Placement) -> int | None:
+    """The fewest whole nodes after which both the plan and the placement repeat, when
+    fewer than all of them: those nodes are all the simulator needs to run."""
+    if plan.shift_period is None or not placement.is_node_symmetric(topology):
+        return None
+    per_node = placement.ranks_per_node
+    host = topology.spec.host
+    if host is not None and (host.ranks_per_host is None or per_node % host.ranks_per_host):
+        return None  # a host that spans nodes: ranks of every node compete for its cores
+    period_ranks = math.lcm(plan.shift_period, per_node)
+    nodes = placement.num_ranks // per_node
+    period_nodes = period_ranks // per_node
+    if period_nodes >= nodes or nodes % period_nodes:
+        return None
+    return period_nodes

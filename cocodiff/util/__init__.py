@@ -1,0 +1,1 @@
+"""Small utilities every room uses: errors, console, paths, JSON files, atomic writes."""

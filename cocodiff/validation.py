@@ -1,0 +1,402 @@
+"""``cocodiff validate``'s logic: run schedules for real, simulate the same plans, compare.
+
+Every rank of a launch runs each case (a schedule on a parallel layout) round after
+round, the order rotated every round so that no case always follows the same one; each
+run is what ``cocodiff run`` does (load the pipeline, parallelise it, generate, time each
+step between step callbacks). The first step of every run is left out (it builds plans
+and warms caches). The plan each run executed (``runtime.run_plan``, made by
+:func:`cocodiff.plan.file.build_run_plan`) is then simulated on the given topology
+(:func:`cocodiff.simulator.simulate.simulate_run_plan`), so the prediction and the measurement are
+of one plan; ``diffusers`` (diffusers' own context parallelism, which is flat Ulysses) is
+predicted with the flat plan of the same run.
+
+The argument parsing and printing live in :mod:`cocodiff.commands.validate`.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from cocodiff.layout import DEFAULT_ORDER, ParallelLayout
+from cocodiff.util.errors import CocodiffError
+
+PURE = "pure"
+AUTO = "auto"
+PROMPT = "a lighthouse on a cliff at dawn"  # cocodiff run's default
+# Schedules predicted with another schedule's plan: diffusers' context parallelism is
+# flat Ulysses (Q's, K's and V's all-to-alls over all ranks, each waited before the next
+# starts, then the output's), exactly the flat plan.
+PLAN_OF = {"diffusers": "flat"}
+EXACT_ATOL = 1e-5
+PICK_TOLERANCE = 0.05  # the planner's pick counts as right within 5% of the measured best
+T = TypeVar("T")
+_LAYOUT_NAME = re.compile(r"U(\d+)xR(\d+)xB(\d+)(/ring-inner)?")
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One thing to measure: a schedule (or baseline) on a parallel layout.
+
+    Attributes:
+        schedule: a plan schedule's registry name, or a baseline's (``diffusers``).
+        layout: the Ulysses x Ring x batch layout; None: pure Ulysses over every rank.
+    """
+
+    schedule: str
+    layout: ParallelLayout | None = None
+
+    @property
+    def layout_name(self) -> str:
+        return PURE if self.layout is None else self.layout.name
+
+    @property
+    def name(self) -> str:
+        return self.schedule if self.layout is None else f"{self.schedule}@{self.layout.name}"
+
+
+def parse_layout_name(text: str) -> ParallelLayout:
+    """``U4xR2xB1`` or ``U4xR2xB1/ring-inner`` (:attr:`ParallelLayout.name`) -> the layout.
+
+    Raises:
+        CocodiffError: not such a name.
+    """
+    from cocodiff.layout import RING_INNER_ORDER
+
+    match = _LAYOUT_NAME.fullmatch(text)
+    if match is None:
+        raise CocodiffError(f"not a layout name (pure, or U4xR2xB1[/ring-inner]): {text!r}")
+    ulysses, ring, batch = (int(group) for group in match.groups()[:3])
+    order = RING_INNER_ORDER if match.group(4) else DEFAULT_ORDER
+    return ParallelLayout(ulysses, ring, batch, order)
+
+
+def parse_layouts(text: str) -> list[str]:
+    """``--layouts``: ``auto``, or ``pure`` and layout names, comma-separated (checked)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise CocodiffError("--layouts names no layout")
+    if AUTO in names and len(names) > 1:
+        raise CocodiffError(f"--layouts auto chooses the layouts itself; got {text!r}")
+    for name in names:
+        if name not in (AUTO, PURE):
+            parse_layout_name(name)
+    return names
+
+
+def parse_schedules(text: str) -> list[str]:
+    """``--schedules``: plan schedules and baselines, comma-separated, each once."""
+    from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.schedules import get_schedule
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise CocodiffError("--schedules names no schedule")
+    for name in names:
+        if name not in BASELINES:
+            try:
+                get_schedule(name)
+            except ValueError as error:
+                raise CocodiffError(f"{error}, or a baseline: {', '.join(BASELINES)}") from None
+    if len(set(names)) != len(names):
+        raise CocodiffError(f"--schedules names a schedule twice: {text}")
+    return names
+
+
+def make_cases(schedules: Sequence[str], layout_names: Sequence[str], num_ranks: int,
+               num_heads: int) -> list[Case]:
+    """The cases to run. ``auto``: pure Ulysses where the heads split over every rank,
+    else every batch-1 layout the planner considers (both placements). A layout without a
+    Ulysses exchange (Ulysses degree 1) runs its first plan schedule only: every schedule
+    makes the same plan there. Baselines run pure Ulysses only.
+
+    Raises:
+        CocodiffError: a layout that does not hold ``num_ranks`` ranks or splits more
+            heads than the model has; nothing left to run.
+    """
+    from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.simulator.planner import candidate_layouts
+
+    if list(layout_names) == [AUTO]:
+        layouts: list[ParallelLayout | None] = (
+            [None] if num_ranks <= num_heads else list(candidate_layouts(num_ranks, num_heads, 1)))
+    else:
+        layouts = [None if name == PURE else parse_layout_name(name) for name in layout_names]
+    for layout in layouts:
+        if layout is None:
+            if num_ranks > num_heads:
+                raise CocodiffError(f"pure Ulysses over {num_ranks} ranks cannot split the "
+                                    f"model's {num_heads} heads; give --layouts auto or "
+                                    "Ulysses x Ring layouts")
+            continue
+        if layout.num_ranks != num_ranks:
+            raise CocodiffError(f"layout {layout.name} holds {layout.num_ranks} ranks, the "
+                                f"launch has {num_ranks}")
+        if layout.ulysses > num_heads:
+            raise CocodiffError(f"layout {layout.name}: Ulysses degree {layout.ulysses} is "
+                                f"more than the model's {num_heads} heads")
+    plan_schedules = [name for name in schedules if name not in BASELINES]
+    cases = []
+    for layout in layouts:
+        if layout is None or layout.is_pure_ulysses:
+            cases += [Case(name, layout) for name in schedules]
+        elif layout.ulysses == 1:
+            cases += [Case(name, layout) for name in plan_schedules[:1]]
+        else:
+            cases += [Case(name, layout) for name in plan_schedules]
+    if not cases:
+        raise CocodiffError("nothing to run: baselines run pure Ulysses only; add a plan "
+                            "schedule or a pure layout")
+    return cases
+
+
+def round_order(cases: Sequence[T], round_index: int) -> list[T]:
+    """Round ``round_index``'s order: the cases rotated by the round's number."""
+    shift = round_index % len(cases)
+    return [*cases[shift:], *cases[:shift]]
+
+
+@dataclass(slots=True)
+class Generation:
+    """What one run on one rank gives back.
+
+    Attributes:
+        step_times_s: every step's time (callback to callback; the first from the start).
+        comm_s: the seconds this rank waited for exchanges (None: not exposed).
+        run_plan: the plan the runtime executed (None for a baseline).
+        latents: the final latents (run_pipeline's, unpacked).
+    """
+
+    step_times_s: list[float]
+    comm_s: float | None
+    run_plan: Any
+    latents: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RunSetup:
+    """What every run of a validation shares.
+
+    Attributes:
+        model: a tiny model's name or a diffusers directory.
+        dtype: the pipeline's torch dtype.
+        steps: denoising steps per run.
+        size: (width, height, frames).
+        text_tokens: the prompt length a tiny model uses (None: the pipeline's default).
+        grid: where the ranks sit (a :class:`~cocodiff.schedules.RankGrid`).
+        seed: the initial noise's seed.
+    """
+
+    model: str
+    dtype: Any
+    steps: int
+    size: tuple[int, int, int]
+    text_tokens: int | None
+    grid: Any
+    seed: int = 0
+
+
+def generate(setup: RunSetup, transport, case: Case,
+             on_step: Callable[[], None] | None = None) -> Generation:
+    """Run ``case`` once on this rank (every rank calls it with the same case), as
+    ``cocodiff run`` would: a fresh pipeline, parallelised, one generation.
+
+    Raises:
+        CocodiffError: the runtime refuses the case (the same on every rank, before any
+            collective): e.g. diffusers' baseline over MPI.
+    """
+    import torch
+
+    from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.runtime.parallel import parallelize
+    from cocodiff.runtime.pipelines import load_pipeline, run_pipeline
+
+    pipe = load_pipeline(setup.model, setup.dtype)
+    if case.schedule in BASELINES:
+        runtime = BASELINES[case.schedule](pipe, transport)
+    elif case.layout is not None and not case.layout.is_pure_ulysses:
+        from cocodiff.runtime.hybrid import parallelize_hybrid
+
+        runtime = parallelize_hybrid(pipe, transport, case.schedule, case.layout, setup.grid)
+    else:
+        runtime = parallelize(pipe, transport, case.schedule, setup.grid)
+    step_times: list[float] = []
+    transport.barrier()  # every rank starts the run together
+    last = time.perf_counter()
+
+    def step_done(done: int, total: int) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        step_times.append(now - last)
+        last = now
+        if on_step is not None:
+            on_step()
+
+    start_generation = getattr(runtime, "start_generation", None)
+    if start_generation is not None:  # V-Major's ratio schedule spans the steps
+        start_generation(setup.steps)
+    width, height, frames = setup.size
+    with torch.no_grad():
+        latents = run_pipeline(pipe, PROMPT, setup.steps, width, height, frames, setup.seed,
+                               step_done, max_sequence_length=setup.text_tokens)
+    generation = Generation(step_times, runtime.comm_s, getattr(runtime, "run_plan", None),
+                            latents.detach().cpu())
+    del pipe, runtime
+    gc.collect()
+    return generation
+
+
+def reference_latents(setup: RunSetup):
+    """One single-process generation (no parallelism) in this process: the reference the
+    exact schedules' final latents must equal."""
+    import torch
+
+    from cocodiff.runtime.pipelines import load_pipeline, run_pipeline
+
+    pipe = load_pipeline(setup.model, setup.dtype)
+    width, height, frames = setup.size
+    with torch.no_grad():
+        latents = run_pipeline(pipe, PROMPT, setup.steps, width, height, frames, setup.seed,
+                               None, max_sequence_length=setup.text_tokens)
+    return latents.detach().cpu()
+
+
+@dataclass(slots=True)
+class Measurements:
+    """Every run of every case on rank 0, in the order they ran."""
+
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    plans: dict[Case, Any] = field(default_factory=dict)  # the plan each case executed
+    first_latents: dict[Case, Any] = field(default_factory=dict)  # round 1's
+
+    def add(self, case: Case, round_index: int, generation: Generation) -> None:
+        self.runs.append({"schedule": case.schedule, "layout": case.layout_name,
+                          "round": round_index, "step_times_s": generation.step_times_s,
+                          "comm_s": generation.comm_s})
+        if generation.run_plan is not None:
+            self.plans.setdefault(case, generation.run_plan)
+        self.first_latents.setdefault(case, generation.latents)
+
+    def medians(self, case: Case) -> list[float]:
+        """Each run's median step, the first step left out."""
+        return [statistics.median(run["step_times_s"][1:]) for run in self.runs
+                if (run["schedule"], run["layout"]) == (case.schedule, case.layout_name)]
+
+
+def predicted_plan(case: Case, measurements: Measurements):
+    """The plan the simulator runs for ``case``: the one it executed, or for a baseline
+    the flat plan its pure-Ulysses peers executed (None when none ran)."""
+    from cocodiff.plan.file import build_run_plan
+    from cocodiff.schedules import PlanOptions
+
+    if case in measurements.plans:
+        return measurements.plans[case]
+    plan_schedule = PLAN_OF.get(case.schedule)
+    peer = next((plan for other, plan in measurements.plans.items()
+                 if other.layout is None or other.layout.is_pure_ulysses), None)
+    if plan_schedule is None or peer is None:
+        return None
+    options = PlanOptions(dtype=peer.options.dtype, batch=peer.options.batch)
+    return build_run_plan(plan_schedule, peer.spec, peer.grid, peer.stream_tokens,
+                          peer.num_steps, options, resolution=peer.resolution,
+                          frames=peer.frames)
+
+
+def predict_step_s(run_plan, topology, collective) -> dict[str, Any]:
+    """The simulated step of ``run_plan``, averaged over the steps that are measured (all
+    but the first), with its compute and exposed communication."""
+    from cocodiff.simulator.simulate import simulate_run_plan
+
+    result = simulate_run_plan(run_plan, topology, collective=collective, with_bound=False)
+    steps = result.step_times_s[1:] if len(result.step_times_s) > 1 else result.step_times_s
+    return {"predicted_step_s": statistics.fmean(steps),
+            "predicted_compute_s": result.compute_s,
+            "predicted_comm_exposed_s": result.comm_exposed_s}
+
+
+def summarise(cases: Sequence[Case], measurements: Measurements, topology, collective,
+              reference=None) -> dict[str, Any]:
+    """The rows (measured, predicted, error), the planner's pick and the measured best.
+
+    The planner's pick is the plan-schedule row the simulator predicts fastest (what
+    ``cocodiff plan`` would choose among the cases run); the measured best is the
+    fastest row measured, baselines included. ``reference``: single-process final
+    latents; each row then gets its round-1 latents' max abs difference from them.
+    """
+    from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.schedules import get_schedule
+
+    rows = []
+    for case in cases:
+        if case.name in measurements.skipped:
+            continue
+        medians = measurements.medians(case)
+        measured = statistics.median(medians)
+        row: dict[str, Any] = {
+            "schedule": case.schedule, "layout": case.layout_name,
+            "measured_step_s": measured, "min_step_s": min(medians),
+            "max_step_s": max(medians), "round_medians_s": medians,
+        }
+        comm = [run["comm_s"] for run in measurements.runs
+                if (run["schedule"], run["layout"]) == (case.schedule, case.layout_name)
+                and run["comm_s"] is not None]
+        if comm:
+            row["comm_s"] = statistics.median(comm)
+        run_plan = predicted_plan(case, measurements)
+        if run_plan is not None:
+            row.update(predict_step_s(run_plan, topology, collective))
+            row["predicted_with_plan"] = run_plan.schedule
+            row["plan_sha256"] = run_plan.sha256
+            row["error"] = row["predicted_step_s"] / measured - 1
+        else:
+            row.update(predicted_step_s=None, error=None)
+        if reference is not None and case in measurements.first_latents:
+            diff = float((measurements.first_latents[case].float() - reference.float())
+                         .abs().max())
+            exact = case.schedule in BASELINES or not get_schedule(case.schedule).step_dependent
+            row.update(max_abs_diff=diff, exact_schedule=exact,
+                       exact=diff <= EXACT_ATOL if exact else None)
+        rows.append(row)
+    return {"rows": rows, **pick_against_best(rows), **error_summary(rows)}
+
+
+def pick_against_best(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The planner's pick (least predicted step among plan schedules), the measured best
+    (least measured step), and how much slower the pick measured than the best."""
+    from cocodiff.runtime.baseline import BASELINES
+
+    def brief(row: dict[str, Any]) -> dict[str, Any]:
+        return {key: row[key] for key in ("schedule", "layout", "measured_step_s",
+                                          "predicted_step_s")}
+
+    planned = [row for row in rows if row["schedule"] not in BASELINES
+               and row["predicted_step_s"] is not None]
+    if not rows:
+        return {"planner_pick": None, "measured_best": None}
+    best = min(rows, key=lambda row: row["measured_step_s"])
+    if not planned:
+        return {"planner_pick": None, "measured_best": brief(best)}
+    pick = min(planned, key=lambda row: row["predicted_step_s"])
+    gap = pick["measured_step_s"] / best["measured_step_s"] - 1
+    return {"planner_pick": brief(pick), "measured_best": brief(best),
+            "pick_slower_than_best": gap, "pick_within_5pct": gap <= PICK_TOLERANCE}
+
+
+def error_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Median |error| and the fraction of rows within 15% and 20%."""
+    errors = [abs(row["error"]) for row in rows if row.get("error") is not None]
+    if not errors:
+        return {}
+    return {"median_abs_error": statistics.median(errors),
+            "within_15pct": sum(e <= 0.15 for e in errors) / len(errors),
+            "within_20pct": sum(e <= 0.20 for e in errors) / len(errors)}
+
+
+def layouts_json(cases: Sequence[Case]) -> list[str]:
+    return list(dict.fromkeys(case.layout_name for case in cases))

@@ -1,0 +1,72 @@
+"""The emulated-cluster benchmark (bench/emulated_speedup.py) end to end, at a tiny size:
+one 2 x 2 cluster at 1 Gbit/s, calibrated, then `cocodiff validate` across it (every
+schedule and diffusers' context parallelism, the float32 equality check and the
+simulator's predictions).
+
+Needs root with ``ip`` and ``tc`` (skipped otherwise, as tests/emulated/test_emulated_cluster.py).
+Asserts what the report contains, never a time or a speedup."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from test_emulated_cluster import _REASON  # noqa: E402
+
+from bench import emulated_speedup  # noqa: E402
+
+SCHEDULES = ["flat", "tapa", "vfirst", "cocodiff", "diffusers"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.skipif(_REASON is not None, reason=f"emulated cluster: {_REASON}")
+def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, capsys):
+    report_path = tmp_path / "report.json"
+    code = emulated_speedup.main([
+        "--configs", "2x2@1", "--schedules", ",".join(SCHEDULES), "--repeats", "1",
+        "--steps", "2", "--quick-calibration", "--heads", "4", "--head-dim", "16",
+        "--layers", "1", "--single-layers", "1", "--resolution", "128",
+        "--json", str(report_path), "--plot", str(tmp_path / "plot.png"),
+    ])
+    assert code == 0, capsys.readouterr().err[-3000:]
+    report = json.loads(report_path.read_text())
+    (config,) = report["configs"]
+    assert config["config"]["model"]["heads"] * config["config"]["model"]["head_dim"] == 64
+    summary, skipped = config["summary"], config["validate"]["skipped"]
+    assert not skipped
+    assert set(summary) == set(SCHEDULES)
+    for name, row in summary.items():
+        assert row["measured_step_s"] > 0 and row["min_step_s"] > 0, name
+        assert row["predicted_step_s"] > 0, name
+        assert row["error"] == pytest.approx(row["predicted_step_s"] / row["measured_step_s"] - 1)
+    assert summary["diffusers"]["predicted_with_plan"] == "flat"
+    equality = config["equality"]
+    assert equality["passed"], equality
+    assert set(equality["checked"]) == {"flat@pure", "tapa@pure", "vfirst@pure",
+                                        "diffusers@pure"}
+    assert all(row["max_abs_diff"] <= 1e-5 for row in summary.values() if row["exact"])
+    assert report["rows"] == len(SCHEDULES)
+    assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--configs", "2x2"], "--configs item '2x2' is not NODESxRANKS@GBIT"),
+        (["--configs", "2x0@1"], "--configs item '2x0@1' is not NODESxRANKS@GBIT"),
+        (["--schedules", "flat,nope"], "unknown schedule"),
+        (["--configs", "missing.json"], "--configs missing.json"),
+        (["--steps", "1"], "--steps must be at least 2"),
+    ],
+)
+def test_bad_input_is_one_line(argv, message, capsys):
+    assert emulated_speedup.main(argv) == 1
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

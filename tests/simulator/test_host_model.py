@@ -1,0 +1,135 @@
+"""The host model in closed form: ranks and their exchanges' CPU work share a host's cores
+(processor sharing, each task at most one core)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cocodiff.cost import Cost
+from cocodiff.plan.steps import Compute, Exchange, HeadSplit, LayerPlan, Plan, RankProgram, Wait
+from cocodiff.simulator.simulate import simulate_plan
+from topology import HostSpec, build_topology
+from topology.presets import cluster
+
+TFLOPS = 1.0
+COMPUTE_S = 0.010  # every compute below: 1e10 FLOPs at 1 TF/s
+
+
+def machine(num_ranks: int, host: HostSpec | None):
+    """One node of ``num_ranks`` ranks whose links cost nothing worth measuring (1 EB/s-ish,
+    0 us): only compute and CPU work take time."""
+    spec = cluster(num_nodes=1, ranks_per_node=num_ranks, intra_gbps=1e8, intra_latency_us=0.0,
+                   tile_tflops=TFLOPS, tile_memory_gbps=1e8)
+    # Not named "cluster": that preset's collective model adds a set-up per transfer.
+    return build_topology(dataclasses.replace(spec, name="host-test", host=host))
+
+
+def compute() -> Compute:
+    return Compute("mlp", Cost(flops=COMPUTE_S * TFLOPS * 1e12, memory_bytes=0.0))
+
+
+def exchange(num_ranks: int) -> Exchange:
+    rows = (1,) * num_ranks
+    return Exchange("v", tuple(range(num_ranks)), rows, rows, 8, "scatter_heads")
+
+
+def plan_of(steps_by_rank: list[tuple]) -> Plan:
+    num_ranks = len(steps_by_rank)
+    programs = tuple(RankProgram(rank, (LayerPlan((), tuple(steps), ()),))
+                     for rank, steps in enumerate(steps_by_rank))
+    layout = HeadSplit(num_ranks, num_ranks, (1,) * num_ranks, 8)
+    return Plan("flat", "test", layout, programs, shift_period=None)
+
+
+def step_s(plan: Plan, host: HostSpec | None) -> float:
+    return simulate_plan(plan, machine(plan.num_ranks, host), fold=False).step_time_s
+
+
+def computing(num_ranks: int) -> Plan:
+    return plan_of([(compute(),)] * num_ranks)
+
+
+def test_four_ranks_on_two_cores_take_twice_as_long_as_one() -> None:
+    one = step_s(computing(1), HostSpec(cores=2))
+    assert one == pytest.approx(COMPUTE_S, rel=1e-9)
+    assert step_s(computing(4), HostSpec(cores=2)) == pytest.approx(2 * one, rel=1e-9)
+    # The time a rank computes is what its compute took, sharing included: no time is
+    # passed off as exposed communication.
+    result = simulate_plan(computing(4), machine(4, HostSpec(cores=2)), fold=False)
+    assert result.compute_s == pytest.approx(2 * COMPUTE_S, rel=1e-9)
+    assert result.comm_exposed_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_two_ranks_on_two_cores_take_as_long_as_one() -> None:
+    assert step_s(computing(2), HostSpec(cores=2)) == pytest.approx(COMPUTE_S, rel=1e-9)
+
+
+def test_ranks_per_host_splits_the_ranks_over_hosts() -> None:
+    # 4 ranks, 2 per host of 1 core: each host runs 2 computes on 1 core.
+    host = HostSpec(cores=1, ranks_per_host=2)
+    assert step_s(computing(4), host) == pytest.approx(2 * COMPUTE_S, rel=1e-9)
+
+
+def test_accelerator_ranks_do_not_compute_on_the_host() -> None:
+    host = HostSpec(cores=1, compute_core_demand=0.0)
+    assert step_s(computing(4), host) == pytest.approx(COMPUTE_S, rel=1e-9)
+
+
+def test_exchange_cpu_delays_a_concurrent_compute_by_the_shared_amount() -> None:
+    # Two ranks on two cores each start an exchange (one message each way, 2 ms of CPU
+    # to send and 2 ms to receive), compute 10 ms, then wait. The cores never idle, so
+    # the step is all CPU work over the cores: (2 x 10 + 2 ranks x 2 x 2) / 2 = 14 ms,
+    # where without message costs the computes run alone in 10 ms.
+    message_cpu_us = 2000.0
+    plan = plan_of([(exchange(2), compute(), Wait("v"))] * 2)
+    free = step_s(plan, HostSpec(cores=2))
+    assert free == pytest.approx(COMPUTE_S, rel=1e-6)
+    charged = step_s(plan, HostSpec(cores=2, message_cpu_us=message_cpu_us))
+    work_s = 2 * COMPUTE_S + 2 * 2 * message_cpu_us * 1e-6
+    assert charged == pytest.approx(work_s / 2, rel=1e-6)
+
+
+def test_bytes_cost_cpu_at_the_copy_rate() -> None:
+    # One rank exchanging with an idle peer: 1e6 bytes sent and received at 1 GB/s per
+    # core is 2 ms of CPU per rank; with a core each, the exchange takes those 2 ms.
+    rows = 1000
+    big = Exchange("v", (0, 1), (0, rows), (0, rows), 1000, "scatter_heads")
+    peer = Exchange("v", (0, 1), (rows, 0), (rows, 0), 1000, "scatter_heads")
+    plan = plan_of([(big, Wait("v")), (peer, Wait("v"))])
+    assert step_s(plan, HostSpec(cores=2, copy_gbps=1.0)) == pytest.approx(2e-3, rel=1e-6)
+    # Sharing one core, the two ranks' copies take twice as long.
+    assert step_s(plan, HostSpec(cores=1, copy_gbps=1.0)) == pytest.approx(4e-3, rel=1e-6)
+
+
+def test_busy_poll_takes_a_core_while_sleeping_waits_do_not() -> None:
+    # Rank 0 computes 10 ms, then exchanges; rank 1 posts at once and waits for it. On one
+    # core, a sleeping wait leaves rank 0 the core (10 ms); a spinning one halves it (20 ms).
+    plan = plan_of([(compute(), exchange(2), Wait("v")), (exchange(2), Wait("v"))])
+    assert step_s(plan, HostSpec(cores=1)) == pytest.approx(COMPUTE_S, rel=1e-6)
+    assert step_s(plan, HostSpec(cores=1, busy_poll=True)) == pytest.approx(2 * COMPUTE_S,
+                                                                            rel=1e-6)
+    # With a core to spare, the spinning rank costs the computing one nothing.
+    assert step_s(plan, HostSpec(cores=2, busy_poll=True)) == pytest.approx(COMPUTE_S, rel=1e-6)
+
+
+def test_a_free_host_changes_nothing() -> None:
+    # A host whose ranks compute on their own devices and handle messages for free is
+    # today's simulator, to the bit (every schedule, folded or not).
+    from cocodiff.models import REGISTRY
+    from cocodiff.simulator.simulate import simulate_schedule
+    from topology import Placement
+
+    spec = cluster(num_nodes=2, ranks_per_node=2)
+    free = dataclasses.replace(spec, host=HostSpec(cores=1, ranks_per_host=2,
+                                                   compute_core_demand=0.0))
+    for schedule in ("flat", "tapa", "cocodiff"):
+        results = []
+        for machine_spec in (spec, free):
+            topology = build_topology(machine_spec)
+            results.append(simulate_schedule(schedule, REGISTRY["flux1-dev"], topology,
+                                             Placement.node_major(topology), (256, 64), 2))
+        without, with_host = results
+        assert with_host.step_times_s == without.step_times_s
+        assert with_host.bytes_by_tier == without.bytes_by_tier

@@ -1,0 +1,83 @@
+"""The planner (cocodiff.simulator.planner): which layouts it considers, that its layer
+extrapolation is the full simulation, and that it ranks what it simulates."""
+
+from __future__ import annotations
+
+import pytest
+
+from cocodiff.layout import ParallelLayout
+from cocodiff.models import REGISTRY
+from cocodiff.schedules import RankGrid
+from cocodiff.schedules.hybrid import plan_hybrid
+from cocodiff.simulator.planner import candidate_layouts, rank_layouts, simulate_step
+from cocodiff.simulator.simulate import simulate_plan
+from topology import Placement, build_topology, get_preset
+
+FLUX = REGISTRY["flux1-dev"]
+PIXART = REGISTRY["pixart-sigma"]  # 16 heads, 28 layers: a quick planner
+
+
+def test_candidates_are_every_valid_layout_once():
+    layouts = candidate_layouts(96, 24)
+    names = [layout.name for layout in layouts]
+    assert len(names) == len(set(names))
+    for layout in layouts:
+        layout.check(96, 24, 1)
+    ulysses = {layout.ulysses for layout in layouts}
+    assert ulysses == {1, 2, 3, 4, 6, 8, 12, 16, 24}
+    # both placements of each mixed layout, one of a pure Ring
+    assert {"U24xR4xB1", "U24xR4xB1/ring-inner", "U1xR96xB1"} <= set(names)
+    assert len(layouts) == 17
+    # a batch of two adds batch-2 layouts
+    assert any(layout.batch == 2 for layout in candidate_layouts(96, 24, batch_size=2))
+
+
+@pytest.mark.parametrize("name", ["flat", "vfirst"])
+def test_layer_extrapolation_is_the_full_simulation(name):
+    topology = build_topology(get_preset("aurora", 2))
+    placement = Placement.node_major(topology)
+    grid = RankGrid.from_placement(topology, placement)
+    plan = plan_hybrid(name, FLUX, grid, (1024, 512), ParallelLayout(12, 2))
+    step_s, compute_s = simulate_step(plan, topology, placement)
+    full = simulate_plan(plan, topology, placement)
+    assert step_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert compute_s == pytest.approx(full.compute_s, rel=1e-9)
+
+
+def test_ranking_is_sorted_and_beats_idle_ranks():
+    topology = build_topology(get_preset("aurora", 4))
+    result = rank_layouts(FLUX, topology, (1024, 512), ("vfirst",))
+    times = [c.step_time_s for c in result.candidates]
+    assert times == sorted(times)
+    best = result.best
+    best.layout.check(48, 24, 1)
+    assert best.step_time_s >= best.compute_s > 0 and best.bound_s > 0
+    # pure Ring (no head exchange) is simulated once, whatever the schedules
+    assert sum(1 for c in result.candidates if c.layout.ulysses == 1) == 1
+
+
+@pytest.mark.parametrize("name", ["flat", "tapa", "vfirst"])
+def test_step_floor_never_exceeds_the_simulation(name):
+    from cocodiff.simulator.bounds import step_floor_s
+    from transports.sim import collective_model_for
+
+    topology = build_topology(get_preset("aurora", 2))
+    placement = Placement.node_major(topology)
+    grid = RankGrid.from_placement(topology, placement)
+    model = collective_model_for("aurora")
+    for layout in candidate_layouts(24, 16):
+        plan = plan_hybrid(name, PIXART, grid, (1024, 512), layout)
+        step_s, _ = simulate_step(plan, topology, placement)
+        assert 0 < step_floor_s(plan, topology, placement, model) <= step_s * (1 + 1e-9)
+
+
+def test_pruned_search_picks_what_the_full_ranking_picks():
+    from cocodiff.simulator.planner import best_layouts
+
+    topology = build_topology(get_preset("aurora", 2))
+    names = ("flat", "vfirst", "cocodiff")  # cocodiff takes vfirst's layout
+    chosen = best_layouts(PIXART, topology, (1024, 512), names, workers=2)
+    assert chosen["cocodiff"] == chosen["vfirst"]
+    for name in ("flat", "vfirst"):
+        ranked = rank_layouts(PIXART, topology, (1024, 512), (name,), with_bounds=False)
+        assert chosen[name] == ranked.best.layout, name

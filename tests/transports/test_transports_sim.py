@@ -1,0 +1,142 @@
+"""The simulated transport: a real backend (protocol, lifecycle) and exact against
+closed forms; node folding gives the same answer as simulating every rank."""
+
+import dataclasses
+
+import pytest
+
+from cocodiff.models import REGISTRY
+from cocodiff.schedules import RankGrid, plan_flat
+from cocodiff.simulator.simulate import simulate_plan
+from sim import Simulation
+from topology import Placement, build_topology, get_preset
+from topology.presets import cluster
+from transports.base import Transport, TransportError, VirtualBuffer
+from transports.sim import SimWorld
+
+
+def make_world(spec, fold=False):
+    topology = build_topology(spec)
+    simulation = Simulation(topology)
+    placement = Placement.node_major(topology)
+    return (
+        SimWorld(simulation, placement, fold_nodes=1 if fold else None),
+        simulation,
+        topology,
+        placement,
+    )
+
+
+def all_to_all_times(world, simulation, num_bytes, group=None):
+    finish = {}
+
+    def rank_process(rank):
+        transport = world.transport(rank)
+        members = group or transport.world
+        if rank not in members.ranks:
+            return
+        size = members.size
+        handle = transport.all_to_all(
+            VirtualBuffer(size, num_bytes), [1] * size, [1] * size, members
+        )
+        yield handle.event
+        handle.wait()
+        finish[rank] = simulation.now
+
+    for rank in world.simulated_ranks:
+        simulation.env.process(rank_process(rank))
+    simulation.run()
+    return finish
+
+
+def test_sim_transport_implements_the_protocol():
+    world, *_ = make_world(cluster(num_nodes=1, ranks_per_node=2))
+    assert isinstance(world.transport(0), Transport)
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_flat_all_to_all_on_one_switch_matches_alpha_beta(ranks):
+    spec = cluster(num_nodes=1, ranks_per_node=ranks, intra_gbps=10.0)
+    world, simulation, topology, placement = make_world(spec)
+    num_bytes = 4_000_000
+    finish = all_to_all_times(world, simulation, num_bytes)
+    route = topology.route(placement.tile_of(0), placement.tile_of(1))
+    alpha = topology.route_latency_us(route) * 1e-6
+    # Every rank's link into the switch carries its P-1 outgoing messages (and the
+    # switch's link to it the P-1 incoming ones), each at B / (P-1).
+    expected = alpha + (ranks - 1) * num_bytes / (spec.gpu_link.bandwidth_gbps * 1e9)
+    assert set(finish) == set(range(ranks))
+    for time_s in finish.values():
+        assert time_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_sub_group_collectives_run_concurrently_and_independently():
+    spec = cluster(num_nodes=1, ranks_per_node=4, intra_gbps=10.0)
+    world, simulation, topology, placement = make_world(spec)
+    finish = {}
+
+    def rank_process(rank):
+        transport = world.transport(rank)
+        group = transport.new_group([0, 1] if rank < 2 else [2, 3])
+        handle = transport.all_to_all(VirtualBuffer(2, 10**6), [1, 1], [1, 1], group)
+        yield handle.event
+        finish[rank] = simulation.now
+
+    for rank in range(4):
+        simulation.env.process(rank_process(rank))
+    simulation.run()
+    route = topology.route(placement.tile_of(0), placement.tile_of(1))
+    expected = topology.route_latency_us(route) * 1e-6 + 10**6 / 10e9
+    assert all(t == pytest.approx(expected, rel=1e-9) for t in finish.values())
+
+
+def test_handle_lifecycle_raises_on_misuse():
+    world, simulation, *_ = make_world(cluster(num_nodes=1, ranks_per_node=2))
+    transport = world.transport(0)
+    handle = transport.all_to_all(VirtualBuffer(2, 8), [1, 1], [1, 1])
+    with pytest.raises(TransportError, match="before its event fired"):
+        handle.wait()
+    world.transport(1).all_to_all(VirtualBuffer(2, 8), [1, 1], [1, 1])
+    simulation.run()
+    assert handle.wait() == VirtualBuffer(2, 8)
+    with pytest.raises(TransportError, match="twice"):
+        handle.wait()
+    with pytest.raises(TransportError, match="splits"):
+        transport.all_to_all(VirtualBuffer(3, 8), [1, 1], [1, 1])
+
+
+@pytest.mark.parametrize(
+    ("spec", "model_name"),
+    [
+        (get_preset("aurora", 2), "flux1-dev"),
+        (cluster(num_nodes=3, ranks_per_node=2), "flux1-dev"),
+        (cluster(num_nodes=4, ranks_per_node=2), "wan21-14b"),
+    ],
+)
+def test_folding_by_node_equals_simulating_every_rank(spec, model_name):
+    topology = build_topology(spec)
+    model = REGISTRY[model_name]
+    streams = (model.image_tokens(512, 512), model.text_tokens)
+    plan = plan_flat(model, RankGrid.line(len(topology.tiles)), streams)
+    full = simulate_plan(plan, topology, fold=False)
+    folded = simulate_plan(plan, topology, fold=True)
+    assert folded.simulated_ranks == spec.gpus_per_node * spec.tiles_per_gpu
+    assert full.simulated_ranks == len(topology.tiles)
+    assert folded.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert folded.compute_s == pytest.approx(full.compute_s, rel=1e-12)
+    for tier, num_bytes in full.bytes_by_tier.items():
+        assert folded.bytes_by_tier[tier] == pytest.approx(num_bytes, rel=1e-12)
+    assert folded.busiest_links[0].utilisation == pytest.approx(
+        full.busiest_links[0].utilisation, rel=1e-9
+    )
+
+
+def test_folding_is_refused_for_plans_that_are_not_node_symmetric():
+    topology = build_topology(cluster(num_nodes=2, ranks_per_node=2))
+    # 7 heads over 4 ranks (1, 2, 2, 2 with the spread split) repeat only every 4 ranks.
+    model = dataclasses.replace(REGISTRY["sd35-large"], num_heads=7)
+    plan = plan_flat(model, RankGrid.line(4), (model.image_tokens(256, 256), model.text_tokens))
+    assert plan.shift_period == 4
+    with pytest.raises(ValueError, match="not node-symmetric"):
+        simulate_plan(plan, topology, fold=True)
+    assert simulate_plan(plan, topology).folded is False
