@@ -183,9 +183,8 @@ _FAMILY_LIST = (
         tiny_models=(
             _tiny("tiny-pixart", "build_pixart", width=128, height=128),
             # 32 x 32 pixels -> 8 x 8 latents -> 64 image tokens (patch size 1).
-            # Trained here; its builder loads the weights that ship with the package.
-            TinyModel("tiny-digits", "cocodiff.runtime.digits:build_digits", width=32, height=32,
-                      prompt="3", vae_scale=4, reader="cocodiff.runtime.digits:DigitReader"),
+            _tiny("tiny-digits", "build_digits", width=32, height=32, prompt="3",
+                  vae_scale=4, reader="cocodiff.runtime.digits:DigitReader"),
         ),
     ),
     ModelFamily(
