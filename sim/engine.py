@@ -59,7 +59,8 @@ class Simulation:
         if self.host is not None:
             per_host = self.host.ranks_per_host or topology.spec.num_tiles
             num_hosts = -(-topology.spec.num_tiles // per_host)
-            self.cpu = Network(self.env, dict.fromkeys(range(num_hosts), self.host.cores),
+            # One "link" per host, named as links are, of its cores' core-seconds per second.
+            self.cpu = Network(self.env, {("host", h): self.host.cores for h in range(num_hosts)},
                                record_intervals=False)
 
     @property
@@ -84,9 +85,10 @@ class Simulation:
         """Run ``work_core_s`` core-seconds of CPU work for global ``rank`` on its host,
         at most ``max_cores`` at once, sharing the host's cores with every other task
         there; records a span on ``track`` when given. Needs a host."""
-        task = FlowBatch.build([([self.host.host_of(rank)], work_core_s, 1, 0.0, (0,))],
+        host, cpu = self._host_cpu(rank)
+        task = FlowBatch.build([([host], work_core_s, 1, 0.0, (0,))],
                                num_owners=1, max_rate=[max_cores])
-        (done,) = self.cpu.start(task)
+        (done,) = cpu.start(task)
         if track is not None:
             start = self.env.now
             done.callbacks.append(
@@ -96,12 +98,20 @@ class Simulation:
     def start_poll(self, rank: int) -> simpy.Event:
         """Keep one core of ``rank``'s host busy until :meth:`stop_poll` (a rank spinning
         on a progress engine while it waits); returns the token to stop it with."""
-        spin = FlowBatch.build([([self.host.host_of(rank)], float("inf"), 1, 0.0, (0,))],
+        host, cpu = self._host_cpu(rank)
+        spin = FlowBatch.build([([host], float("inf"), 1, 0.0, (0,))],
                                num_owners=1, max_rate=[1.0])
-        return self.cpu.start_endless(spin)
+        return cpu.start_endless(spin)
 
     def stop_poll(self, token: simpy.Event) -> None:
+        assert self.cpu is not None, "no host in the topology"
         self.cpu.stop(token)
+
+    def _host_cpu(self, rank: int) -> tuple[int, Network]:
+        """The index of ``rank``'s host among the network of the hosts' cores, and that
+        network (a topology with a host)."""
+        assert self.host is not None and self.cpu is not None, "no host in the topology"
+        return self.host.host_of(rank), self.cpu
 
     def transfer(
         self,

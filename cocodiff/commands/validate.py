@@ -216,7 +216,9 @@ def _validate(args: argparse.Namespace, launch) -> int:
     fault = fault_from_env()  # COCODIFF_FAULT (tests): one rank misbehaves, as in `run`
     transport = create_transport(args.transport, timeout_s=args.timeout)
     try:
-        transport, step_fault = install_faults(fault, transport, launch.rank)
+        faulty, step_fault = install_faults(fault, transport, launch.rank)
+        assert faulty is not None  # a transport given is a transport returned
+        transport = faulty
         agree_on_arguments(transport, [*sys.argv[1:]])
         launched = launched_grid(transport)
         launched_shape = launched.shape if launched is not None else (1, launch.world_size, 1)

@@ -169,10 +169,10 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
                 quality = compare(reference, latents, reference_image, image)
                 record["quality"] = quality.to_json()
                 print(f"quality against the exact plan: {quality.summary()}", flush=True)
-                if tiny and TINY_DEFAULTS[tiny].reader:
-                    reader = load_object(TINY_DEFAULTS[tiny].reader)()
-                    agreement = read_agreement(reader, prompt, reference_image,
-                                               image)
+                reader_name = TINY_DEFAULTS[tiny].reader if tiny else None
+                if reader_name:
+                    agreement = read_agreement(load_object(reader_name)(), prompt,
+                                               reference_image, image)
                     record["quality"]["classifier"] = agreement.to_json()
                     print(agreement.summary(), flush=True)
             if request.record_activity and activity is not None:
