@@ -144,3 +144,25 @@ def test_all_busy_rate_is_reproduced_by_the_simulator() -> None:
     plan = Plan("flat", "test", HeadSplit(4, 4, (1,) * 4, 8), programs, shift_period=None)
     result = simulate_plan(plan, build_topology(dataclasses.replace(spec, name="t")))
     assert result.step_time_s == pytest.approx(flops / 0.01e12, rel=1e-9)
+
+
+def test_a_wire_the_cpu_fully_explains_never_limits_and_calibration_goes_on(monkeypatch):
+    # Measured: once each exchange's CPU is taken out, what is left does not grow with the
+    # size (CPU-bound loopback, seen on this machine); the fit of the rest must not fail.
+    from cocodiff.calibration import measure
+    from cocodiff.calibration.fits import LinkFit, fit_latency_bandwidth
+    from cocodiff.calibration.result import UNCONSTRAINED_FACTOR
+
+    monkeypatch.setattr(measure, "share_fit",
+                        lambda transport, owner, points, source:
+                        fit_latency_bandwidth(points, source))
+    wall = LinkFit(100.0, 2.0, ((1024, 1.1e-4), (1 << 20, 6.2e-4)))
+    flat_rest = [(1024, 104e-6), (65536, 51e-6), (1 << 20, 14e-6), (4 << 20, 51e-6)]
+    wire = measure._wire_fit(None, 0, wall, flat_rest, "measured")
+    assert wire.latency_us == 0.0
+    assert wire.bandwidth_gbps == UNCONSTRAINED_FACTOR * wall.bandwidth_gbps
+    assert "never limits" in wire.source
+    growing = [(1024, 60e-6), (65536, 90e-6), (1 << 20, 600e-6), (4 << 20, 2.2e-3)]
+    fitted = measure._wire_fit(None, 0, wall, growing, "measured")
+    assert fitted.bandwidth_gbps < UNCONSTRAINED_FACTOR * wall.bandwidth_gbps
+    assert fitted.source == "measured, less its CPU"

@@ -29,7 +29,7 @@ from cocodiff.calibration.options import (
     CalibrateOptions,
     CalibrationError,
 )
-from cocodiff.calibration.result import Calibration, HostMeasurement
+from cocodiff.calibration.result import UNCONSTRAINED_FACTOR, Calibration, HostMeasurement
 from cocodiff.runtime.nodes import detect_nodes, node_major_shape
 from topology.presets import machine_cores
 
@@ -105,9 +105,9 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
             cpu = pair_cpu
         # What is left for the links once the CPU is charged on the host (nothing is left
         # to take when waits spin: the spinning is the CPU cost, charged as a busy-poll).
-        wires[name] = fits[name] if cpu.busy_poll else share_fit(
-            transport, group.ranks[0], wire_points(walls, cpu, 2) if walls else [],
-            source + ", less its CPU")
+        wires[name] = fits[name] if cpu.busy_poll else _wire_fit(
+            transport, group.ranks[0], fits[name], wire_points(walls, cpu, 2) if walls else [],
+            source)
     if options.inter_gbps is not None:
         fits["inter"] = LinkFit(options.inter_latency_us, options.inter_gbps, source="given")
         wires["inter"] = fits["inter"]
@@ -158,3 +158,16 @@ def _host_of_ranks(transport, cpu: CpuFit | None) -> HostMeasurement:
             "number of consecutive ranks on every host")
     return HostMeasurement(min(row[1] for row in rows), ranks_per_host, cpu)
 
+
+def _wire_fit(transport, owner: int, wall: LinkFit, points: list[tuple[int, float]],
+              source: str) -> LinkFit:
+    """What a tier's link keeps once the host pays each exchange's CPU. When the CPU
+    explains the wall time at every size (what is left does not grow with the size), the
+    wire never limits the exchange: it gets :data:`UNCONSTRAINED_FACTOR` x the wall-clock
+    rate and no start-up, rather than a failed calibration. Every rank fits the same
+    shared points, so every rank takes the same branch."""
+    try:
+        return share_fit(transport, owner, points, source + ", less its CPU")
+    except CalibrationError:
+        return LinkFit(0.0, UNCONSTRAINED_FACTOR * wall.bandwidth_gbps, wall.points,
+                       source=source + ", all of it CPU: the wire never limits")
