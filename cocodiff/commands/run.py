@@ -135,30 +135,38 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    return run_on_every_rank("run", lambda launch: _run(args, launch))
+
+
+def run_on_every_rank(command: str, body, usage_errors: tuple[type[Exception], ...] = ()
+                      ) -> int:
+    """Run ``body(launch)`` on this rank of a launched job and turn how it ends into the
+    exit code and the one line every rank owes: a user error (``CocodiffError``,
+    ``ValueError``, ``FileNotFoundError`` and ``usage_errors``) once from rank 0, an
+    interruption or a failure (a peer died, a timeout, NaN) on every rank that saw it,
+    the failure also ending the job."""
     from transports.launch import detect_launch
 
     launch = detect_launch()
-    is_root = launch.rank == 0
+    user_errors: tuple[type[Exception], ...] = (CocodiffError, ValueError, FileNotFoundError,
+                                                *usage_errors)
     with raise_on_signals() as signals:
         try:
             try:
-                return _run(args, launch)
+                return body(launch)
             finally:
                 # Once the run is over (done or failing), a signal (the launcher ending
                 # the job) must not interrupt the reporting below with a traceback.
                 signals.disarm()
-        except CocodiffError as error:
-            _report(is_root, str(error))
-            return EXIT_USAGE
-        except (ValueError, FileNotFoundError) as error:
-            _report(is_root, str(error.args[0] if error.args else error))
+        except user_errors as error:
+            _report(command, launch.rank == 0, str(error.args[0] if error.args else error))
             return EXIT_USAGE
         except Interrupted as interrupt:
-            print(f"cocodiff run: rank {launch.rank}: interrupted by {interrupt.signal_name}",
-                  file=sys.stderr, flush=True)
+            print(f"cocodiff {command}: rank {launch.rank}: interrupted by "
+                  f"{interrupt.signal_name}", file=sys.stderr, flush=True)
             return 128 + interrupt.signum
-        except Exception as error:  # a peer died, a timeout, NaN: say so on every rank that saw it
-            print(f"cocodiff run: rank {launch.rank}: {type(error).__name__}: "
+        except Exception as error:  # say so on every rank that saw it
+            print(f"cocodiff {command}: rank {launch.rank}: {type(error).__name__}: "
                   f"{one_line(_first_line(error))}", file=sys.stderr, flush=True)
             end_job_after_failure(launch)
             return EXIT_FAILURE
@@ -174,9 +182,9 @@ def _first_line(error: BaseException) -> str:
 _NON_ROOT_EXIT_DELAY_S = 2.0
 
 
-def _report(is_root: bool, message: str) -> None:
+def _report(command: str, is_root: bool, message: str) -> None:
     if is_root:
-        print(f"cocodiff run: error: {one_line(message)}", file=sys.stderr, flush=True)
+        print(f"cocodiff {command}: error: {one_line(message)}", file=sys.stderr, flush=True)
     else:
         time.sleep(_NON_ROOT_EXIT_DELAY_S)
 

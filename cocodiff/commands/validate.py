@@ -23,20 +23,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cocodiff.commands.run import EXIT_USAGE, MAX_TIMEOUT_S
-from cocodiff.runtime.failures import (
-    EXIT_FAILURE,
-    Interrupted,
-    end_job_after_failure,
-    raise_on_signals,
-)
-from cocodiff.util.errors import CocodiffError, one_line
+from cocodiff.commands.run import MAX_TIMEOUT_S, run_on_every_rank
+from cocodiff.util.errors import CocodiffError
 
 DEFAULT_SCHEDULES = "flat,tapa,vfirst,cocodiff,diffusers"
 DTYPES = ("float32", "bfloat16")
 COLLECTIVE_AUTO = "auto"
-# torchrun ends every rank once one exits non-zero: rank 0 needs time to print first.
-_NON_ROOT_EXIT_DELAY_S = 2.0
 
 
 def add_validate_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
@@ -86,35 +78,8 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    from transports.launch import detect_launch
-
-    launch = detect_launch()
-    with raise_on_signals() as signals:
-        try:
-            try:
-                return _validate(args, launch)
-            finally:
-                signals.disarm()
-        except (CocodiffError, ValueError, FileNotFoundError, KeyError) as error:
-            message = str(error.args[0] if error.args else error)
-            if launch.rank == 0:
-                print(f"cocodiff validate: error: {one_line(message)}", file=sys.stderr,
-                      flush=True)
-            else:
-                import time
-
-                time.sleep(_NON_ROOT_EXIT_DELAY_S)
-            return EXIT_USAGE
-        except Interrupted as interrupt:
-            print(f"cocodiff validate: rank {launch.rank}: interrupted by "
-                  f"{interrupt.signal_name}", file=sys.stderr, flush=True)
-            return 128 + interrupt.signum
-        except Exception as error:  # a peer died, a timeout: say so on every rank that saw it
-            lines = str(error).strip().splitlines()
-            print(f"cocodiff validate: rank {launch.rank}: {type(error).__name__}: "
-                  f"{one_line(lines[0] if lines else '')}", file=sys.stderr, flush=True)
-            end_job_after_failure(launch)
-            return EXIT_FAILURE
+    return run_on_every_rank("validate", lambda launch: _validate(args, launch),
+                             usage_errors=(KeyError,))
 
 
 def _check_arguments(args: argparse.Namespace, launch) -> dict[str, Any]:
