@@ -467,12 +467,13 @@ class SimTransport:
         send_bytes = tuple(rows * send.row_bytes for rows in send_splits)
         received = VirtualBuffer(sum(recv_splits), send.row_bytes)
         host = self.simulation.host
-        if host is None or (host.message_cpu_us == 0 and host.copy_gbps is None):
+        if host is None or not host.exchanges_cost_cpu:
             event = self._world.post_all_to_all(self._rank, group, send_bytes, tag)
             return SimHandle(event, received)
         me = group.group_rank(self._rank)
         recv_bytes = [rows * send.row_bytes for rows in recv_splits]
-        send_cpu_s = host.exchange_cpu_s(*_messages(send_bytes, me))
+        # The call's own work is charged where it starts, before anything is posted.
+        send_cpu_s = host.exchange_cpu_s(*_messages(send_bytes, me), calls=1)
         recv_cpu_s = host.exchange_cpu_s(*_messages(recv_bytes, me))
         sequence = self._world.reserve(self._rank, group, tag)
         process = self.simulation.env.process(

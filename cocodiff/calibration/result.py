@@ -11,6 +11,7 @@ from typing import Any
 
 from cocodiff.calibration.compute import ComputeRates
 from cocodiff.calibration.fits import CpuFit, LinkFit
+from cocodiff.calibration.loaded import CallCpuFit
 from cocodiff.calibration.model_shapes import LayerShapes
 from cocodiff.calibration.options import CalibrateOptions
 
@@ -22,12 +23,18 @@ class HostMeasurement:
     Attributes:
         cores: cores a rank may run on (the fewest over ranks).
         ranks_per_host: consecutive ranks per host; None: every rank on one host.
-        cpu: what an exchange costs a rank's CPU (None when no pair was measured).
+        cpu: what an exchange costs a rank's CPU lined up, the others idle (None when no
+            pair was measured); its copy rate and busy-poll verdict are the host's.
+        loaded: what exchange calls cost with every rank computing and exchanging at once
+            (the host's per-call and per-message CPU); None: see ``loaded_note``.
+        loaded_note: why ``loaded`` is None.
     """
 
     cores: float
     ranks_per_host: int | None
     cpu: CpuFit | None
+    loaded: CallCpuFit | None = None
+    loaded_note: str = ""
 
     def core_share(self, world: int) -> float:
         """Cores each rank's compute gets with every rank of its host computing (the
@@ -43,12 +50,18 @@ class HostMeasurement:
         if cpu is None or cpu.busy_poll:
             return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
                             busy_poll=cpu is not None)
+        if self.loaded is not None:
+            return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
+                            call_cpu_us=self.loaded.call_cpu_us,
+                            message_cpu_us=self.loaded.message_cpu_us, copy_gbps=cpu.copy_gbps)
         return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
                         message_cpu_us=cpu.message_cpu_us, copy_gbps=cpu.copy_gbps)
 
     def to_json(self) -> dict[str, Any]:
         return {"cores": self.cores, "ranks_per_host": self.ranks_per_host,
-                "cpu": None if self.cpu is None else self.cpu.to_json()}
+                "cpu": None if self.cpu is None else self.cpu.to_json(),
+                "loaded": (self.loaded.to_json() if self.loaded is not None
+                           else {"note": self.loaded_note})}
 
 
 @dataclass(slots=True)
@@ -133,6 +146,9 @@ class Calibration:
         cpu = self.host.cpu
         charged = ("nothing per message: waits spin (busy_poll)" if cpu and cpu.busy_poll
                    else "none measured" if cpu is None else
+                   "process CPU time of loops of compute and exchange calls, every rank at "
+                   "once, fitted as calls x call_cpu_us + messages x message_cpu_us; bytes / "
+                   "copy_gbps from the pair exchanges" if self.host.loaded is not None else
                    "process CPU time per pair exchange, fitted as messages x message_cpu_us "
                    "+ bytes / copy_gbps")
         return [
@@ -252,10 +268,19 @@ def summary(result: Calibration, output: Path) -> str:
         text = f"  host: {host.cores:g} cores for {ranks} ranks"
         if cpu is not None:
             copy = "bytes free" if cpu.copy_gbps is None else f"{cpu.copy_gbps:.3g} GB/s per core"
-            text += (f"; exchange CPU {cpu.message_cpu_us:.1f} us per message, {copy} "
-                     f"(CPU {cpu.busy_fraction:.0%} of wall: "
-                     f"{'busy-polls' if cpu.busy_poll else 'sleeps'} while waiting)")
+            spin = ("" if cpu.wait_spin is None
+                    else f"waiting on a late peer burns {cpu.wait_spin:.0%} of a core: ")
+            text += (f"; pair exchange CPU {cpu.message_cpu_us:.1f} us per message, {copy} "
+                     f"({spin}{'busy-polls' if cpu.busy_poll else 'sleeps'} while waiting)")
         lines.append(text)
+        loaded = host.loaded
+        if loaded is not None:
+            lines.append(
+                f"  exchanges under load (every rank computing and exchanging): "
+                f"{loaded.call_cpu_us:.0f} us CPU per call + {loaded.message_cpu_us:.0f} us per "
+                f"message (max fit error {loaded.max_error:.0%}), written to [host]")
+        elif host.loaded_note:
+            lines.append(f"  exchanges under load: {host.loaded_note}")
         for name, fit in (("intra", result.intra_wire), ("inter", result.inter_wire)):
             if fit is not None:
                 lines.append(f"  {name}-node wire (less the CPU): {fit.latency_us:.1f} us + "

@@ -91,6 +91,20 @@ def test_exchange_cpu_delays_a_concurrent_compute_by_the_shared_amount() -> None
     assert charged == pytest.approx(work_s / 2, rel=1e-6)
 
 
+def test_every_exchange_call_pays_its_call_cpu_once() -> None:
+    # Two ranks on one core each make one exchange call (one message each way): 3 ms per
+    # call and 1 ms per message is 3 + 2 x 1 = 5 ms of CPU per rank, 10 ms on the one core.
+    # Two calls (an exchange carried as two phases, say) pay the call twice: 16 ms.
+    host = HostSpec(cores=1, call_cpu_us=3000.0, message_cpu_us=1000.0)
+    once = plan_of([(exchange(2), Wait("v"))] * 2)
+    assert step_s(once, host) == pytest.approx(2 * (3e-3 + 2e-3), rel=1e-6)
+    v, k = exchange(2), dataclasses.replace(exchange(2), tensor="k")
+    twice = plan_of([(v, k, Wait("v"), Wait("k"))] * 2)
+    assert step_s(twice, host) == pytest.approx(2 * (2 * 3e-3 + 4e-3), rel=1e-6)
+    # The call cost alone makes an exchange cost CPU (no message or byte costs needed).
+    assert step_s(once, HostSpec(cores=1, call_cpu_us=3000.0)) == pytest.approx(6e-3, rel=1e-6)
+
+
 def test_bytes_cost_cpu_at_the_copy_rate() -> None:
     # One rank exchanging with an idle peer: 1e6 bytes sent and received at 1 GB/s per
     # core is 2 ms of CPU per rank; with a core each, the exchange takes those 2 ms.
