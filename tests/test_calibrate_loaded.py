@@ -135,3 +135,22 @@ def test_call_shapes_of_a_two_by_two_grid() -> None:
     # One node, or one rank per node: no TAPA phases; two ranks: the world only.
     assert [s.name for s in call_shapes(_Ranks(0, 4), [0, 0, 0, 0])] == ["world", "pairs"]
     assert [s.name for s in call_shapes(_Ranks(0, 2), [0, 1])] == ["world"]
+
+
+def test_simulated_loop_is_the_burst_and_the_calls_cpu_over_the_cores() -> None:
+    # 4 ranks on 2 cores, wires that cost nothing: a loop iteration is every rank's burst
+    # and calls' CPU shared over the cores, the simulator's reading of one loop.
+    from cocodiff.calibration.loaded import predict_loop_s
+    from topology import HostSpec, build_topology
+    from topology.presets import cluster
+
+    host = HostSpec(cores=2, call_cpu_us=500.0, message_cpu_us=50.0)
+    spec = cluster(num_nodes=2, ranks_per_node=2, intra_gbps=1e8, intra_latency_us=0.0,
+                   inter_gbps=1e8, inter_latency_us=0.0, tile_tflops=1.0,
+                   tile_memory_gbps=1e8)
+    topology = build_topology(dataclasses.replace(spec, name="loop-test", host=host))
+    for shape, calls, messages in (("world", 1, 6), ("phases", 2, 4)):
+        loop = LoadedPoint(shape, 2048, calls, messages, messages * 2048, 0.0, 0.0)
+        cpu_s = 1e-3 + (calls * 500 + messages * 50) * 1e-6  # burst + calls, one rank
+        assert predict_loop_s(topology, loop, 1e-3, 2, 2) == pytest.approx(4 * cpu_s / 2,
+                                                                           rel=1e-3)

@@ -118,38 +118,118 @@ class CallCpuFit:
                 "points": [p.to_json() for p in self.points]}
 
 
-def call_shapes(transport, node_of: Sequence[int]) -> list[CallShape]:
-    """The call shapes this world can run (collective: every rank makes every group, in
-    the same order): the world; disjoint pairs ``(2i, 2i+1)`` (one call, fewer messages,
-    so calls and messages can be told apart); TAPA's two phases (this rank's node, then
-    the ranks of the other nodes at its place) when there are several nodes of several
-    ranks."""
-    world, rank = transport.world_size, transport.rank
-    shapes = [CallShape("world", (transport.world,))]
+def shape_groups(name: str, num_nodes: int, per_node: int) -> list[list[tuple[int, ...]]]:
+    """Per call of the shape ``name``, the disjoint groups that every rank's call falls in
+    (node-major ranks: rank ``r`` on node ``r // per_node``)."""
+    world = num_nodes * per_node
+    if name == "world":
+        return [[tuple(range(world))]]
+    if name == "pairs":
+        return [[(r, r + 1) for r in range(0, world, 2)]]
+    if name == "phases":
+        return [[tuple(range(n * per_node, (n + 1) * per_node)) for n in range(num_nodes)],
+                [tuple(n * per_node + i for n in range(num_nodes)) for i in range(per_node)]]
+    raise ValueError(f"unknown call shape {name!r}")
+
+
+def shape_names(num_nodes: int, per_node: int) -> list[str]:
+    """The call shapes a world of ``num_nodes x per_node`` ranks can run: the world;
+    disjoint pairs (one call, fewer messages, so calls and messages can be told apart)
+    when there are more than 2 ranks, evenly; TAPA's two phases (this rank's node, then the
+    ranks at its place on the other nodes) when there are several nodes of several ranks."""
+    world = num_nodes * per_node
+    names = ["world"]
     if world % 2 == 0 and world > 2:
-        pairs = [transport.new_group([r, r + 1]) for r in range(0, world, 2)]
-        shapes.append(CallShape("pairs", (pairs[rank // 2],)))
-    num_nodes = max(node_of) + 1
-    per_node = world // num_nodes
+        names.append("pairs")
     if num_nodes > 1 and per_node > 1:
-        nodes = [transport.new_group([r for r in range(world) if node_of[r] == n])
-                 for n in range(num_nodes)]
-        places = [transport.new_group([n * per_node + i for n in range(num_nodes)])
-                  for i in range(per_node)]
-        shapes.append(CallShape("phases", (nodes[node_of[rank]], places[rank % per_node])))
+        names.append("phases")
+    return names
+
+
+def call_shapes(transport, node_of: Sequence[int]) -> list[CallShape]:
+    """This rank's call shapes (:func:`shape_names`) over ``transport`` (collective: every
+    rank makes every group, in the same order)."""
+    num_nodes = max(node_of) + 1
+    per_node = transport.world_size // num_nodes
+    shapes = []
+    for name in shape_names(num_nodes, per_node):
+        if name == "world":
+            shapes.append(CallShape(name, (transport.world,)))
+            continue
+        mine = []
+        for groups in shape_groups(name, num_nodes, per_node):
+            made = [transport.new_group(list(g)) for g in groups]
+            mine.append(next(g for g in made if transport.rank in g.ranks))
+        shapes.append(CallShape(name, tuple(mine)))
     return shapes
 
 
-def compute_burst(shapes: LayerShapes, dtype: str) -> Callable[[], None]:
-    """A step's compute between two exchanges, roughly: the layer's Q/K/V projections on
-    the rank's local tokens (what precedes the first exchange of every layer)."""
+def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: int,
+                   per_node: int, collective=None) -> float:
+    """The simulator's time for one iteration of ``point``'s loop on ``topology`` (a
+    calibrated one, with its ``[host]``): every rank computes the burst (its CPU seconds
+    at one core), then makes the shape's calls one after the other. What calibrate
+    reports beside each loop, so a reader sees whether the host model reproduces the
+    very microbenchmarks it was fitted on before trusting it on a step."""
+    from cocodiff.cost import Cost
+    from cocodiff.plan.steps import (
+        Compute,
+        Exchange,
+        HeadSplit,
+        LayerPlan,
+        Plan,
+        RankProgram,
+        Wait,
+    )
+    from cocodiff.simulator.simulate import simulate_plan
+
+    world = num_nodes * per_node
+    rows = max(1, point.bytes_per_peer // ROW_BYTES)
+    flops = burst_cpu_s * topology.spec.tile_tflops * 1e12
+    tensors = ("q", "k", "v", "out")
+    programs = []
+    for rank in range(world):
+        steps: list = []
+        for call, groups in enumerate(shape_groups(point.shape, num_nodes, per_node)):
+            group = next(g for g in groups if rank in g)
+            splits = tuple(0 if member == rank else rows for member in group)
+            tensor = tensors[call % len(tensors)]
+            steps += [Exchange(tensor, group, splits, splits, ROW_BYTES, "scatter_heads"),
+                      Wait(tensor)]
+        programs.append(RankProgram(rank, (LayerPlan((Compute("mlp", Cost(flops, 0.0)),),
+                                                     tuple(steps), ()),)))
+    plan = Plan("flat", "calibration-loop", HeadSplit(world, world, (1,) * world, 8),
+                tuple(programs), shift_period=None)
+    return simulate_plan(plan, topology, fold=False, collective=collective).step_time_s
+
+
+def compute_burst(transport, shapes: LayerShapes, dtype: str, target_s: float
+                  ) -> Callable[[], None]:
+    """A step's compute between two exchanges: the layer's Q/K/V projection on the rank's
+    local tokens (what precedes the first exchange of every layer), repeated to take about
+    ``target_s`` of CPU. Every rank repeats it the same number of times (the median of
+    what each measured), so every rank brings the same work to each call."""
     import torch
 
     torch_dtype = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(shapes.local_tokens, shapes.hidden_size, generator=gen).to(torch_dtype)
     w = torch.randn(shapes.hidden_size, 3 * shapes.hidden_size, generator=gen).to(torch_dtype)
-    return lambda: x @ w
+    x @ w  # warm-up
+    cpu_s = []
+    for _ in range(5):
+        began = time.process_time()
+        x @ w
+        cpu_s.append(time.process_time() - began)
+    wanted = target_s / max(statistics.median(cpu_s), 1e-7)
+    repeats = max(1, round(statistics.median(row[0] for row in gather_floats(transport,
+                                                                           [wanted]))))
+
+    def burst() -> None:
+        for _ in range(repeats):
+            x @ w
+
+    return burst
 
 
 def measure_loaded(transport, shapes_of_calls: Sequence[CallShape], sizes_bytes: Sequence[int],

@@ -128,7 +128,7 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
         if "inter" not in table:  # one node: the tier is unused
             table["inter"] = dataclasses.replace(table["intra"], source="unused (1 node)")
 
-    loaded, loaded_note = _loaded_cpu(transport, options, shapes, node_of, cpu)
+    loaded, loaded_note = _loaded_cpu(transport, options, shapes, node_of, cpu, compute)
 
     all_to_all = []
     a2a_sizes = QUICK_ALL_TO_ALL_KIB if options.quick else ALL_TO_ALL_KIB
@@ -151,8 +151,23 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                        load_average=(load_began, _load_average()))
 
 
+# A flat layer makes this many exchange calls (Q, K, V in, the attention's output back).
+EXCHANGES_PER_LAYER = 4
+
+
+def _compute_per_exchange_s(compute: ComputeRates) -> float:
+    """The CPU a rank computes between two exchanges of a step, roughly: one layer's
+    seconds (the real blocks' when timed, else the matrix products') over the exchanges a
+    flat layer makes. The loaded loops put that much compute before each call, so their
+    calls meet the cores as busy as a step's do."""
+    block = compute.block or {}
+    layer_s = block.get("layer_s") or block.get("matmul_rate_layer_s") or sum(
+        compute.op_seconds.values())
+    return layer_s / EXCHANGES_PER_LAYER
+
+
 def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int],
-                cpu: CpuFit | None) -> tuple[CallCpuFit | None, str]:
+                cpu: CpuFit | None, compute: ComputeRates) -> tuple[CallCpuFit | None, str]:
     """What exchange calls cost a rank's CPU with every rank computing and exchanging
     (:mod:`cocodiff.calibration.loaded`), and a note of why not when it is not measured:
     a spinning transport's cost is its spinning (the host model's busy-poll), and without
@@ -162,9 +177,10 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
     if cpu.busy_poll:
         return None, "not measured: waits spin, the spinning is the cost"
     sizes = [kib * 1024 for kib in LOADED_KIB if kib <= options.max_kib]
+    burst = compute_burst(transport, shapes, options.dtype, _compute_per_exchange_s(compute))
     burst_cpu, burst_wall, points = measure_loaded(
-        transport, call_shapes(transport, node_of), sizes,
-        compute_burst(shapes, options.dtype), iterations=10 if options.quick else 20, rounds=3)
+        transport, call_shapes(transport, node_of), sizes, burst,
+        iterations=10 if options.quick else 20, rounds=3)
     try:
         return fit_call_cpu(points, cpu.copy_gbps, burst_cpu, burst_wall), ""
     except CalibrationError as exc:

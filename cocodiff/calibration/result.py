@@ -11,7 +11,7 @@ from typing import Any
 
 from cocodiff.calibration.compute import ComputeRates
 from cocodiff.calibration.fits import CpuFit, LinkFit
-from cocodiff.calibration.loaded import CallCpuFit
+from cocodiff.calibration.loaded import CallCpuFit, predict_loop_s
 from cocodiff.calibration.model_shapes import LayerShapes
 from cocodiff.calibration.options import CalibrateOptions
 
@@ -85,6 +85,8 @@ class Calibration:
     all_to_all: list[dict[str, float]]
     wall_s: float = 0.0
     collective: dict[str, Any] | None = None  # the fitted collective model (rank 0 fits it)
+    # The loaded loops beside the simulator's time for each on the calibrated topology.
+    loops_check: list[dict[str, Any]] | None = None
     host: HostMeasurement | None = None
     intra_wire: LinkFit | None = None
     inter_wire: LinkFit | None = None
@@ -176,6 +178,7 @@ class Calibration:
             "inter": self.inter.to_json(),
             "all_to_all": self.all_to_all,
             "collective": self.collective,
+            "loops_check": self.loops_check,
             "host": None if self.host is None else self.host.to_json(),
             "intra_wire": None if self.intra_wire is None else self.intra_wire.to_json(),
             "inter_wire": None if self.inter_wire is None else self.inter_wire.to_json(),
@@ -231,6 +234,30 @@ def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
         {"span": fit.span, "label": m.label, "ranks": m.ranks, "nodes": m.nodes,
          "bytes_per_rank": m.bytes_per_rank, "measured_s": m.time_s, "fitted_s": fitted}
         for fit in fits for m, fitted in fit.rows]}
+
+
+def check_loops(result: Calibration) -> list[dict[str, Any]]:
+    """Each loaded loop (:mod:`cocodiff.calibration.loaded`) beside what the simulator
+    takes for it on the calibrated topology and collective model: whether the host model
+    reproduces the microbenchmarks it was fitted on (the CPU) and those it was not (the
+    wall time of every rank computing and exchanging at once)."""
+    host = result.host
+    if host is None or host.loaded is None:
+        return []
+    from topology import build_topology
+    from transports.sim import CollectiveModel
+
+    topology = build_topology(result.topology())
+    collective = (CollectiveModel.from_json(result.collective) if result.collective
+                  else None)
+    rows = []
+    for point in host.loaded.points:
+        predicted = predict_loop_s(topology, point, host.loaded.burst_cpu_s, result.num_nodes,
+                                   result.ranks_per_node, collective)
+        rows.append({"shape": point.shape, "bytes_per_peer": point.bytes_per_peer,
+                     "measured_s": point.wall_s, "predicted_s": predicted,
+                     "error": predicted / point.wall_s - 1 if point.wall_s > 0 else None})
+    return rows
 
 
 def summary(result: Calibration, output: Path) -> str:
@@ -294,6 +321,10 @@ def summary(result: Calibration, output: Path) -> str:
 
         model = CollectiveModel.from_json(result.collective)
         lines.append(f"  collective model fitted on these: {model.describe()}")
+    for row in result.loops_check or ():
+        lines.append(f"  loop of compute + {row['shape']} calls, {row['bytes_per_peer'] // 1024} "
+                     f"KiB per peer: measured {row['measured_s'] * 1e3:.2f} ms, simulated "
+                     f"{row['predicted_s'] * 1e3:.2f} ms ({row['error']:+.0%})")
     return "\n".join(lines)
 
 
@@ -304,6 +335,7 @@ def write_outputs(result: Calibration, options: CalibrateOptions) -> None:
 
     spec = result.topology()
     result.collective = fit_calibrated_collective(result)
+    result.loops_check = check_loops(result)
     header = "".join(f"# {line}\n" for line in result.notes())
     atomic_write_text(options.output, header + dump_topology(spec))
     if options.json is not None:
