@@ -154,3 +154,26 @@ def test_simulated_loop_is_the_burst_and_the_calls_cpu_over_the_cores() -> None:
         cpu_s = 1e-3 + (calls * 500 + messages * 50) * 1e-6  # burst + calls, one rank
         assert predict_loop_s(topology, loop, 1e-3, 2, 2) == pytest.approx(4 * cpu_s / 2,
                                                                            rel=1e-3)
+
+
+def test_call_wait_is_what_the_loops_leave_once_the_cpu_is_charged() -> None:
+    # Loops "measured" on a host whose calls wait 700 us on busy cores: the fit, starting
+    # from no wait, finds 700 us again; loops the simulator already matches give 0.
+    from cocodiff.calibration.loaded import predict_loop_s
+    from cocodiff.calibration.result import fit_call_wait
+    from topology import build_topology
+
+    cpu = CpuFit(message_cpu_us=90.0, copy_gbps=3.0, busy_fraction=0.8, wait_spin=0.02)
+    fit = fit_call_cpu(loops(), 3.0, burst_cpu_s=1e-3, burst_wall_s=2e-3)
+    waited = _calibration(HostMeasurement(2.0, None, cpu, fit, call_wait_us=700.0))
+    topology = build_topology(waited.topology())
+    measured = [dataclasses.replace(p, wall_s=predict_loop_s(topology, p, 1e-3, 2, 2))
+                for p in fit.points]
+    loaded = dataclasses.replace(fit, points=tuple(measured))
+    fresh = _calibration(HostMeasurement(2.0, None, cpu, loaded))
+    assert fit_call_wait(fresh) == pytest.approx(700.0, abs=2.0)
+    assert waited.topology().host.call_wait_us == 700.0
+    unwaited = [dataclasses.replace(p, wall_s=p.wall_s / 2) for p in measured]
+    fast = _calibration(HostMeasurement(2.0, None, cpu, dataclasses.replace(
+        fit, points=tuple(unwaited))))
+    assert fit_call_wait(fast) == 0.0

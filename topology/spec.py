@@ -37,7 +37,7 @@ PHYSICAL_RANGE: dict[str, tuple[float, float, str, str]] = {
 }
 
 HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "call_cpu_us", "message_cpu_us",
-               "copy_gbps", "busy_poll")
+               "copy_gbps", "busy_poll", "call_wait_us")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,9 @@ class HostSpec:
             core-ns. ``None``: bytes cost no CPU.
         busy_poll: a rank blocked on an exchange spins on a core until it completes (MPI
             progress engines), instead of sleeping (gloo's waits).
+        call_wait_us: wall time each exchange call takes beyond its CPU and the wire, and
+            costs no CPU: on shared cores, the members of a call are time-sliced, and a
+            call completes only once each has been scheduled again.
     """
 
     cores: float
@@ -77,6 +80,7 @@ class HostSpec:
     copy_gbps: float | None = None
     busy_poll: bool = False
     call_cpu_us: float = 0.0  # last: positional construction keeps its meaning
+    call_wait_us: float = 0.0
 
     def host_of(self, rank: int) -> int:
         """The host of global ``rank``."""
@@ -90,8 +94,9 @@ class HostSpec:
 
     @property
     def exchanges_cost_cpu(self) -> bool:
-        """Whether an exchange draws on the host's cores at all."""
-        return self.call_cpu_us > 0 or self.message_cpu_us > 0 or self.copy_gbps is not None
+        """Whether an exchange costs anything on the host (its cores, or a call's wait)."""
+        return (self.call_cpu_us > 0 or self.message_cpu_us > 0 or self.copy_gbps is not None
+                or self.call_wait_us > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +293,7 @@ def _check_host(host: object, where) -> None:
                   where("host.call_cpu_us"))
     _check_number(host.message_cpu_us, "CPU time per message", "us",
                   where("host.message_cpu_us"))
+    _check_number(host.call_wait_us, "wait per exchange call", "us", where("host.call_wait_us"))
     if host.copy_gbps is not None:
         _check_number(host.copy_gbps, "copy rate", "GB/s", where("host.copy_gbps"),
                       positive=True)

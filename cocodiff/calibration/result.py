@@ -28,6 +28,8 @@ class HostMeasurement:
         loaded: what exchange calls cost with every rank computing and exchanging at once
             (the host's per-call and per-message CPU); None: see ``loaded_note``.
         loaded_note: why ``loaded`` is None.
+        call_wait_us: the wall time a call waits to be scheduled when it completes on a
+            busy host (:func:`fit_call_wait`, from the same loops).
     """
 
     cores: float
@@ -35,6 +37,7 @@ class HostMeasurement:
     cpu: CpuFit | None
     loaded: CallCpuFit | None = None
     loaded_note: str = ""
+    call_wait_us: float = 0.0
 
     def core_share(self, world: int) -> float:
         """Cores each rank's compute gets with every rank of its host computing (the
@@ -53,7 +56,8 @@ class HostMeasurement:
         if self.loaded is not None:
             return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
                             call_cpu_us=self.loaded.call_cpu_us,
-                            message_cpu_us=self.loaded.message_cpu_us, copy_gbps=cpu.copy_gbps)
+                            message_cpu_us=self.loaded.message_cpu_us, copy_gbps=cpu.copy_gbps,
+                            call_wait_us=self.call_wait_us)
         return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
                         message_cpu_us=cpu.message_cpu_us, copy_gbps=cpu.copy_gbps)
 
@@ -61,7 +65,8 @@ class HostMeasurement:
         return {"cores": self.cores, "ranks_per_host": self.ranks_per_host,
                 "cpu": None if self.cpu is None else self.cpu.to_json(),
                 "loaded": (self.loaded.to_json() if self.loaded is not None
-                           else {"note": self.loaded_note})}
+                           else {"note": self.loaded_note}),
+                "call_wait_us": self.call_wait_us}
 
 
 @dataclass(slots=True)
@@ -236,6 +241,49 @@ def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
         for fit in fits for m, fitted in fit.rows]}
 
 
+# The longest wait per call fit_call_wait considers (a scheduler's slice is a few ms).
+MAX_CALL_WAIT_US = 20_000.0
+
+
+def fit_call_wait(result: Calibration) -> float:
+    """The wait per call (``[host] call_wait_us``) that makes the simulator's time of the
+    loaded loops right in the median: what is left of their wall time once every rank's
+    CPU and the wires are charged, because on shared cores a call's members are
+    time-sliced and a call that completes while every core is taken waits to be scheduled.
+    The loops are microbenchmarks (compute and exchange calls), never a step. 0 when the
+    simulator is already at or above the loops' median; found by bisection (the loops'
+    simulated times grow with the wait)."""
+    import statistics
+
+    host = result.host
+    if host is None or host.loaded is None:
+        return 0.0
+    from topology import build_topology
+    from transports.sim import CollectiveModel
+
+    collective = (CollectiveModel.from_json(result.collective) if result.collective
+                  else None)
+    loaded = host.loaded
+
+    def median_error(wait_us: float) -> float:
+        trial = dataclasses.replace(result, host=dataclasses.replace(host, call_wait_us=wait_us))
+        topology = build_topology(trial.topology())
+        return statistics.median(
+            predict_loop_s(topology, point, loaded.burst_cpu_s, result.num_nodes,
+                           result.ranks_per_node, collective) / point.wall_s - 1
+            for point in loaded.points if point.wall_s > 0)
+
+    if median_error(0.0) >= 0:
+        return 0.0
+    low, high = 0.0, MAX_CALL_WAIT_US
+    if median_error(high) < 0:
+        return high
+    while high - low > 1.0:  # to the microsecond
+        middle = (low + high) / 2
+        low, high = (middle, high) if median_error(middle) < 0 else (low, middle)
+    return (low + high) / 2
+
+
 def check_loops(result: Calibration) -> list[dict[str, Any]]:
     """Each loaded loop (:mod:`cocodiff.calibration.loaded`) beside what the simulator
     takes for it on the calibrated topology and collective model: whether the host model
@@ -305,7 +353,9 @@ def summary(result: Calibration, output: Path) -> str:
             lines.append(
                 f"  exchanges under load (every rank computing and exchanging): "
                 f"{loaded.call_cpu_us:.0f} us CPU per call + {loaded.message_cpu_us:.0f} us per "
-                f"message (max fit error {loaded.max_error:.0%}), written to [host]")
+                f"message (max fit error {loaded.max_error:.0%}); a call completing on busy "
+                f"cores waits {host.call_wait_us:.0f} us more (the loops' median): written to "
+                "[host]")
         elif host.loaded_note:
             lines.append(f"  exchanges under load: {host.loaded_note}")
         for name, fit in (("intra", result.intra_wire), ("inter", result.inter_wire)):
@@ -335,6 +385,9 @@ def write_outputs(result: Calibration, options: CalibrateOptions) -> None:
 
     spec = result.topology()
     result.collective = fit_calibrated_collective(result)
+    if result.host is not None:
+        result.host = dataclasses.replace(result.host, call_wait_us=fit_call_wait(result))
+        spec = result.topology()
     result.loops_check = check_loops(result)
     header = "".join(f"# {line}\n" for line in result.notes())
     atomic_write_text(options.output, header + dump_topology(spec))

@@ -147,3 +147,15 @@ def test_a_free_host_changes_nothing() -> None:
         without, with_host = results
         assert with_host.step_times_s == without.step_times_s
         assert with_host.bytes_by_tier == without.bytes_by_tier
+
+
+def test_a_call_completing_on_busy_cores_waits_to_be_scheduled() -> None:
+    # Rank 0 computes 10 ms; ranks 1 and 2 exchange at once (no CPU costs) and are done.
+    # On 1 core the data arrives while rank 0's compute holds it: each waits 15 ms to be
+    # scheduled, so the step is 15 ms. On 2 cores a core is free and nothing waits.
+    host = HostSpec(cores=1, call_wait_us=15000.0)
+    pair = Exchange("v", (1, 2), (0, 1), (0, 1), 8, "scatter_heads")
+    peer = Exchange("v", (1, 2), (1, 0), (1, 0), 8, "scatter_heads")
+    plan = plan_of([(compute(),), (pair, Wait("v")), (peer, Wait("v"))])
+    assert step_s(plan, host) == pytest.approx(15e-3, rel=1e-6)
+    assert step_s(plan, dataclasses.replace(host, cores=2)) == pytest.approx(COMPUTE_S, rel=1e-6)
