@@ -84,10 +84,12 @@ def numbers(record: dict, topology: Path) -> dict:
         "intra_gbps": spec.gpu_link.bandwidth_gbps,
         "inter_latency_us": 2 * spec.nic_link.latency_us,
         "inter_gbps": spec.nic_link.bandwidth_gbps,
+        "call_cpu_us": None if host is None else host.call_cpu_us,
         "message_cpu_us": None if host is None else host.message_cpu_us,
         "copy_gbps": None if host is None else host.copy_gbps,
         "busy_poll": None if host is None else host.busy_poll,
         "cores": None if host is None else host.cores,
+        "wait_spin": ((record.get("host") or {}).get("cpu") or {}).get("wait_spin"),
         "calibrate_wall_s": record.get("wall_s"),
     }
 
@@ -100,7 +102,8 @@ def main() -> int:
     parser.add_argument("--model", default="tiny-flux")
     parser.add_argument("--resolution", default="512")
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--schedule", default="flat")
+    parser.add_argument("--schedule", default="flat",
+                        help="schedules to predict, comma-separated (simulate --schedule)")
     parser.add_argument("--json", type=Path, default=Path("results/calibration_stability.json"))
     args = parser.parse_args()
     rows = []

@@ -62,6 +62,8 @@ class Simulation:
             # One "link" per host, named as links are, of its cores' core-seconds per second.
             self.cpu = Network(self.env, {("host", h): self.host.cores for h in range(num_hosts)},
                                record_intervals=False)
+        # CPU tasks (computes, exchanges' CPU, spinning waits) running on each host now.
+        self._running: dict[int, int] = {}
 
     @property
     def now(self) -> float:
@@ -89,6 +91,9 @@ class Simulation:
         task = FlowBatch.build([([host], work_core_s, 1, 0.0, (0,))],
                                num_owners=1, max_rate=[max_cores])
         (done,) = cpu.start(task)
+        if work_core_s > 0:  # a task of no work never holds a core
+            self._count_running(host, 1)
+            done.callbacks.append(lambda _e: self._count_running(host, -1))
         if track is not None:
             start = self.env.now
             done.callbacks.append(
@@ -101,11 +106,24 @@ class Simulation:
         host, cpu = self._host_cpu(rank)
         spin = FlowBatch.build([([host], float("inf"), 1, 0.0, (0,))],
                                num_owners=1, max_rate=[1.0])
-        return cpu.start_endless(spin)
+        token = cpu.start_endless(spin)
+        self._count_running(host, 1)
+        token.callbacks.append(lambda _e: self._count_running(host, -1))
+        return token
 
     def stop_poll(self, token: simpy.Event) -> None:
         assert self.cpu is not None, "no host in the topology"
         self.cpu.stop(token)
+
+    def host_busy(self, rank: int) -> bool:
+        """Whether every core of ``rank``'s host is taken now (as many CPU tasks running
+        as it has cores): a rank woken then waits to be scheduled."""
+        host, _cpu = self._host_cpu(rank)
+        assert self.host is not None
+        return self._running.get(host, 0) >= self.host.cores
+
+    def _count_running(self, host: int, change: int) -> None:
+        self._running[host] = self._running.get(host, 0) + change
 
     def _host_cpu(self, rank: int) -> tuple[int, Network]:
         """The index of ``rank``'s host among the network of the hosts' cores, and that

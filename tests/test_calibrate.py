@@ -155,7 +155,14 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     assert spec.nic_link.latency_us * 2 == pytest.approx(wire["latency_us"])
     host = data["host"]
     assert spec.host.cores == host["cores"] and spec.host.ranks_per_host is None
-    assert spec.host.message_cpu_us == pytest.approx(host["cpu"]["message_cpu_us"])
+    # Exchanges under load (every rank computing and calling): 2 ranks make one shape,
+    # the world, whose calls and messages cannot be told apart: the call takes it all.
+    loaded = host["loaded"]
+    assert {p["shape"] for p in loaded["points"]} == {"world"}
+    assert spec.host.call_cpu_us == pytest.approx(loaded["call_cpu_us"])
+    assert loaded["call_cpu_us"] > 0
+    assert spec.host.message_cpu_us == loaded["message_cpu_us"] == 0.0
+    assert host["cpu"]["wait_spin"] < 0.5 and not spec.host.busy_poll  # gloo's waits sleep
     share = min(1.0, host["cores"] / 2)  # the cores each of the 2 ranks gets, all busy
     # tiny-flux's real blocks were timed: their effective rate is the tile's, the
     # matrix products' rate stays in the JSON beside it.

@@ -36,8 +36,8 @@ PHYSICAL_RANGE: dict[str, tuple[float, float, str, str]] = {
     "cores": (1e-3, 1e6, "a thousandth of a core", "a million cores"),
 }
 
-HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "message_cpu_us", "copy_gbps",
-               "busy_poll")
+HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "call_cpu_us", "message_cpu_us",
+               "copy_gbps", "busy_poll", "call_wait_us")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,10 @@ class HostSpec:
         compute_core_demand: cores one rank's compute occupies while it runs: 1 for a
             rank computing on one CPU core, 0 for a rank whose compute runs on its own
             accelerator (then compute never waits for the host).
+        call_cpu_us: CPU time per exchange call, whatever it carries: the collective's
+            set-up, handing the call to the transport's threads and waking the caller when
+            it completes. Each TAPA phase and chunk is a call of its own, so this is what an
+            extra exchange costs beyond its messages.
         message_cpu_us: CPU time per message sent or received in an exchange (LogGP's
             ``o``: posting, protocol, the transport's threads).
         copy_gbps: GB/s one core moves bytes through an exchange (staging copies, the
@@ -64,6 +68,9 @@ class HostSpec:
             core-ns. ``None``: bytes cost no CPU.
         busy_poll: a rank blocked on an exchange spins on a core until it completes (MPI
             progress engines), instead of sleeping (gloo's waits).
+        call_wait_us: wall time each exchange call takes beyond its CPU and the wire, and
+            costs no CPU: on shared cores, the members of a call are time-sliced, and a
+            call completes only once each has been scheduled again.
     """
 
     cores: float
@@ -72,16 +79,24 @@ class HostSpec:
     message_cpu_us: float = 0.0
     copy_gbps: float | None = None
     busy_poll: bool = False
+    call_cpu_us: float = 0.0  # last: positional construction keeps its meaning
+    call_wait_us: float = 0.0
 
     def host_of(self, rank: int) -> int:
         """The host of global ``rank``."""
         return 0 if self.ranks_per_host is None else rank // self.ranks_per_host
 
-    def exchange_cpu_s(self, num_messages: int, num_bytes: float) -> float:
-        """Core-seconds of CPU work to send or receive ``num_messages`` messages holding
-        ``num_bytes`` bytes in all."""
+    def exchange_cpu_s(self, num_messages: int, num_bytes: float, calls: int = 0) -> float:
+        """Core-seconds of CPU work to make ``calls`` exchange calls that send or receive
+        ``num_messages`` messages holding ``num_bytes`` bytes in all."""
         copy_s = 0.0 if self.copy_gbps is None else num_bytes / (self.copy_gbps * 1e9)
-        return num_messages * self.message_cpu_us * 1e-6 + copy_s
+        return (calls * self.call_cpu_us + num_messages * self.message_cpu_us) * 1e-6 + copy_s
+
+    @property
+    def exchanges_cost_cpu(self) -> bool:
+        """Whether an exchange costs anything on the host (its cores, or a call's wait)."""
+        return (self.call_cpu_us > 0 or self.message_cpu_us > 0 or self.copy_gbps is not None
+                or self.call_wait_us > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,8 +289,11 @@ def _check_host(host: object, where) -> None:
         raise TopologyError(f"compute core demand {host.compute_core_demand!r} in "
                             f"{where('host.compute_core_demand')} is above 1 core: one "
                             "rank's compute is one task on one core")
+    _check_number(host.call_cpu_us, "CPU time per exchange call", "us",
+                  where("host.call_cpu_us"))
     _check_number(host.message_cpu_us, "CPU time per message", "us",
                   where("host.message_cpu_us"))
+    _check_number(host.call_wait_us, "wait per exchange call", "us", where("host.call_wait_us"))
     if host.copy_gbps is not None:
         _check_number(host.copy_gbps, "copy rate", "GB/s", where("host.copy_gbps"),
                       positive=True)

@@ -37,6 +37,8 @@ A file describes one node and how many of them there are; every node is identica
     cores = 2                  # cores of one host (required in the table)
     ranks_per_host = 4         # consecutive ranks per host (default: every rank on one host)
     compute_core_demand = 1.0  # cores a rank's compute occupies: 1 CPU ranks, 0 accelerators
+    call_cpu_us = 300.0        # CPU per exchange call (each TAPA phase is one; default 0)
+    call_wait_us = 500.0       # wall per exchange call beyond CPU and wire, no CPU (default 0)
     message_cpu_us = 30.0      # CPU per message sent or received in an exchange (default 0)
     copy_gbps = 2.0            # GB/s one core moves exchange bytes (default: bytes are free)
     busy_poll = false          # a rank blocked on an exchange spins on a core (MPI progress)
@@ -192,6 +194,10 @@ def _host_lines(host: HostSpec) -> list[str]:
     if host.ranks_per_host is not None:
         lines.append(f"ranks_per_host = {host.ranks_per_host}")
     lines.append(f"compute_core_demand = {_toml_float(host.compute_core_demand)}")
+    if host.call_cpu_us:
+        lines.append(f"call_cpu_us = {_toml_float(host.call_cpu_us)}")
+    if host.call_wait_us:
+        lines.append(f"call_wait_us = {_toml_float(host.call_wait_us)}")
     lines.append(f"message_cpu_us = {_toml_float(host.message_cpu_us)}")
     if host.copy_gbps is not None:
         lines.append(f"copy_gbps = {_toml_float(host.copy_gbps)}")
@@ -337,6 +343,8 @@ class _Loader:
             ranks_per_host=ranks,
             compute_core_demand=self.number(table, "host", "compute_core_demand",
                                             base.compute_core_demand),
+            call_cpu_us=self.number(table, "host", "call_cpu_us", base.call_cpu_us),
+            call_wait_us=self.number(table, "host", "call_wait_us", base.call_wait_us),
             message_cpu_us=self.number(table, "host", "message_cpu_us", base.message_cpu_us),
             copy_gbps=copy_gbps,
             busy_poll=busy_poll,

@@ -467,12 +467,13 @@ class SimTransport:
         send_bytes = tuple(rows * send.row_bytes for rows in send_splits)
         received = VirtualBuffer(sum(recv_splits), send.row_bytes)
         host = self.simulation.host
-        if host is None or (host.message_cpu_us == 0 and host.copy_gbps is None):
+        if host is None or not host.exchanges_cost_cpu:
             event = self._world.post_all_to_all(self._rank, group, send_bytes, tag)
             return SimHandle(event, received)
         me = group.group_rank(self._rank)
         recv_bytes = [rows * send.row_bytes for rows in recv_splits]
-        send_cpu_s = host.exchange_cpu_s(*_messages(send_bytes, me))
+        # The call's own work is charged where it starts, before anything is posted.
+        send_cpu_s = host.exchange_cpu_s(*_messages(send_bytes, me), calls=1)
         recv_cpu_s = host.exchange_cpu_s(*_messages(recv_bytes, me))
         sequence = self._world.reserve(self._rank, group, tag)
         process = self.simulation.env.process(
@@ -483,9 +484,15 @@ class SimTransport:
                   sequence: int, send_cpu_s: float, recv_cpu_s: float):
         """An exchange on a host: the sending side's CPU work (posting, copying out) before
         the bytes can leave, the receiving side's after they arrive, both on the rank's
-        host's cores."""
+        host's cores; between them, when the host's cores are all taken as the data
+        arrives, the call's wait to be scheduled again."""
+        host = self.simulation.host
         yield self.simulation.cpu_task(self._rank, send_cpu_s)
         yield self._world.post_all_to_all(self._rank, group, send_bytes, tag, sequence)
+        if host is not None and host.call_wait_us > 0 and self.simulation.host_busy(self._rank):
+            # Its data arrived while every core of the host was taken: the rank waits to be
+            # scheduled again before it can finish the call (no CPU spent).
+            yield self.simulation.env.timeout(host.call_wait_us * 1e-6)
         yield self.simulation.cpu_task(self._rank, recv_cpu_s)
 
     def barrier(self) -> None:

@@ -53,6 +53,32 @@ def measure_exchanges_cpu(transport, group, sizes_bytes: Sequence[int], repeats:
     return points
 
 
+def measure_wait_spin(transport, group, delay_s: float = 0.02, repeats: int = 3) -> float:
+    """The share of a core the first member of ``group`` burns while it waits for a late
+    peer (every member must call this; the others return 0).
+
+    The others join each exchange ``delay_s`` late (they sleep first), so the first
+    member's CPU over that wait is its waiting cost alone: about 0 when the transport's
+    waits sleep (gloo), about 1 when they spin (MPI progress engines). Measured as its own
+    case, not read off ordinary exchanges: there, CPU over wall mixes the transfer's own
+    work with the waiting and sat near any threshold (76-83% under gloo on this machine),
+    so the verdict flipped between two calibrations.
+    """
+    import torch
+
+    me = group.group_rank(transport.rank)
+    fractions = []
+    for _ in range(repeats):
+        _exchange(transport, group, ROW_BYTES, torch)  # line the members up
+        if me == 0:
+            wall_s, cpu_s = _exchange(transport, group, ROW_BYTES, torch)
+            fractions.append(cpu_s / wall_s if wall_s > 0 else 0.0)
+        else:
+            time.sleep(delay_s)
+            _exchange(transport, group, ROW_BYTES, torch)
+    return statistics.median(fractions) if me == 0 else 0.0
+
+
 def measure_exchanges(transport, group, sizes_bytes: Sequence[int], repeats: int
                       ) -> list[tuple[int, float]]:
     """Median wall time of an all-to-all over ``group`` per size (see

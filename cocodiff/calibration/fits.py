@@ -115,6 +115,10 @@ def _points_text(points: Sequence[tuple[int, float]]) -> str:
 # A rank whose process burns at least this fraction of an exchange's wall time in CPU is
 # spinning while it waits (MPI progress engines), not sleeping (gloo).
 BUSY_POLL_FRACTION = 0.8
+# A rank that burns at least this share of a core while it waits for a late peer spins
+# (exchanges.measure_wait_spin: ~0 for sleeping waits, ~1 for spinning ones, so the
+# verdict does not sit on the edge).
+WAIT_SPIN_FRACTION = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,15 +131,21 @@ class CpuFit:
         copy_gbps: GB/s one core moves; None when bytes cost no measurable CPU.
         busy_fraction: median over sizes of CPU time over wall time per exchange.
         points: ``(messages, bytes, CPU seconds, wall seconds)`` per size (medians).
+        wait_spin: the share of a core a rank burns waiting for a late peer
+            (:func:`~cocodiff.calibration.exchanges.measure_wait_spin`); None: not measured,
+            the busy fraction decides.
     """
 
     message_cpu_us: float
     copy_gbps: float | None
     busy_fraction: float
     points: tuple[tuple[int, int, float, float], ...] = ()
+    wait_spin: float | None = None
 
     @property
     def busy_poll(self) -> bool:
+        if self.wait_spin is not None:
+            return self.wait_spin >= WAIT_SPIN_FRACTION
         return self.busy_fraction >= BUSY_POLL_FRACTION
 
     def cpu_s(self, num_messages: int, num_bytes: float) -> float:
@@ -144,7 +154,8 @@ class CpuFit:
 
     def to_json(self) -> dict[str, Any]:
         return {"message_cpu_us": self.message_cpu_us, "copy_gbps": self.copy_gbps,
-                "busy_fraction": self.busy_fraction, "busy_poll": self.busy_poll,
+                "busy_fraction": self.busy_fraction, "wait_spin": self.wait_spin,
+                "busy_poll": self.busy_poll,
                 "points": [{"messages": m, "bytes": n, "cpu_s": c, "wall_s": w}
                            for m, n, c, w in self.points]}
 

@@ -17,9 +17,18 @@ from cocodiff.calibration.compute import ComputeRates, measure_compute
 from cocodiff.calibration.exchanges import (
     measure_exchanges,
     measure_exchanges_cpu,
+    measure_wait_spin,
     predict_all_to_all,
 )
 from cocodiff.calibration.fits import CpuFit, LinkFit, fit_exchange_cpu, wire_points
+from cocodiff.calibration.loaded import (
+    LOADED_KIB,
+    CallCpuFit,
+    call_shapes,
+    compute_burst,
+    fit_call_cpu,
+    measure_loaded,
+)
 from cocodiff.calibration.model_shapes import layer_shapes
 from cocodiff.calibration.options import (
     ALL_TO_ALL_KIB,
@@ -102,7 +111,9 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
             (2, 2 * n, statistics.mean(cpu_by_rank[r][i] for r in group.ranks), wall_s)
             for i, (n, wall_s) in enumerate(fits[name].points)])
         if cpu is None:  # the first tier measured (intra when there is one) prices the CPU
-            cpu = pair_cpu
+            spin = measure_wait_spin(transport, group) if rank in group.ranks else 0.0
+            shared_spin = gather_floats(transport, [spin])[group.ranks[0]][0]
+            cpu = dataclasses.replace(pair_cpu, wait_spin=shared_spin)
         # What is left for the links once the CPU is charged on the host (nothing is left
         # to take when waits spin: the spinning is the CPU cost, charged as a busy-poll).
         wires[name] = fits[name] if cpu.busy_poll else _wire_fit(
@@ -116,6 +127,8 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
             table["intra"] = dataclasses.replace(table["inter"], source="unused (1 rank per node)")
         if "inter" not in table:  # one node: the tier is unused
             table["inter"] = dataclasses.replace(table["intra"], source="unused (1 node)")
+
+    loaded, loaded_note = _loaded_cpu(transport, options, shapes, node_of, cpu, compute)
 
     all_to_all = []
     a2a_sizes = QUICK_ALL_TO_ALL_KIB if options.quick else ALL_TO_ALL_KIB
@@ -132,16 +145,54 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                            "error": (predicted - slowest) / slowest})
     return Calibration(num_nodes, ranks_per_node, detected, transport.name, options.dtype, shapes,
                        compute, fits["intra"], fits["inter"], all_to_all,
-                       time.perf_counter() - began, host=_host_of_ranks(transport, cpu),
+                       time.perf_counter() - began,
+                       host=_host_of_ranks(transport, cpu, loaded, loaded_note),
                        intra_wire=wires["intra"], inter_wire=wires["inter"],
                        load_average=(load_began, _load_average()))
+
+
+# A flat layer makes this many exchange calls (Q, K, V in, the attention's output back).
+EXCHANGES_PER_LAYER = 4
+
+
+def _compute_per_exchange_s(compute: ComputeRates) -> float:
+    """The CPU a rank computes between two exchanges of a step, roughly: one layer's
+    seconds (the real blocks' when timed, else the matrix products') over the exchanges a
+    flat layer makes. The loaded loops put that much compute before each call, so their
+    calls meet the cores as busy as a step's do."""
+    block = compute.block or {}
+    layer_s = block.get("layer_s") or block.get("matmul_rate_layer_s") or sum(
+        compute.op_seconds.values())
+    return layer_s / EXCHANGES_PER_LAYER
+
+
+def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int],
+                cpu: CpuFit | None, compute: ComputeRates) -> tuple[CallCpuFit | None, str]:
+    """What exchange calls cost a rank's CPU with every rank computing and exchanging
+    (:mod:`cocodiff.calibration.loaded`), and a note of why not when it is not measured:
+    a spinning transport's cost is its spinning (the host model's busy-poll), and without
+    a pair sweep there is no copy rate to take out."""
+    if cpu is None:
+        return None, "not measured: no pair exchange was timed"
+    if cpu.busy_poll:
+        return None, "not measured: waits spin, the spinning is the cost"
+    sizes = [kib * 1024 for kib in LOADED_KIB if kib <= options.max_kib]
+    burst = compute_burst(transport, shapes, options.dtype, _compute_per_exchange_s(compute))
+    burst_cpu, burst_wall, points = measure_loaded(
+        transport, call_shapes(transport, node_of), sizes, burst,
+        iterations=10 if options.quick else 20, rounds=3)
+    try:
+        return fit_call_cpu(points, cpu.copy_gbps, burst_cpu, burst_wall), ""
+    except CalibrationError as exc:
+        return None, f"not fitted: {exc}"
 
 
 def _load_average() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
-def _host_of_ranks(transport, cpu: CpuFit | None) -> HostMeasurement:
+def _host_of_ranks(transport, cpu: CpuFit | None, loaded: CallCpuFit | None = None,
+                   loaded_note: str = "") -> HostMeasurement:
     """Which ranks share a host (by host name: an emulated cluster's namespaces share this
     machine's cores) and how many cores it has (the fewest any rank may run on)."""
     name = socket.gethostname().encode()
@@ -156,7 +207,7 @@ def _host_of_ranks(transport, cpu: CpuFit | None) -> HostMeasurement:
         raise CalibrationError(
             f"ranks sit on hosts of {sizes} consecutive ranks: the host model needs the same "
             "number of consecutive ranks on every host")
-    return HostMeasurement(min(row[1] for row in rows), ranks_per_host, cpu)
+    return HostMeasurement(min(row[1] for row in rows), ranks_per_host, cpu, loaded, loaded_note)
 
 
 def _wire_fit(transport, owner: int, wall: LinkFit, points: list[tuple[int, float]],

@@ -11,6 +11,7 @@ from typing import Any
 
 from cocodiff.calibration.compute import ComputeRates
 from cocodiff.calibration.fits import CpuFit, LinkFit
+from cocodiff.calibration.loaded import CallCpuFit, predict_loop_s
 from cocodiff.calibration.model_shapes import LayerShapes
 from cocodiff.calibration.options import CalibrateOptions
 
@@ -22,12 +23,21 @@ class HostMeasurement:
     Attributes:
         cores: cores a rank may run on (the fewest over ranks).
         ranks_per_host: consecutive ranks per host; None: every rank on one host.
-        cpu: what an exchange costs a rank's CPU (None when no pair was measured).
+        cpu: what an exchange costs a rank's CPU lined up, the others idle (None when no
+            pair was measured); its copy rate and busy-poll verdict are the host's.
+        loaded: what exchange calls cost with every rank computing and exchanging at once
+            (the host's per-call and per-message CPU); None: see ``loaded_note``.
+        loaded_note: why ``loaded`` is None.
+        call_wait_us: the wall time a call waits to be scheduled when it completes on a
+            busy host (:func:`fit_call_wait`, from the same loops).
     """
 
     cores: float
     ranks_per_host: int | None
     cpu: CpuFit | None
+    loaded: CallCpuFit | None = None
+    loaded_note: str = ""
+    call_wait_us: float = 0.0
 
     def core_share(self, world: int) -> float:
         """Cores each rank's compute gets with every rank of its host computing (the
@@ -43,12 +53,20 @@ class HostMeasurement:
         if cpu is None or cpu.busy_poll:
             return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
                             busy_poll=cpu is not None)
+        if self.loaded is not None:
+            return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
+                            call_cpu_us=self.loaded.call_cpu_us,
+                            message_cpu_us=self.loaded.message_cpu_us, copy_gbps=cpu.copy_gbps,
+                            call_wait_us=self.call_wait_us)
         return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
                         message_cpu_us=cpu.message_cpu_us, copy_gbps=cpu.copy_gbps)
 
     def to_json(self) -> dict[str, Any]:
         return {"cores": self.cores, "ranks_per_host": self.ranks_per_host,
-                "cpu": None if self.cpu is None else self.cpu.to_json()}
+                "cpu": None if self.cpu is None else self.cpu.to_json(),
+                "loaded": (self.loaded.to_json() if self.loaded is not None
+                           else {"note": self.loaded_note}),
+                "call_wait_us": self.call_wait_us}
 
 
 @dataclass(slots=True)
@@ -72,6 +90,8 @@ class Calibration:
     all_to_all: list[dict[str, float]]
     wall_s: float = 0.0
     collective: dict[str, Any] | None = None  # the fitted collective model (rank 0 fits it)
+    # The loaded loops beside the simulator's time for each on the calibrated topology.
+    loops_check: list[dict[str, Any]] | None = None
     host: HostMeasurement | None = None
     intra_wire: LinkFit | None = None
     inter_wire: LinkFit | None = None
@@ -133,6 +153,9 @@ class Calibration:
         cpu = self.host.cpu
         charged = ("nothing per message: waits spin (busy_poll)" if cpu and cpu.busy_poll
                    else "none measured" if cpu is None else
+                   "process CPU time of loops of compute and exchange calls, every rank at "
+                   "once, fitted as calls x call_cpu_us + messages x message_cpu_us; bytes / "
+                   "copy_gbps from the pair exchanges" if self.host.loaded is not None else
                    "process CPU time per pair exchange, fitted as messages x message_cpu_us "
                    "+ bytes / copy_gbps")
         return [
@@ -160,6 +183,7 @@ class Calibration:
             "inter": self.inter.to_json(),
             "all_to_all": self.all_to_all,
             "collective": self.collective,
+            "loops_check": self.loops_check,
             "host": None if self.host is None else self.host.to_json(),
             "intra_wire": None if self.intra_wire is None else self.intra_wire.to_json(),
             "inter_wire": None if self.inter_wire is None else self.inter_wire.to_json(),
@@ -217,6 +241,73 @@ def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
         for fit in fits for m, fitted in fit.rows]}
 
 
+# The longest wait per call fit_call_wait considers (a scheduler's slice is a few ms).
+MAX_CALL_WAIT_US = 20_000.0
+
+
+def fit_call_wait(result: Calibration) -> float:
+    """The wait per call (``[host] call_wait_us``) that makes the simulator's time of the
+    loaded loops right in the median: what is left of their wall time once every rank's
+    CPU and the wires are charged, because on shared cores a call's members are
+    time-sliced and a call that completes while every core is taken waits to be scheduled.
+    The loops are microbenchmarks (compute and exchange calls), never a step. 0 when the
+    simulator is already at or above the loops' median; found by bisection (the loops'
+    simulated times grow with the wait)."""
+    import statistics
+
+    host = result.host
+    if host is None or host.loaded is None:
+        return 0.0
+    from topology import build_topology
+    from transports.sim import CollectiveModel
+
+    collective = (CollectiveModel.from_json(result.collective) if result.collective
+                  else None)
+    loaded = host.loaded
+
+    def median_error(wait_us: float) -> float:
+        trial = dataclasses.replace(result, host=dataclasses.replace(host, call_wait_us=wait_us))
+        topology = build_topology(trial.topology())
+        return statistics.median(
+            predict_loop_s(topology, point, loaded.burst_cpu_s, result.num_nodes,
+                           result.ranks_per_node, collective) / point.wall_s - 1
+            for point in loaded.points if point.wall_s > 0)
+
+    if median_error(0.0) >= 0:
+        return 0.0
+    low, high = 0.0, MAX_CALL_WAIT_US
+    if median_error(high) < 0:
+        return high
+    while high - low > 1.0:  # to the microsecond
+        middle = (low + high) / 2
+        low, high = (middle, high) if median_error(middle) < 0 else (low, middle)
+    return (low + high) / 2
+
+
+def check_loops(result: Calibration) -> list[dict[str, Any]]:
+    """Each loaded loop (:mod:`cocodiff.calibration.loaded`) beside what the simulator
+    takes for it on the calibrated topology and collective model: whether the host model
+    reproduces the microbenchmarks it was fitted on (the CPU) and those it was not (the
+    wall time of every rank computing and exchanging at once)."""
+    host = result.host
+    if host is None or host.loaded is None:
+        return []
+    from topology import build_topology
+    from transports.sim import CollectiveModel
+
+    topology = build_topology(result.topology())
+    collective = (CollectiveModel.from_json(result.collective) if result.collective
+                  else None)
+    rows = []
+    for point in host.loaded.points:
+        predicted = predict_loop_s(topology, point, host.loaded.burst_cpu_s, result.num_nodes,
+                                   result.ranks_per_node, collective)
+        rows.append({"shape": point.shape, "bytes_per_peer": point.bytes_per_peer,
+                     "measured_s": point.wall_s, "predicted_s": predicted,
+                     "error": predicted / point.wall_s - 1 if point.wall_s > 0 else None})
+    return rows
+
+
 def summary(result: Calibration, output: Path) -> str:
     """What a user reads: the fitted numbers and the all-to-all check."""
     c, s = result.compute, result.shapes
@@ -252,10 +343,21 @@ def summary(result: Calibration, output: Path) -> str:
         text = f"  host: {host.cores:g} cores for {ranks} ranks"
         if cpu is not None:
             copy = "bytes free" if cpu.copy_gbps is None else f"{cpu.copy_gbps:.3g} GB/s per core"
-            text += (f"; exchange CPU {cpu.message_cpu_us:.1f} us per message, {copy} "
-                     f"(CPU {cpu.busy_fraction:.0%} of wall: "
-                     f"{'busy-polls' if cpu.busy_poll else 'sleeps'} while waiting)")
+            spin = ("" if cpu.wait_spin is None
+                    else f"waiting on a late peer burns {cpu.wait_spin:.0%} of a core: ")
+            text += (f"; pair exchange CPU {cpu.message_cpu_us:.1f} us per message, {copy} "
+                     f"({spin}{'busy-polls' if cpu.busy_poll else 'sleeps'} while waiting)")
         lines.append(text)
+        loaded = host.loaded
+        if loaded is not None:
+            lines.append(
+                f"  exchanges under load (every rank computing and exchanging): "
+                f"{loaded.call_cpu_us:.0f} us CPU per call + {loaded.message_cpu_us:.0f} us per "
+                f"message (max fit error {loaded.max_error:.0%}); a call completing on busy "
+                f"cores waits {host.call_wait_us:.0f} us more (the loops' median): written to "
+                "[host]")
+        elif host.loaded_note:
+            lines.append(f"  exchanges under load: {host.loaded_note}")
         for name, fit in (("intra", result.intra_wire), ("inter", result.inter_wire)):
             if fit is not None:
                 lines.append(f"  {name}-node wire (less the CPU): {fit.latency_us:.1f} us + "
@@ -269,6 +371,10 @@ def summary(result: Calibration, output: Path) -> str:
 
         model = CollectiveModel.from_json(result.collective)
         lines.append(f"  collective model fitted on these: {model.describe()}")
+    for row in result.loops_check or ():
+        lines.append(f"  loop of compute + {row['shape']} calls, {row['bytes_per_peer'] // 1024} "
+                     f"KiB per peer: measured {row['measured_s'] * 1e3:.2f} ms, simulated "
+                     f"{row['predicted_s'] * 1e3:.2f} ms ({row['error']:+.0%})")
     return "\n".join(lines)
 
 
@@ -279,6 +385,10 @@ def write_outputs(result: Calibration, options: CalibrateOptions) -> None:
 
     spec = result.topology()
     result.collective = fit_calibrated_collective(result)
+    if result.host is not None:
+        result.host = dataclasses.replace(result.host, call_wait_us=fit_call_wait(result))
+        spec = result.topology()
+    result.loops_check = check_loops(result)
     header = "".join(f"# {line}\n" for line in result.notes())
     atomic_write_text(options.output, header + dump_topology(spec))
     if options.json is not None:

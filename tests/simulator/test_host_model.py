@@ -91,6 +91,20 @@ def test_exchange_cpu_delays_a_concurrent_compute_by_the_shared_amount() -> None
     assert charged == pytest.approx(work_s / 2, rel=1e-6)
 
 
+def test_every_exchange_call_pays_its_call_cpu_once() -> None:
+    # Two ranks on one core each make one exchange call (one message each way): 3 ms per
+    # call and 1 ms per message is 3 + 2 x 1 = 5 ms of CPU per rank, 10 ms on the one core.
+    # Two calls (an exchange carried as two phases, say) pay the call twice: 16 ms.
+    host = HostSpec(cores=1, call_cpu_us=3000.0, message_cpu_us=1000.0)
+    once = plan_of([(exchange(2), Wait("v"))] * 2)
+    assert step_s(once, host) == pytest.approx(2 * (3e-3 + 2e-3), rel=1e-6)
+    v, k = exchange(2), dataclasses.replace(exchange(2), tensor="k")
+    twice = plan_of([(v, k, Wait("v"), Wait("k"))] * 2)
+    assert step_s(twice, host) == pytest.approx(2 * (2 * 3e-3 + 4e-3), rel=1e-6)
+    # The call cost alone makes an exchange cost CPU (no message or byte costs needed).
+    assert step_s(once, HostSpec(cores=1, call_cpu_us=3000.0)) == pytest.approx(6e-3, rel=1e-6)
+
+
 def test_bytes_cost_cpu_at_the_copy_rate() -> None:
     # One rank exchanging with an idle peer: 1e6 bytes sent and received at 1 GB/s per
     # core is 2 ms of CPU per rank; with a core each, the exchange takes those 2 ms.
@@ -133,3 +147,15 @@ def test_a_free_host_changes_nothing() -> None:
         without, with_host = results
         assert with_host.step_times_s == without.step_times_s
         assert with_host.bytes_by_tier == without.bytes_by_tier
+
+
+def test_a_call_completing_on_busy_cores_waits_to_be_scheduled() -> None:
+    # Rank 0 computes 10 ms; ranks 1 and 2 exchange at once (no CPU costs) and are done.
+    # On 1 core the data arrives while rank 0's compute holds it: each waits 15 ms to be
+    # scheduled, so the step is 15 ms. On 2 cores a core is free and nothing waits.
+    host = HostSpec(cores=1, call_wait_us=15000.0)
+    pair = Exchange("v", (1, 2), (0, 1), (0, 1), 8, "scatter_heads")
+    peer = Exchange("v", (1, 2), (1, 0), (1, 0), 8, "scatter_heads")
+    plan = plan_of([(compute(),), (pair, Wait("v")), (peer, Wait("v"))])
+    assert step_s(plan, host) == pytest.approx(15e-3, rel=1e-6)
+    assert step_s(plan, dataclasses.replace(host, cores=2)) == pytest.approx(COMPUTE_S, rel=1e-6)

@@ -32,9 +32,10 @@ def test_host_table_defaults(tmp_path: Path) -> None:
 
 def test_host_table_every_key_round_trips(tmp_path: Path) -> None:
     text = BASE + ("ranks_per_host = 4\ncompute_core_demand = 0.5\nmessage_cpu_us = 30\n"
-                   "copy_gbps = 2.5\nbusy_poll = true\n")
+                   "copy_gbps = 2.5\nbusy_poll = true\ncall_cpu_us = 400\ncall_wait_us = 900\n")
     spec = load_topology(write(tmp_path, text))
-    assert spec.host == HostSpec(2.0, 4, 0.5, 30.0, 2.5, True)
+    assert spec.host == HostSpec(2.0, 4, 0.5, 30.0, 2.5, True, call_cpu_us=400.0,
+                                 call_wait_us=900.0)
     assert spec.host.host_of(3) == 0 and spec.host.host_of(4) == 1
     again = tmp_path / "again.toml"
     again.write_text(dump_topology(spec))
@@ -57,6 +58,9 @@ def test_exchange_cpu_seconds() -> None:
     host = HostSpec(cores=2, message_cpu_us=10.0, copy_gbps=1.0)
     assert host.exchange_cpu_s(3, 2e6) == pytest.approx(30e-6 + 2e-3)
     assert HostSpec(cores=2).exchange_cpu_s(5, 1e9) == 0.0
+    called = HostSpec(cores=2, call_cpu_us=400.0, message_cpu_us=10.0)
+    assert called.exchange_cpu_s(3, 0, calls=2) == pytest.approx(830e-6)
+    assert called.exchanges_cost_cpu and not HostSpec(cores=2).exchanges_cost_cpu
 
 
 BAD_HOST = {
@@ -69,6 +73,10 @@ BAD_HOST = {
                              r"expected an integer for host\.ranks_per_host of .*float 1\.5"),
     "demand above one": ("compute_core_demand = 2",
                          r"compute core demand 2\.0 in host\.compute_core_demand .*above 1"),
+    "negative call cost": ("call_cpu_us = -1",
+                           r"negative CPU time per exchange call -1\.0 us in host\.call_cpu_us"),
+    "negative call wait": ("call_wait_us = -2",
+                           r"negative wait per exchange call -2\.0 us in host\.call_wait_us"),
     "negative message cost": ("message_cpu_us = -3",
                               r"negative CPU time per message -3\.0 us in host\.message_cpu_us"),
     "zero copy rate": ("copy_gbps = 0", r"zero copy rate 0\.0 GB/s in host\.copy_gbps"),

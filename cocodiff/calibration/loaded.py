@@ -1,0 +1,338 @@
+"""Exchanges under load: what an exchange call costs a rank's CPU when every rank of the
+host computes and exchanges at once, as a denoising step runs.
+
+The pair sweep (:mod:`cocodiff.calibration.exchanges`) times one exchange at a time, lined
+up, with the other ranks idle: right for the wire, far too cheap for the CPU. Measured on
+this 2-core machine with 4 ranks under gloo (8 KiB per peer): a world all-to-all costs a
+rank 0.44 ms of CPU lined up, 0.9 ms back to back, and 1.55 ms after a burst of compute;
+two calls over sub-groups (a TAPA exchange's two phases) cost 1.85 ms, more than the one
+world call with more messages. Much of the cost is per *call* (the collective's set-up,
+handing it to the transport's threads and back, waking a descheduled process), not per
+message, which is why every extra exchange the mechanisms issue costs so much here.
+
+So each rank runs loops of ``compute burst, exchange calls`` back to back, every rank at
+once, for a few call shapes (the world all-to-all; disjoint pairs; TAPA's two phases when
+the grid has both levels) and sizes, beside a loop of the bursts alone. A loop's CPU less
+the bursts' CPU is what the calls cost; means over the loop (a step is a sum of calls, so
+the mean, not the median, is what it pays), the median of several rounds (rounds
+interleave the loops, so a slow minute of the machine moves every shape alike).
+:func:`fit_call_cpu` fits ``calls x call_cpu_us + messages x message_cpu_us`` to them,
+both at least 0, once each byte's CPU is taken out at the pair sweep's copy rate (the
+loops move small messages: timing large ones across a 0.2 Gbit/s emulated link would take
+minutes, and the pair sweep already prices bytes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cocodiff.calibration.collect import gather_floats
+from cocodiff.calibration.model_shapes import LayerShapes
+from cocodiff.calibration.options import ROW_BYTES, CalibrationError
+
+LOADED_KIB = (2, 16)
+
+
+@dataclass(frozen=True, slots=True)
+class CallShape:
+    """The exchange calls one loop iteration makes: for each call, this rank's group.
+
+    Attributes:
+        name: what the calls are (``world``, ``pairs``, ``phases``).
+        groups: per call, the group this rank exchanges over (transport groups).
+    """
+
+    name: str
+    groups: tuple[Any, ...]
+
+    def messages(self) -> int:
+        """Messages this rank sends and receives per iteration (one per other member and
+        direction of each call)."""
+        return sum(2 * (group.size - 1) for group in self.groups)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedPoint:
+    """One loop's means per iteration, the median round over ranks' means.
+
+    Attributes:
+        shape: the call shape's name.
+        bytes_per_peer: bytes each call sends to every other member of its group.
+        calls: exchange calls per iteration.
+        messages: messages a rank sends and receives per iteration.
+        bytes: bytes a rank sends and receives per iteration.
+        cpu_s: process CPU per iteration beyond the burst's (mean over ranks).
+        wall_s: wall time per iteration, bursts included (the slowest rank).
+    """
+
+    shape: str
+    bytes_per_peer: int
+    calls: int
+    messages: int
+    bytes: int
+    cpu_s: float
+    wall_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": self.shape, "bytes_per_peer": self.bytes_per_peer, "calls": self.calls,
+                "messages": self.messages, "bytes": self.bytes, "cpu_s": self.cpu_s,
+                "wall_s": self.wall_s}
+
+
+@dataclass(frozen=True, slots=True)
+class CallCpuFit:
+    """What an exchange costs a rank's CPU under load (``topology.HostSpec``'s terms).
+
+    Attributes:
+        call_cpu_us: CPU per exchange call, microseconds.
+        message_cpu_us: CPU per message sent or received, microseconds.
+        copy_gbps: GB/s one core moves (the pair sweep's, taken out before the fit); None:
+            bytes cost no CPU.
+        burst_cpu_s: the compute burst's CPU per iteration (the loops' baseline).
+        burst_wall_s: the burst loop's wall time per iteration.
+        points: the loops fitted.
+        max_error: the fit's largest relative miss over the points.
+    """
+
+    call_cpu_us: float
+    message_cpu_us: float
+    copy_gbps: float | None
+    burst_cpu_s: float
+    burst_wall_s: float
+    points: tuple[LoadedPoint, ...]
+    max_error: float
+
+    def cpu_s(self, calls: int, messages: int, num_bytes: float) -> float:
+        copy_s = 0.0 if self.copy_gbps is None else num_bytes / (self.copy_gbps * 1e9)
+        return (calls * self.call_cpu_us + messages * self.message_cpu_us) * 1e-6 + copy_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {"call_cpu_us": self.call_cpu_us, "message_cpu_us": self.message_cpu_us,
+                "copy_gbps": self.copy_gbps, "burst_cpu_s": self.burst_cpu_s,
+                "burst_wall_s": self.burst_wall_s, "max_error": self.max_error,
+                "points": [p.to_json() for p in self.points]}
+
+
+def shape_groups(name: str, num_nodes: int, per_node: int) -> list[list[tuple[int, ...]]]:
+    """Per call of the shape ``name``, the disjoint groups that every rank's call falls in
+    (node-major ranks: rank ``r`` on node ``r // per_node``)."""
+    world = num_nodes * per_node
+    if name == "world":
+        return [[tuple(range(world))]]
+    if name == "pairs":
+        return [[(r, r + 1) for r in range(0, world, 2)]]
+    if name == "phases":
+        return [[tuple(range(n * per_node, (n + 1) * per_node)) for n in range(num_nodes)],
+                [tuple(n * per_node + i for n in range(num_nodes)) for i in range(per_node)]]
+    raise ValueError(f"unknown call shape {name!r}")
+
+
+def shape_names(num_nodes: int, per_node: int) -> list[str]:
+    """The call shapes a world of ``num_nodes x per_node`` ranks can run: the world;
+    disjoint pairs (one call, fewer messages, so calls and messages can be told apart)
+    when there are more than 2 ranks, evenly; TAPA's two phases (this rank's node, then the
+    ranks at its place on the other nodes) when there are several nodes of several ranks."""
+    world = num_nodes * per_node
+    names = ["world"]
+    if world % 2 == 0 and world > 2:
+        names.append("pairs")
+    if num_nodes > 1 and per_node > 1:
+        names.append("phases")
+    return names
+
+
+def call_shapes(transport, node_of: Sequence[int]) -> list[CallShape]:
+    """This rank's call shapes (:func:`shape_names`) over ``transport`` (collective: every
+    rank makes every group, in the same order)."""
+    num_nodes = max(node_of) + 1
+    per_node = transport.world_size // num_nodes
+    shapes = []
+    for name in shape_names(num_nodes, per_node):
+        if name == "world":
+            shapes.append(CallShape(name, (transport.world,)))
+            continue
+        mine = []
+        for groups in shape_groups(name, num_nodes, per_node):
+            made = [transport.new_group(list(g)) for g in groups]
+            mine.append(next(g for g in made if transport.rank in g.ranks))
+        shapes.append(CallShape(name, tuple(mine)))
+    return shapes
+
+
+def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: int,
+                   per_node: int, collective=None) -> float:
+    """The simulator's time for one iteration of ``point``'s loop on ``topology`` (a
+    calibrated one, with its ``[host]``): every rank computes the burst (its CPU seconds
+    at one core), then makes the shape's calls one after the other. What calibrate
+    reports beside each loop, so a reader sees whether the host model reproduces the
+    very microbenchmarks it was fitted on before trusting it on a step."""
+    from cocodiff.cost import Cost
+    from cocodiff.plan.steps import (
+        Compute,
+        Exchange,
+        HeadSplit,
+        LayerPlan,
+        Plan,
+        RankProgram,
+        Wait,
+    )
+    from cocodiff.simulator.simulate import simulate_plan
+
+    world = num_nodes * per_node
+    rows = max(1, point.bytes_per_peer // ROW_BYTES)
+    flops = burst_cpu_s * topology.spec.tile_tflops * 1e12
+    tensors = ("q", "k", "v", "out")
+    programs = []
+    for rank in range(world):
+        steps: list = []
+        for call, groups in enumerate(shape_groups(point.shape, num_nodes, per_node)):
+            group = next(g for g in groups if rank in g)
+            splits = tuple(0 if member == rank else rows for member in group)
+            tensor = tensors[call % len(tensors)]
+            steps += [Exchange(tensor, group, splits, splits, ROW_BYTES, "scatter_heads"),
+                      Wait(tensor)]
+        programs.append(RankProgram(rank, (LayerPlan((Compute("mlp", Cost(flops, 0.0)),),
+                                                     tuple(steps), ()),)))
+    plan = Plan("flat", "calibration-loop", HeadSplit(world, world, (1,) * world, 8),
+                tuple(programs), shift_period=None)
+    return simulate_plan(plan, topology, fold=False, collective=collective).step_time_s
+
+
+def compute_burst(transport, shapes: LayerShapes, dtype: str, target_s: float
+                  ) -> Callable[[], None]:
+    """A step's compute between two exchanges: the layer's Q/K/V projection on the rank's
+    local tokens (what precedes the first exchange of every layer), repeated to take about
+    ``target_s`` of CPU. Every rank repeats it the same number of times (the median of
+    what each measured), so every rank brings the same work to each call."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shapes.local_tokens, shapes.hidden_size, generator=gen).to(torch_dtype)
+    w = torch.randn(shapes.hidden_size, 3 * shapes.hidden_size, generator=gen).to(torch_dtype)
+    x @ w  # warm-up
+    cpu_s = []
+    for _ in range(5):
+        began = time.process_time()
+        x @ w
+        cpu_s.append(time.process_time() - began)
+    wanted = target_s / max(statistics.median(cpu_s), 1e-7)
+    repeats = max(1, round(statistics.median(row[0] for row in gather_floats(transport,
+                                                                           [wanted]))))
+
+    def burst() -> None:
+        for _ in range(repeats):
+            x @ w
+
+    return burst
+
+
+def measure_loaded(transport, shapes_of_calls: Sequence[CallShape], sizes_bytes: Sequence[int],
+                   burst: Callable[[], None], iterations: int, rounds: int
+                   ) -> tuple[float, float, list[LoadedPoint]]:
+    """``(burst CPU s, burst wall s, points)``: every loop on every rank at once (collective).
+
+    Each round runs the burst-only loop and every (shape, size) loop once, lined up by a
+    barrier; a point is the median over rounds of the ranks' mean CPU (less that round's
+    burst CPU) and of the slowest rank's wall time.
+    """
+    import torch
+
+    loops: list[tuple[str, int, CallShape | None]] = [("burst", 0, None)] + [
+        (shape.name, n, shape) for shape, n in itertools.product(shapes_of_calls, sizes_bytes)]
+    samples: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for _ in range(rounds):
+        round_values: list[float] = []
+        for _name, num_bytes, shape in loops:
+            calls = [] if shape is None else [_call(transport, g, num_bytes, torch)
+                                              for g in shape.groups]
+            for call in calls:  # warm-up: connections and buffers
+                call()
+            transport.barrier()
+            cpu_began, began = time.process_time(), time.perf_counter()
+            for _ in range(iterations):
+                burst()
+                for call in calls:
+                    call()
+            wall_s = time.perf_counter() - began
+            cpu_s = time.process_time() - cpu_began
+            round_values += [cpu_s / iterations, wall_s / iterations]
+        transport.barrier()
+        rows = gather_floats(transport, round_values)
+        for index, (name, num_bytes, _shape) in enumerate(loops):
+            cpus = [row[2 * index] for row in rows]
+            walls = [row[2 * index + 1] for row in rows]
+            samples.setdefault((name, num_bytes), []).append(
+                (statistics.mean(cpus), max(walls)))
+    burst_cpu = statistics.median(c for c, _ in samples[("burst", 0)])
+    burst_wall = statistics.median(w for _, w in samples[("burst", 0)])
+    points = []
+    for _name, num_bytes, shape in loops[1:]:
+        assert shape is not None
+        values = samples[(shape.name, num_bytes)]
+        messages = shape.messages()
+        points.append(LoadedPoint(
+            shape.name, num_bytes, len(shape.groups), messages, messages * num_bytes,
+            max(0.0, statistics.median(c for c, _ in values) - burst_cpu),
+            statistics.median(w for _, w in values)))
+    return burst_cpu, burst_wall, points
+
+
+def _call(transport, group, num_bytes: int, torch) -> Callable[[], None]:
+    """One all-to-all over ``group`` sending ``num_bytes`` to every other member."""
+    rows = max(1, num_bytes // ROW_BYTES)
+    me = group.group_rank(transport.rank)
+    splits = [0 if member == me else rows for member in range(group.size)]
+    send = torch.empty((sum(splits), ROW_BYTES), dtype=torch.uint8)
+    return lambda: transport.all_to_all(send, splits, splits, group).wait()
+
+
+def fit_call_cpu(points: Sequence[LoadedPoint], copy_gbps: float | None,
+                 burst_cpu_s: float = 0.0, burst_wall_s: float = 0.0) -> CallCpuFit:
+    """Fit ``cpu - bytes / copy_gbps = calls x c + messages x m`` (both >= 0) to ``points``,
+    least squares on relative error (cheap and costly loops count alike).
+
+    The non-negative solution is the best of the least-squares fits over the subsets of
+    the two terms whose coefficients come out >= 0 (three subsets, no solver needed). With
+    one call shape only (calls and messages in a fixed ratio) the terms cannot be told
+    apart, and the fit gives it all to the call.
+
+    Raises:
+        CalibrationError: fewer than two points, or none costs CPU beyond its bytes.
+    """
+    import numpy as np
+
+    def beyond_bytes(point: LoadedPoint) -> float:
+        return point.cpu_s - (0.0 if copy_gbps is None else point.bytes / (copy_gbps * 1e9))
+
+    usable = [p for p in points if beyond_bytes(p) > 0]
+    if len(usable) < 2:
+        raise CalibrationError(f"need at least two loaded exchange loops that cost CPU, got "
+                               f"{len(usable)}")
+    columns = np.array([[p.calls, p.messages] for p in usable], dtype=float)
+    target = np.array([beyond_bytes(p) for p in usable])
+    weights = 1.0 / target
+    best: tuple[float, np.ndarray] | None = None
+    separable = np.linalg.matrix_rank(columns) == 2
+    for size in (2, 1) if separable else (1,):
+        for subset in itertools.combinations(range(2), size) if separable else [(0,)]:
+            a = columns[:, subset] * weights[:, None]
+            solution, *_ = np.linalg.lstsq(a, target * weights, rcond=None)
+            if (solution < 0).any():
+                continue
+            coefficients = np.zeros(2)
+            coefficients[list(subset)] = solution
+            residual = float(np.sum(((columns @ coefficients) - target) ** 2 * weights ** 2))
+            if best is None or residual < best[0]:
+                best = (residual, coefficients)
+    assert best is not None  # one term alone with a positive target always fits >= 0
+    call_s, message_s = (float(c) for c in best[1])
+    fitted = columns @ best[1]
+    max_error = float(np.max(np.abs(fitted / target - 1.0)))
+    return CallCpuFit(call_s * 1e6, message_s * 1e6, copy_gbps, burst_cpu_s, burst_wall_s,
+                      tuple(points), max_error)
