@@ -101,7 +101,8 @@ def test_real_blocks_are_timed_on_the_local_shard_and_become_an_effective_rate()
     spec, tokens, image = model_tokens("tiny-flux", None, None)
     assert tokens == shapes.total_tokens and 0 < image < tokens
     transformer = build_transformer(tiny_transformer_config("tiny-flux"))
-    timing = time_blocks(transformer, shapes, (image, tokens - image), world, repeats=2)
+    timing = time_blocks(transformer, shapes, (image, tokens - image), world, rounds=2,
+                         round_s=0.02)
     assert timing.blocks == spec.num_layers
     assert min(timing.local_forward_s, timing.attention_local_s,
                timing.attention_ulysses_s, timing.layer_s) > 0

@@ -9,7 +9,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cocodiff.calibration.model_shapes import LayerShapes
 
@@ -73,9 +73,66 @@ def time_call(fn: Callable[[], object], min_time_s: float, max_calls: int = 10_0
     return statistics.median(batches)
 
 
+class Lineup(Protocol):
+    """Ranks that time the same thing at the same moment (see :func:`timed_rounds`)."""
+
+    def barrier(self) -> None: ...
+
+    def agree(self, value: float) -> float:
+        """One value every rank gets back the same (the median of the ranks' ``value``)."""
+        ...
+
+
+def timed_rounds(call: Callable[[], object], rounds: int, round_s: float,
+                 lineup: Lineup | None = None, counter: Callable[[], float] | None = None,
+                 max_calls: int = 10_000) -> list[tuple[float, float]]:
+    """Throughput of ``call`` in ``rounds`` rounds: each round a loop of the same number of
+    calls (enough for about ``round_s``, agreed by every rank of ``lineup``), started on
+    every rank at once after a barrier.
+
+    Why a throughput: ranks that share cores time each call as the OS happens to
+    interleave them, and a median of single calls kept that luck (block rates 1.9x apart
+    in two calibrations seconds apart, docs/host-model.md). A loop long enough to span
+    many time slices averages it; the median round takes out a round a neighbour burst
+    into.
+
+    Returns:
+        Per round, ``(seconds per call, counter increase per call)``: ``counter`` is a
+        cumulative reading (e.g. seconds a hook counted inside the calls; 0 without).
+    """
+    read = counter or (lambda: 0.0)
+    call()  # warm up
+    began = time.perf_counter()
+    call()
+    once_s = max(time.perf_counter() - began, 1e-9)
+    calls = min(max_calls, max(1, math.ceil(round_s / once_s)))
+    if lineup is not None:
+        calls = max(1, round(lineup.agree(float(calls))))
+    results = []
+    for _ in range(rounds):
+        if lineup is not None:
+            lineup.barrier()
+        counted = read()
+        began = time.perf_counter()
+        for _ in range(calls):
+            call()
+        elapsed = time.perf_counter() - began
+        results.append((elapsed / calls, (read() - counted) / calls))
+    return results
+
+
+def median_round(results: list[tuple[float, float]]) -> tuple[float, float]:
+    """The median of each column of :func:`timed_rounds`' rounds."""
+    return (statistics.median(r[0] for r in results),
+            statistics.median(r[1] for r in results))
+
+
 def measure_compute(shapes: LayerShapes, dtype_name: str = "float32",
-                    min_time_s: float = 0.05) -> tuple[float, float, dict[str, float]]:
-    """Time one rank's layer operations at ``shapes``.
+                    min_time_s: float = 0.05, lineup: Lineup | None = None,
+                    rounds: int = 5) -> tuple[float, float, dict[str, float]]:
+    """Time one rank's layer operations at ``shapes``: each the median of ``rounds``
+    rounds of :func:`timed_rounds` of about ``min_time_s``, lined up over ``lineup``
+    (every rank timing the same operation at once, as in a step).
 
     Returns:
         ``(flop/s, bytes/s, seconds per call by op)``: the matrix products' FLOPs over their
@@ -109,12 +166,12 @@ def measure_compute(shapes: LayerShapes, dtype_name: str = "float32",
             "attention": (lambda: F.scaled_dot_product_attention(q, k, v),
                           4.0 * s * s * hd * h, 1),
         }
-        op_seconds = {name: time_call(call, min_time_s) for name, (call, _, _) in ops.items()}
-
         def norm() -> object:
             return F.layer_norm(x, (d,)) * (1 + scale) + shift
 
-        op_seconds["norm"] = time_call(norm, min_time_s)
+        calls = {name: call for name, (call, _, _) in ops.items()} | {"norm": norm}
+        op_seconds = {name: median_round(timed_rounds(call, rounds, min_time_s, lineup))[0]
+                      for name, call in calls.items()}
     flops = sum(f * n for _, f, n in ops.values())
     matmul_s = sum(op_seconds[name] * n for name, (_, _, n) in ops.items())
     # cocodiff.cost: an elementwise pass reads and writes each element once.

@@ -100,7 +100,16 @@ class Calibration:
         )
         label = name or f"calibrated-{self.num_nodes}x{self.ranks_per_node}"
         host = None if self.host is None else self.host.spec()
-        return dataclasses.replace(spec, name=label, host=host, **unconstrained_host_links(spec))
+        return dataclasses.replace(spec, name=label, host=host,
+                                   tile_step_overhead_us=self.step_overhead_us(share),
+                                   **unconstrained_host_links(spec))
+
+    def step_overhead_us(self, share: float) -> float:
+        """The topology's ``tile_step_overhead_us``: what each rank ran per step outside
+        the blocks with every rank busy, at one core (x ``share``, the cores each rank
+        had, as the tile's rate is); 0 when the real blocks were not timed."""
+        block = self.compute.block or {}
+        return block.get("step_overhead_s", 0.0) * share * 1e6
 
     def _link(self, tier: str) -> LinkFit:
         """The fit a tier's link gets: the wire's when a host takes the CPU part."""
@@ -119,12 +128,21 @@ class Calibration:
             f"d={s.hidden_size}, {self.dtype}), all ranks computing at once; tflops "
             + (f"= the real blocks' effective rate ({self._block_text()})."
                if self.compute.block else "= the matrix products' rate."),
+            *self._overhead_notes(),
             f"links.gpu: intra-node exchange fit ({self._link('intra').source}), max "
             f"error {self.intra.max_rel_error:.0%}.",
             f"links.nic: inter-node exchange fit ({self._link('inter').source}), max "
             f"error {self.inter.max_rel_error:.0%}.",
             *self._host_notes(),
         ]
+
+    def _overhead_notes(self) -> list[str]:
+        block = self.compute.block
+        if not block or "step_overhead_s" not in block:
+            return []
+        return [f"tile.step_overhead_us: each rank's forward outside its blocks (on its "
+                f"shard) and a scheduler step, {block['step_overhead_s'] * 1e3:.2f} ms with "
+                "all ranks at once, written at one core; charged once per denoising step."]
 
     def _host_notes(self) -> list[str]:
         if self.host is None:
@@ -236,6 +254,13 @@ def summary(result: Calibration, output: Path) -> str:
             + (f" (memory rate raised to {b['effective_memory_gbps']:.2f} GB/s: the memory-bound "
                "operations alone took longer at the measured rate than the real blocks did)"
                if b["effective_memory_gbps"] != c.memory_gbps else ""))
+    if c.block and "step_overhead_s" in c.block:
+        share = (1.0 if result.host is None else
+                 result.host.core_share(result.num_nodes * result.ranks_per_node))
+        lines.append(
+            f"  outside the blocks: {c.block['step_overhead_s'] * 1e3:.2f} ms per step and rank "
+            f"(forward's other modules + scheduler step, all ranks at once) -> step_overhead_us "
+            f"= {result.step_overhead_us(share):.0f} at one core")
     for name, fit in (("intra", result.intra), ("inter", result.inter)):
         lines.append(f"  {name}-node: {fit.latency_us:.1f} us + bytes / {fit.bandwidth_gbps:.3f}"
                      f" GB/s ({fit.source}, max fit error {fit.max_rel_error:.0%})")
