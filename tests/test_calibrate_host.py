@@ -166,3 +166,65 @@ def test_a_wire_the_cpu_fully_explains_never_limits_and_calibration_goes_on(monk
     fitted = measure._wire_fit(None, 0, wall, growing, "measured")
     assert fitted.bandwidth_gbps < UNCONSTRAINED_FACTOR * wall.bandwidth_gbps
     assert fitted.source == "measured, less its CPU"
+
+
+def _with_overhead(calibration: Calibration, step_overhead_s: float) -> Calibration:
+    block = {"layer_s": 1e-3, "effective_tflops": calibration.compute.tflops,
+             "effective_memory_gbps": calibration.compute.memory_gbps,
+             "step_overhead_s": step_overhead_s}
+    calibration.compute = dataclasses.replace(calibration.compute, block=block)
+    return calibration
+
+
+def test_step_overhead_is_written_at_one_core_and_reproduced_by_the_simulator() -> None:
+    # 4 ranks on 2 cores each ran 6 ms outside their blocks per step, all at once: one
+    # core's figure is 3 ms, which the simulator, sharing the cores, turns back into 6 ms.
+    from cocodiff.plan.steps import HeadSplit, LayerPlan, Plan, RankProgram
+    from cocodiff.simulator.simulate import simulate_plan
+    from topology import build_topology
+
+    spec = _with_overhead(_calibration(HostMeasurement(2.0, None, None)), 6e-3).topology()
+    assert spec.tile_step_overhead_us == pytest.approx(3000.0)
+    empty = tuple(RankProgram(r, (LayerPlan((), (), ()),)) for r in range(4))
+    plan = Plan("flat", "test", HeadSplit(4, 4, (1,) * 4, 8), empty, shift_period=None)
+    result = simulate_plan(plan, build_topology(dataclasses.replace(spec, name="t")))
+    assert result.step_time_s == pytest.approx(6e-3, rel=1e-9)
+    # Without a host, the figure is as measured; without timed blocks, none.
+    assert _with_overhead(_calibration(None), 6e-3).topology().tile_step_overhead_us == (
+        pytest.approx(6000.0))
+    assert _calibration(None).topology().tile_step_overhead_us == 0.0
+
+
+class _CountingLineup:
+    """A lineup of one rank that records what :func:`timed_rounds` asks of it."""
+
+    def __init__(self, agreed_calls: int) -> None:
+        self.agreed_calls = agreed_calls
+        self.barriers = 0
+        self.asked: list[float] = []
+
+    def barrier(self) -> None:
+        self.barriers += 1
+
+    def agree(self, value: float) -> float:
+        self.asked.append(value)
+        return float(self.agreed_calls)
+
+
+def test_timed_rounds_loop_the_agreed_calls_after_a_barrier_each() -> None:
+    from cocodiff.calibration.compute import median_round, timed_rounds
+
+    calls = [0]
+    inside = [0.0]
+
+    def call() -> None:
+        calls[0] += 1
+        inside[0] += 0.5  # what a hook inside the call would count
+
+    lineup = _CountingLineup(agreed_calls=7)
+    rounds = timed_rounds(call, 4, 1e-3, lineup, counter=lambda: inside[0])
+    assert lineup.barriers == 4 and len(lineup.asked) == 1  # the count is agreed once
+    assert calls[0] == 2 + 4 * 7  # a warm-up and a probe, then every round's loop
+    assert [per_call for _, per_call in rounds] == [0.5] * 4
+    assert all(seconds > 0 for seconds, _ in rounds)
+    assert median_round([(1.0, 0.1), (3.0, 0.3), (2.0, 0.2)]) == (2.0, 0.2)
