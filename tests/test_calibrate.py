@@ -110,6 +110,9 @@ def test_real_blocks_are_timed_on_the_local_shard_and_become_an_effective_rate()
         (timing.local_forward_s
          + timing.blocks * (timing.attention_ulysses_s - timing.attention_local_s))
         / timing.blocks)
+    # The rest of the forward and a scheduler step: what a step costs outside the blocks.
+    assert min(timing.outside_blocks_s, timing.scheduler_step_s, timing.layer_wall_s) > 0
+    assert timing.step_overhead_s == timing.outside_blocks_s + timing.scheduler_step_s
 
     shape = layer_shape(head_split(spec, world, (image, tokens - image)), 0, 4)
     memory_gbps = 10.0
@@ -157,15 +160,19 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     host = data["host"]
     assert spec.host.cores == host["cores"] and spec.host.ranks_per_host is None
     assert spec.host.message_cpu_us == pytest.approx(host["cpu"]["message_cpu_us"])
-    share = min(1.0, host["cores"] / 2)  # the cores each of the 2 ranks gets, all busy
     # tiny-flux's real blocks were timed: their effective rate is the tile's, the
     # matrix products' rate stays in the JSON beside it.
     block = data["compute"]["block"]
     assert block["effective_tflops"] > 0 and data["compute"]["tflops"] > 0
     assert block["layer_s"] > 0 and len(block["per_rank_layer_s"]) == 2
-    assert spec.tile_tflops == pytest.approx(data["compute"]["tile_tflops"] / share)
+    # Each rank's work outside its blocks, charged once per step.
+    assert block["step_overhead_s"] > 0 and len(block["per_rank_step_overhead_s"]) == 2
+    assert spec.tile_step_overhead_us == pytest.approx(block["step_overhead_s"] * 1e6)
+    assert "outside the blocks:" in done.stdout
+    # One core's rates, as measured: the simulator shares the host's cores.
+    assert spec.tile_tflops == pytest.approx(data["compute"]["tile_tflops"])
     assert data["compute"]["tile_tflops"] == pytest.approx(block["effective_tflops"])
-    assert spec.tile_memory_gbps == pytest.approx(data["compute"]["tile_memory_gbps"] / share)
+    assert spec.tile_memory_gbps == pytest.approx(data["compute"]["tile_memory_gbps"])
     assert data["compute"]["tile_memory_gbps"] == pytest.approx(block["effective_memory_gbps"])
     # The host path is never the bottleneck, whatever the measured memory rate.
     assert spec.host_link.bandwidth_gbps >= 10 * spec.nic_link.bandwidth_gbps

@@ -17,8 +17,7 @@ from cocodiff.calibration.compute import (
     Lineup,
     effective_rates,
     layer_roofline_seconds,
-    median_round,
-    time_call,
+    median_of,
     timed_rounds,
 )
 from cocodiff.calibration.model_shapes import LayerShapes, model_tokens, tiny_transformer_config
@@ -30,22 +29,30 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class BlockTiming:
-    """One rank's timing of the model's real transformer blocks on its local shard.
+    """One rank's timing of the model's real transformer blocks on its local shard, every
+    rank of the lineup timing at once.
+
+    Figures are the process's CPU seconds (the median round of
+    :func:`~cocodiff.calibration.compute.timed_rounds`): the work at one core, with every
+    rank's work competing for the caches and memory as in a step, but without the time a
+    rank waited for a core, which depends on how the OS interleaved the ranks and on what
+    else ran on the machine. The ``*_wall_s`` figures are the wall-clock ones, kept beside
+    them for comparison (with ranks sharing cores, wall = CPU / the cores a rank had).
 
     Attributes:
         blocks: transformer blocks timed per forward (the model's layers).
-        local_forward_s: seconds of all blocks in one forward on the local tokens (the
-            median round of :func:`~cocodiff.calibration.compute.timed_rounds`).
+        local_forward_s: all blocks of one forward on the local tokens.
         attention_local_s: one attention call as it ran there (local tokens, all heads).
         attention_ulysses_s: one attention call at the Ulysses shape (all tokens, the
             rank's heads).
-        layer_s: seconds per layer with attention at the Ulysses shape:
+        layer_s: one layer with attention at the Ulysses shape:
             ``(local_forward_s + blocks * (attention_ulysses_s - attention_local_s)) / blocks``.
-        outside_blocks_s: seconds of one forward outside its blocks (embedders, RoPE's
-            positions, norm_out, proj_out: what a rank runs on its shard besides the
-            blocks), the median round of the forward's time less its blocks'.
+        outside_blocks_s: one forward outside its blocks (embedders, RoPE's positions,
+            norm_out, proj_out: what a rank runs on its shard besides the blocks).
         scheduler_step_s: one flow-match Euler step on the full latents (every rank runs
             it after the output is gathered).
+        layer_wall_s: ``layer_s`` by the wall clock (blocks and attention alike).
+        outside_blocks_wall_s: ``outside_blocks_s`` by the wall clock.
         rounds: rounds of forwards timed; round_s: about how long each lasted.
     """
 
@@ -56,6 +63,8 @@ class BlockTiming:
     layer_s: float
     outside_blocks_s: float = 0.0
     scheduler_step_s: float = 0.0
+    layer_wall_s: float = 0.0
+    outside_blocks_wall_s: float = 0.0
     rounds: int = 0
     round_s: float = 0.0
 
@@ -139,14 +148,16 @@ def time_blocks(transformer, shapes: LayerShapes, stream_tokens: Sequence[int], 
     image, text = (math.ceil(tokens / world) for tokens in stream_tokens)
     inputs = build_inputs(transformer.config, image, text, dtype)
     blocks = [block for attr in lists for block in getattr(transformer, attr)]
-    began: list[float] = []
-    blocks_s = [0.0]  # cumulative seconds inside the blocks
+    began: list[tuple[float, float]] = []
+    in_blocks = [0.0, 0.0]  # cumulative (wall, CPU) seconds inside the blocks
 
     def before(module, args, kwargs) -> None:
-        began.append(time.perf_counter())
+        began.append((time.perf_counter(), time.process_time()))
 
     def after(module, args, kwargs, output) -> None:
-        blocks_s[0] += time.perf_counter() - began.pop()
+        wall, cpu = began.pop()
+        in_blocks[0] += time.perf_counter() - wall
+        in_blocks[1] += time.process_time() - cpu
 
     handles = [hook for block in blocks for hook in (
         block.register_forward_pre_hook(before, with_kwargs=True),
@@ -154,12 +165,10 @@ def time_blocks(transformer, shapes: LayerShapes, stream_tokens: Sequence[int], 
     try:
         with torch.inference_mode():
             timed = timed_rounds(lambda: transformer(**inputs, return_dict=False), rounds,
-                                 round_s, lineup, counter=lambda: blocks_s[0])
+                                 round_s, lineup, inside=lambda: (in_blocks[0], in_blocks[1]))
     finally:
         for handle in handles:
             handle.remove()
-    forward = median_round([(blocks_per_call, 0.0) for _, blocks_per_call in timed])[0]
-    outside = statistics.median(max(0.0, whole - inner) for whole, inner in timed)
     scheduler = _scheduler_step_s(transformer.config, stream_tokens[0], dtype, lineup)
     heads, hd = transformer.config.num_attention_heads, shapes.head_dim
     gen = torch.Generator().manual_seed(1)
@@ -170,15 +179,26 @@ def time_blocks(transformer, shapes: LayerShapes, stream_tokens: Sequence[int], 
         return lambda: F.scaled_dot_product_attention(q, k, v)
 
     with torch.inference_mode():
-        local = time_call(attention(heads, image + text), 0.02)
-        ulysses = time_call(attention(shapes.local_heads, shapes.total_tokens), 0.02)
-    layer = (forward + len(blocks) * (ulysses - local)) / len(blocks)
-    return BlockTiming(len(blocks), forward, local, ulysses, layer, outside, scheduler,
-                       rounds, round_s)
+        local, ulysses = (timed_rounds(attention(*shape), 3, 0.02, lineup)
+                          for shape in ((heads, image + text),
+                                        (shapes.local_heads, shapes.total_tokens)))
+
+    def layer(clock: str) -> float:
+        in_blocks = median_of(timed, f"inside_{clock}_s")
+        correction = median_of(ulysses, f"{clock}_s") - median_of(local, f"{clock}_s")
+        return (in_blocks + len(blocks) * correction) / len(blocks)
+
+    def outside(clock: str) -> float:
+        return statistics.median(
+            max(0.0, getattr(r, f"{clock}_s") - getattr(r, f"inside_{clock}_s")) for r in timed)
+
+    return BlockTiming(len(blocks), median_of(timed, "inside_cpu_s"), median_of(local, "cpu_s"),
+                       median_of(ulysses, "cpu_s"), layer("cpu"), outside("cpu"), scheduler,
+                       layer("wall"), outside("wall"), rounds, round_s)
 
 
 def _scheduler_step_s(config, image_tokens: int, dtype, lineup: Lineup | None) -> float:
-    """Seconds of one scheduler step on the full latents (``image_tokens`` x the
+    """CPU seconds of one scheduler step on the full latents (``image_tokens`` x the
     transformer's input channels): the flow-match Euler step of the FLUX, SD3 and
     Qwen-Image pipelines, lined up over ``lineup``."""
     import torch
@@ -194,7 +214,7 @@ def _scheduler_step_s(config, image_tokens: int, dtype, lineup: Lineup | None) -
     with torch.inference_mode():
         timed = timed_rounds(lambda: scheduler.step(noise, timestep, latents, return_dict=False),
                              rounds, round_s, lineup, max_calls=max_calls)
-    return median_round(timed)[0]
+    return median_of(timed, "cpu_s")
 
 
 def measure_blocks(transport, options: CalibrateOptions, shapes: LayerShapes,
@@ -215,9 +235,10 @@ def measure_blocks(transport, options: CalibrateOptions, shapes: LayerShapes,
     timing = time_blocks(transformer, shapes, streams, world, options.dtype, rounds, round_s,
                          WorldLineup(transport))
     del transformer
-    rows = gather_floats(transport, [timing.layer_s, timing.step_overhead_s])
-    per_rank = [row[0] for row in rows]
-    per_rank_overhead = [row[1] for row in rows]
+    rows = gather_floats(transport, [timing.layer_s, timing.step_overhead_s, timing.layer_wall_s,
+                                     timing.outside_blocks_wall_s])
+    per_rank, per_rank_overhead, per_rank_wall, per_rank_outside_wall = (
+        list(column) for column in zip(*rows, strict=True))
     layer_s = statistics.median(per_rank)
     # The layer as a plan charges it on rank 0 (padded per-stream shards, its heads).
     cost_shape = layer_shape(head_split(spec, world, streams), 0,
@@ -237,7 +258,10 @@ def measure_blocks(transport, options: CalibrateOptions, shapes: LayerShapes,
                                                       compute.memory_gbps),
         "effective_tflops": effective,
         "effective_memory_gbps": effective_memory,
-        # Each rank's forward outside its blocks plus the scheduler's step, all at once.
+        # Each rank's forward outside its blocks plus the scheduler's step.
         "step_overhead_s": statistics.median(per_rank_overhead),
         "per_rank_step_overhead_s": per_rank_overhead,
+        # The same by the wall clock, all ranks busy (not used: for comparison).
+        "per_rank_layer_wall_s": per_rank_wall,
+        "per_rank_outside_blocks_wall_s": per_rank_outside_wall,
     }

@@ -29,11 +29,6 @@ class HostMeasurement:
     ranks_per_host: int | None
     cpu: CpuFit | None
 
-    def core_share(self, world: int) -> float:
-        """Cores each rank's compute gets with every rank of its host computing (the
-        host model's processor sharing, one core at most per rank)."""
-        return min(1.0, self.cores / (self.ranks_per_host or world))
-
     def spec(self):
         """The ``[host]`` of the topology: CPU ranks (compute takes a core), the fitted
         exchange costs; a busy-polling transport's cost is its spinning, nothing else."""
@@ -80,14 +75,12 @@ class Calibration:
     load_average: tuple[float, float] | None = None
 
     def topology(self, name: str | None = None):
-        """The ``cluster`` preset with the measured numbers (and ``[host]`` when measured:
-        the tile's rate is then one core's, so that every rank computing at once on the
-        host's shared cores runs at the measured all-busy rate)."""
+        """The ``cluster`` preset with the measured numbers (and ``[host]`` when measured).
+        The tile's rates are one core's, as measured (process CPU time): the simulator
+        shares the host's cores among the ranks computing at once."""
         from topology.presets import cluster
 
-        intra, inter, share = self._link("intra"), self._link("inter"), 1.0
-        if self.host is not None:
-            share = self.host.core_share(self.num_nodes * self.ranks_per_node)
+        intra, inter = self._link("intra"), self._link("inter")
         spec = cluster(
             num_nodes=self.num_nodes,
             ranks_per_node=self.ranks_per_node,
@@ -95,21 +88,22 @@ class Calibration:
             inter_gbps=inter.bandwidth_gbps,
             intra_latency_us=intra.latency_us,
             inter_latency_us=inter.latency_us,
-            tile_tflops=self.compute.tile_tflops / share,
-            tile_memory_gbps=self.compute.tile_memory_gbps / share,
+            tile_tflops=self.compute.tile_tflops,
+            tile_memory_gbps=self.compute.tile_memory_gbps,
         )
         label = name or f"calibrated-{self.num_nodes}x{self.ranks_per_node}"
         host = None if self.host is None else self.host.spec()
         return dataclasses.replace(spec, name=label, host=host,
-                                   tile_step_overhead_us=self.step_overhead_us(share),
+                                   tile_step_overhead_us=self.step_overhead_us,
                                    **unconstrained_host_links(spec))
 
-    def step_overhead_us(self, share: float) -> float:
-        """The topology's ``tile_step_overhead_us``: what each rank ran per step outside
-        the blocks with every rank busy, at one core (x ``share``, the cores each rank
-        had, as the tile's rate is); 0 when the real blocks were not timed."""
+    @property
+    def step_overhead_us(self) -> float:
+        """The topology's ``tile_step_overhead_us``: the CPU each rank spent per step
+        outside the blocks (one core's, as the tile's rates); 0 when the real blocks
+        were not timed."""
         block = self.compute.block or {}
-        return block.get("step_overhead_s", 0.0) * share * 1e6
+        return block.get("step_overhead_s", 0.0) * 1e6
 
     def _link(self, tier: str) -> LinkFit:
         """The fit a tier's link gets: the wire's when a host takes the CPU part."""
@@ -141,8 +135,8 @@ class Calibration:
         if not block or "step_overhead_s" not in block:
             return []
         return [f"tile.step_overhead_us: each rank's forward outside its blocks (on its "
-                f"shard) and a scheduler step, {block['step_overhead_s'] * 1e3:.2f} ms with "
-                "all ranks at once, written at one core; charged once per denoising step."]
+                f"shard) and a scheduler step, {block['step_overhead_s'] * 1e3:.2f} ms of CPU "
+                "with all ranks at once; charged once per denoising step."]
 
     def _host_notes(self) -> list[str]:
         if self.host is None:
@@ -155,9 +149,8 @@ class Calibration:
                    "+ bytes / copy_gbps")
         return [
             f"host: {self.host.cores:g} cores shared by "
-            f"{self.host.ranks_per_host or world} ranks; tile rates are one core's (the "
-            f"all-busy rate / {self.host.core_share(world):.3g} cores each); exchange CPU: "
-            f"{charged}.",
+            f"{self.host.ranks_per_host or world} ranks; tile rates are one core's (process "
+            f"CPU time, every rank computing at once); exchange CPU: {charged}.",
         ]
 
     def _block_text(self) -> str:
@@ -255,12 +248,10 @@ def summary(result: Calibration, output: Path) -> str:
                "operations alone took longer at the measured rate than the real blocks did)"
                if b["effective_memory_gbps"] != c.memory_gbps else ""))
     if c.block and "step_overhead_s" in c.block:
-        share = (1.0 if result.host is None else
-                 result.host.core_share(result.num_nodes * result.ranks_per_node))
         lines.append(
-            f"  outside the blocks: {c.block['step_overhead_s'] * 1e3:.2f} ms per step and rank "
-            f"(forward's other modules + scheduler step, all ranks at once) -> step_overhead_us "
-            f"= {result.step_overhead_us(share):.0f} at one core")
+            f"  outside the blocks: {c.block['step_overhead_s'] * 1e3:.2f} ms of CPU per step "
+            "and rank (the forward's other modules + a scheduler step), written as "
+            "step_overhead_us")
     for name, fit in (("intra", result.intra), ("inter", result.inter)):
         lines.append(f"  {name}-node: {fit.latency_us:.1f} us + bytes / {fit.bandwidth_gbps:.3f}"
                      f" GB/s ({fit.source}, max fit error {fit.max_rel_error:.0%})")
