@@ -119,7 +119,7 @@ def timed_rounds(call: Callable[[], object], rounds: int, round_s: float,
     return results
 
 
-def median_of(rounds: list[Round], attribute: str = "wall_s") -> float:
+def median_of(rounds: list[Round], attribute: str) -> float:
     """The median over ``rounds`` of one :class:`Round` attribute."""
     return statistics.median(getattr(r, attribute) for r in rounds)
 

@@ -236,7 +236,7 @@ def summary(result: Calibration, output: Path) -> str:
         f"{result.transport} in {result.wall_s:.1f} s -> {output}",
         f"  compute ({s.model} layer, {s.local_tokens}/{s.total_tokens} tokens, "
         f"{s.local_heads} heads, d={s.hidden_size}, {result.dtype}): {c.tflops * 1e3:.2f} "
-        f"GFLOP/s, {c.memory_gbps:.2f} GB/s per rank",
+        f"GFLOP/s, {c.memory_gbps:.2f} GB/s per rank at one core (CPU time, all ranks at once)",
     ]
     if c.block:
         b = c.block
