@@ -101,7 +101,8 @@ def test_real_blocks_are_timed_on_the_local_shard_and_become_an_effective_rate()
     spec, tokens, image = model_tokens("tiny-flux", None, None)
     assert tokens == shapes.total_tokens and 0 < image < tokens
     transformer = build_transformer(tiny_transformer_config("tiny-flux"))
-    timing = time_blocks(transformer, shapes, (image, tokens - image), world, repeats=2)
+    timing = time_blocks(transformer, shapes, (image, tokens - image), world, rounds=2,
+                         round_s=0.02)
     assert timing.blocks == spec.num_layers
     assert min(timing.local_forward_s, timing.attention_local_s,
                timing.attention_ulysses_s, timing.layer_s) > 0
@@ -109,6 +110,9 @@ def test_real_blocks_are_timed_on_the_local_shard_and_become_an_effective_rate()
         (timing.local_forward_s
          + timing.blocks * (timing.attention_ulysses_s - timing.attention_local_s))
         / timing.blocks)
+    # The rest of the forward and a scheduler step: what a step costs outside the blocks.
+    assert min(timing.outside_blocks_s, timing.scheduler_step_s, timing.layer_wall_s) > 0
+    assert timing.step_overhead_s == timing.outside_blocks_s + timing.scheduler_step_s
 
     shape = layer_shape(head_split(spec, world, (image, tokens - image)), 0, 4)
     memory_gbps = 10.0
@@ -148,9 +152,13 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     assert (spec.num_nodes, spec.gpus_per_node) == (2, 1)
     data = json.loads(record.read_text())
     assert data["inter"]["source"] == "measured on loopback"
-    # The links are the pair fit less the CPU the host charges for each exchange.
+    # The links are the pair fit less the CPU the host charges for each exchange. On
+    # loopback that CPU may explain all of it (the kernel's copy is the process's CPU):
+    # then the wire never limits. Which one happens depends on the moment's load, so
+    # either is right here.
     wire = data["inter_wire"]
-    assert wire["source"] == "measured on loopback, less its CPU"
+    assert wire["source"] in ("measured on loopback, less its CPU",
+                              "measured on loopback, all of it CPU: the wire never limits")
     assert spec.nic_link.bandwidth_gbps == pytest.approx(wire["bandwidth_gbps"])
     assert spec.nic_link.latency_us * 2 == pytest.approx(wire["latency_us"])
     host = data["host"]
@@ -163,15 +171,19 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     assert loaded["call_cpu_us"] > 0
     assert spec.host.message_cpu_us == loaded["message_cpu_us"] == 0.0
     assert host["cpu"]["wait_spin"] < 0.5 and not spec.host.busy_poll  # gloo's waits sleep
-    share = min(1.0, host["cores"] / 2)  # the cores each of the 2 ranks gets, all busy
     # tiny-flux's real blocks were timed: their effective rate is the tile's, the
     # matrix products' rate stays in the JSON beside it.
     block = data["compute"]["block"]
     assert block["effective_tflops"] > 0 and data["compute"]["tflops"] > 0
     assert block["layer_s"] > 0 and len(block["per_rank_layer_s"]) == 2
-    assert spec.tile_tflops == pytest.approx(data["compute"]["tile_tflops"] / share)
+    # Each rank's work outside its blocks, charged once per step.
+    assert block["step_overhead_s"] > 0 and len(block["per_rank_step_overhead_s"]) == 2
+    assert spec.tile_step_overhead_us == pytest.approx(block["step_overhead_s"] * 1e6)
+    assert "outside the blocks:" in done.stdout
+    # One core's rates, as measured: the simulator shares the host's cores.
+    assert spec.tile_tflops == pytest.approx(data["compute"]["tile_tflops"])
     assert data["compute"]["tile_tflops"] == pytest.approx(block["effective_tflops"])
-    assert spec.tile_memory_gbps == pytest.approx(data["compute"]["tile_memory_gbps"] / share)
+    assert spec.tile_memory_gbps == pytest.approx(data["compute"]["tile_memory_gbps"])
     assert data["compute"]["tile_memory_gbps"] == pytest.approx(block["effective_memory_gbps"])
     # The host path is never the bottleneck, whatever the measured memory rate.
     assert spec.host_link.bandwidth_gbps >= 10 * spec.nic_link.bandwidth_gbps

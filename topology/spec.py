@@ -137,6 +137,11 @@ class TopologySpec:
         fabric_latency_us: traversal of the inter-node fabric (switch hops x per-hop).
         host: the CPU the ranks share (see :class:`HostSpec`); ``None``: every rank has
             its own device and free message handling.
+        tile_step_overhead_us: microseconds of compute per denoising step outside the
+            transformer's blocks (embedders, norm_out/proj_out, the scheduler's step), once
+            per step per rank, at one core on a host. A property of the model as much as
+            of the tile, as ``tile_tflops`` of a calibrated topology is (the effective rate
+            of the blocks it timed); 0: not charged.
     """
 
     name: str
@@ -154,6 +159,7 @@ class TopologySpec:
     nic_link: LinkSpec
     fabric_latency_us: float
     host: HostSpec | None = None
+    tile_step_overhead_us: float = 0.0
 
     @property
     def tiles_per_node(self) -> int:
@@ -229,6 +235,8 @@ def validate_spec(spec: TopologySpec, locations: Mapping[str, str] | None = None
         spec.tile_memory_gbps, "memory bandwidth", "GB/s", where("tile_memory_gbps"), positive=True
     )
     _check_number(spec.fabric_latency_us, "latency", "us", where("fabric_latency_us"))
+    _check_number(spec.tile_step_overhead_us, "step overhead", "us",
+                  where("tile_step_overhead_us"))
     if not isinstance(spec.gpu_fabric, str) or spec.gpu_fabric not in GPU_FABRICS:
         raise TopologyError(
             f"unknown GPU fabric {spec.gpu_fabric!r} in {where('gpu_fabric')} "

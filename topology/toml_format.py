@@ -15,6 +15,9 @@ A file describes one node and how many of them there are; every node is identica
     [tile]
     tflops = 256.0             # dense bf16 TFLOP/s of one tile (required)
     memory_gbps = 1000.0       # HBM GB/s of one tile (required)
+    step_overhead_us = 4500.0  # compute per denoising step outside the transformer's blocks
+                               # (embedders, norm_out/proj_out, scheduler), at one core on a
+                               # host; once per step per rank (default 0: not charged)
 
     [links.tile]               # every two tiles of one GPU; required iff tiles_per_gpu > 1
     bandwidth_gbps = 185.0     # GB/s per direction
@@ -80,7 +83,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 _TOP_KEYS = ("preset", "name", "nodes", "tile", "links", "fabric", "host")
 _NODES_KEYS = ("count", "gpus", "tiles_per_gpu", "nics")
-_TILE_KEYS = ("tflops", "memory_gbps")
+_TILE_KEYS = ("tflops", "memory_gbps", "step_overhead_us")
 _LINK_NAMES = ("tile", "gpu", "port", "host", "nic")
 _LINK_KEYS = ("bandwidth_gbps", "latency_us")
 _GPU_LINK_KEYS = (*_LINK_KEYS, "fabric")
@@ -94,6 +97,7 @@ _FIELD_KEYS: dict[str, tuple[str, str | None]] = {
     "nics_per_node": ("nodes", "nics"),
     "tile_tflops": ("tile", "tflops"),
     "tile_memory_gbps": ("tile", "memory_gbps"),
+    "tile_step_overhead_us": ("tile", "step_overhead_us"),
     "tile_link": ("links.tile", None),
     "gpu_link": ("links.gpu", None),
     "gpu_fabric": ("links.gpu", "fabric"),
@@ -162,6 +166,8 @@ def dump_topology(spec: TopologySpec) -> str:
         f"tflops = {_toml_float(spec.tile_tflops)}",
         f"memory_gbps = {_toml_float(spec.tile_memory_gbps)}",
     ]
+    if spec.tile_step_overhead_us:  # 0 is the default: files without it stay as they were
+        lines.append(f"step_overhead_us = {_toml_float(spec.tile_step_overhead_us)}")
 
     def link_table(name: str, link: LinkSpec | None, extra: str = "") -> None:
         if link is None and not extra:
@@ -244,6 +250,9 @@ class _Loader:
         memory_gbps = self.number(
             tile, "tile", "memory_gbps", base.tile_memory_gbps if base else None
         )
+        step_overhead_us = self.number(
+            tile, "tile", "step_overhead_us", base.tile_step_overhead_us if base else 0.0
+        )
 
         links = self.table(doc, "links")
         self.check_keys(links, "links", _LINK_NAMES)
@@ -303,6 +312,7 @@ class _Loader:
             nic_link=nic_link,
             fabric_latency_us=fabric_latency,
             host=host,
+            tile_step_overhead_us=step_overhead_us,
         )
         locations = {field: self.where(*table_key) for field, table_key in _FIELD_KEYS.items()}
         validate_spec(spec, locations)

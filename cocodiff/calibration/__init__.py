@@ -2,15 +2,22 @@
 
 What is measured (all on the real transport, between real processes):
 
-- **Compute**, on every rank at once (so ranks that share cores are measured sharing them):
-  the matrix products of one transformer layer on one Ulysses rank (Q/K/V/out projections,
-  the MLP, attention over all tokens for the rank's heads) at the model's shapes, giving an
-  effective TFLOP/s (their FLOPs as :mod:`cocodiff.cost` counts them over their measured
-  time), and its elementwise work (the adaLN-modulated layer norms) at the same shapes,
-  giving an effective memory GB/s (bytes as :mod:`cocodiff.cost` counts them). These are the
-  ``[tile]`` rates of the roofline model.
-- **The model's real transformer blocks**, on every rank at once (so core sharing is
-  included), when calibrate can build the model's transformer (a tiny model or a
+- **Compute**, on every rank at once (so ranks that share cores are measured sharing them,
+  caches and memory included): each measurement is a loop of calls long enough to span
+  many of the OS's time slices, started on every rank together after a barrier, repeated
+  in rounds (the median round kept), and read as the process's CPU seconds per call, i.e.
+  one core's time: the time a rank waited for a core is left to the simulator's sharing
+  of the host's cores (it depends on how the OS interleaved the ranks, and on whatever
+  else ran on the machine; as wall-clock medians of single calls it moved the rate up to
+  1.9x between calibrations). Timed this way: the matrix products of one transformer layer
+  on one Ulysses rank (Q/K/V/out projections, the MLP, attention over all tokens for the
+  rank's heads) at the model's shapes, giving an effective TFLOP/s (their FLOPs as
+  :mod:`cocodiff.cost` counts them over their measured time), and its elementwise work
+  (the adaLN-modulated layer norms) at the same shapes, giving an effective memory GB/s
+  (bytes as :mod:`cocodiff.cost` counts them). These are the ``[tile]`` rates of the
+  roofline model.
+- **The model's real transformer blocks**, on every rank at once and timed the same way,
+  when calibrate can build the model's transformer (a tiny model or a
   diffusers directory; FLUX): the diffusers modules run on one rank's local token shard,
   no communication, every block timed with forward hooks. Attention there runs over the
   local tokens with every head; the measured difference between scaled-dot-product
@@ -21,7 +28,10 @@ What is measured (all on the real transport, between real processes):
   charging every operation of a layer as :mod:`cocodiff.cost` prices it (the roofline of
   each, at the measured memory rate), takes exactly the measured seconds for one layer.
   The matrix-product rate stays in the JSON (``compute.tflops``) beside it
-  (``compute.tile_tflops``, ``compute.block``).
+  (``compute.tile_tflops``, ``compute.block``). The same forwards give each rank's
+  **work outside the blocks** (the forward less its blocks: embedders, RoPE's positions,
+  norm_out, proj_out, all on the rank's shard) plus a scheduler step on the full latents:
+  ``[tile] step_overhead_us``, which the simulator charges once per denoising step.
 - **Each link tier**, with a two-rank exchange (each side sends ``n`` bytes to the other at
   once; an all-to-all over the pair) swept over message sizes, between two ranks of one
   node (intra) and two ranks of different nodes (inter), fitted as
@@ -34,9 +44,9 @@ What is measured (all on the real transport, between real processes):
   machine), and the CPU an exchange costs a rank: the process's CPU time (every thread)
   around each timed pair exchange, fitted as ``messages x message_cpu_us + bytes /
   copy_gbps``; a transport whose waits spin (CPU near the wall time) is written as
-  ``busy_poll``. The tile's rates are then one core's (the all-busy rate over the cores
-  each rank gets), and the links are the pair fits less that CPU, so that the simulator
-  charging CPU on the host and the rest on the wire takes the measured times.
+  ``busy_poll``. The tile's rates are one core's (CPU time, above), and the links are the
+  pair fits less that CPU, so that the simulator charging CPU on the host and the rest on
+  the wire takes the measured times.
 - **The collective**: flat all-to-alls over the whole world at a few sizes, reported
   next to what the fitted links predict for them (the slowest of the busiest per-rank port
   and the busiest node NIC, each with its latency) so a reader can see how far a

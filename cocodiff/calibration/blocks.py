@@ -11,12 +11,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cocodiff.calibration.collect import gather_floats
+from cocodiff.calibration.collect import WorldLineup, gather_floats
 from cocodiff.calibration.compute import (
     ComputeRates,
+    Lineup,
     effective_rates,
     layer_roofline_seconds,
-    time_call,
+    median_of,
+    timed_rounds,
 )
 from cocodiff.calibration.model_shapes import LayerShapes, model_tokens, tiny_transformer_config
 from cocodiff.calibration.options import CalibrateOptions, CalibrationError
@@ -27,16 +29,31 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class BlockTiming:
-    """One rank's timing of the model's real transformer blocks on its local shard.
+    """One rank's timing of the model's real transformer blocks on its local shard, every
+    rank of the lineup timing at once.
+
+    Figures are the process's CPU seconds (the median round of
+    :func:`~cocodiff.calibration.compute.timed_rounds`): the work at one core, with every
+    rank's work competing for the caches and memory as in a step, but without the time a
+    rank waited for a core, which depends on how the OS interleaved the ranks and on what
+    else ran on the machine. The ``*_wall_s`` figures are the wall-clock ones, kept beside
+    them for comparison (with ranks sharing cores, wall = CPU / the cores a rank had).
 
     Attributes:
         blocks: transformer blocks timed per forward (the model's layers).
-        local_forward_s: seconds of all blocks in one forward on the local tokens (median).
+        local_forward_s: all blocks of one forward on the local tokens.
         attention_local_s: one attention call as it ran there (local tokens, all heads).
         attention_ulysses_s: one attention call at the Ulysses shape (all tokens, the
             rank's heads).
-        layer_s: seconds per layer with attention at the Ulysses shape:
+        layer_s: one layer with attention at the Ulysses shape:
             ``(local_forward_s + blocks * (attention_ulysses_s - attention_local_s)) / blocks``.
+        outside_blocks_s: one forward outside its blocks (embedders, RoPE's positions,
+            norm_out, proj_out: what a rank runs on its shard besides the blocks).
+        scheduler_step_s: one flow-match Euler step on the full latents (every rank runs
+            it after the output is gathered).
+        layer_wall_s: ``layer_s`` by the wall clock (blocks and attention alike).
+        outside_blocks_wall_s: ``outside_blocks_s`` by the wall clock.
+        rounds: rounds of forwards timed; round_s: about how long each lasted.
     """
 
     blocks: int
@@ -44,6 +61,17 @@ class BlockTiming:
     attention_local_s: float
     attention_ulysses_s: float
     layer_s: float
+    outside_blocks_s: float = 0.0
+    scheduler_step_s: float = 0.0
+    layer_wall_s: float = 0.0
+    outside_blocks_wall_s: float = 0.0
+    rounds: int = 0
+    round_s: float = 0.0
+
+    @property
+    def step_overhead_s(self) -> float:
+        """A denoising step's compute outside the blocks, as this rank ran it."""
+        return self.outside_blocks_s + self.scheduler_step_s
 
 
 def flux_local_inputs(config, image_tokens: int, text_tokens: int, dtype) -> dict:
@@ -104,10 +132,13 @@ def build_transformer(config: dict[str, Any]):
 
 
 def time_blocks(transformer, shapes: LayerShapes, stream_tokens: Sequence[int], world: int,
-                dtype_name: str = "float32", repeats: int = 5) -> BlockTiming:
+                dtype_name: str = "float32", rounds: int = 5, round_s: float = 0.3,
+                lineup: Lineup | None = None) -> BlockTiming:
     """Time ``transformer``'s real blocks on one rank's local shard of ``stream_tokens``
     (image, text) over ``world`` Ulysses ranks, without communication, and correct
-    attention to the Ulysses shape (see the module docstring)."""
+    attention to the Ulysses shape (see the module docstring). Forwards run in ``rounds``
+    loops of about ``round_s`` each, lined up over ``lineup`` (every rank at once): a
+    throughput, as ranks sharing cores run in a step (see :func:`timed_rounds`)."""
     import torch
     import torch.nn.functional as F
 
@@ -117,29 +148,28 @@ def time_blocks(transformer, shapes: LayerShapes, stream_tokens: Sequence[int], 
     image, text = (math.ceil(tokens / world) for tokens in stream_tokens)
     inputs = build_inputs(transformer.config, image, text, dtype)
     blocks = [block for attr in lists for block in getattr(transformer, attr)]
-    began: list[float] = []
-    spent: list[float] = []
+    began: list[tuple[float, float]] = []
+    in_blocks = [0.0, 0.0]  # cumulative (wall, CPU) seconds inside the blocks
 
     def before(module, args, kwargs) -> None:
-        began.append(time.perf_counter())
+        began.append((time.perf_counter(), time.process_time()))
 
     def after(module, args, kwargs, output) -> None:
-        spent.append(time.perf_counter() - began.pop())
+        wall, cpu = began.pop()
+        in_blocks[0] += time.perf_counter() - wall
+        in_blocks[1] += time.process_time() - cpu
 
     handles = [hook for block in blocks for hook in (
         block.register_forward_pre_hook(before, with_kwargs=True),
         block.register_forward_hook(after, with_kwargs=True))]
-    totals = []
     try:
         with torch.inference_mode():
-            for index in range(repeats + 1):  # the first warms up
-                spent.clear()
-                transformer(**inputs, return_dict=False)
-                if index:
-                    totals.append(sum(spent))
+            timed = timed_rounds(lambda: transformer(**inputs, return_dict=False), rounds,
+                                 round_s, lineup, inside=lambda: (in_blocks[0], in_blocks[1]))
     finally:
         for handle in handles:
             handle.remove()
+    scheduler = _scheduler_step_s(transformer.config, stream_tokens[0], dtype, lineup)
     heads, hd = transformer.config.num_attention_heads, shapes.head_dim
     gen = torch.Generator().manual_seed(1)
 
@@ -149,11 +179,42 @@ def time_blocks(transformer, shapes: LayerShapes, stream_tokens: Sequence[int], 
         return lambda: F.scaled_dot_product_attention(q, k, v)
 
     with torch.inference_mode():
-        local = time_call(attention(heads, image + text), 0.02)
-        ulysses = time_call(attention(shapes.local_heads, shapes.total_tokens), 0.02)
-    forward = statistics.median(totals)
-    layer = (forward + len(blocks) * (ulysses - local)) / len(blocks)
-    return BlockTiming(len(blocks), forward, local, ulysses, layer)
+        local, ulysses = (timed_rounds(attention(*shape), 3, 0.02, lineup)
+                          for shape in ((heads, image + text),
+                                        (shapes.local_heads, shapes.total_tokens)))
+
+    def layer(clock: str) -> float:
+        in_blocks = median_of(timed, f"inside_{clock}_s")
+        correction = median_of(ulysses, f"{clock}_s") - median_of(local, f"{clock}_s")
+        return (in_blocks + len(blocks) * correction) / len(blocks)
+
+    def outside(clock: str) -> float:
+        return statistics.median(
+            max(0.0, getattr(r, f"{clock}_s") - getattr(r, f"inside_{clock}_s")) for r in timed)
+
+    return BlockTiming(len(blocks), median_of(timed, "inside_cpu_s"), median_of(local, "cpu_s"),
+                       median_of(ulysses, "cpu_s"), layer("cpu"), outside("cpu"), scheduler,
+                       layer("wall"), outside("wall"), rounds, round_s)
+
+
+def _scheduler_step_s(config, image_tokens: int, dtype, lineup: Lineup | None) -> float:
+    """CPU seconds of one scheduler step on the full latents (``image_tokens`` x the
+    transformer's input channels): the flow-match Euler step of the FLUX, SD3 and
+    Qwen-Image pipelines, lined up over ``lineup``."""
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    rounds, round_s, max_calls = 3, 0.02, 200
+    scheduler = FlowMatchEulerDiscreteScheduler()
+    # Enough steps for every call of every round (each call moves one step on).
+    scheduler.set_timesteps(rounds * max_calls + 4)
+    latents = torch.zeros(1, image_tokens, config.in_channels, dtype=dtype)
+    noise = torch.ones_like(latents)
+    timestep = scheduler.timesteps[0]
+    with torch.inference_mode():
+        timed = timed_rounds(lambda: scheduler.step(noise, timestep, latents, return_dict=False),
+                             rounds, round_s, lineup, max_calls=max_calls)
+    return median_of(timed, "cpu_s")
 
 
 def measure_blocks(transport, options: CalibrateOptions, shapes: LayerShapes,
@@ -169,11 +230,15 @@ def measure_blocks(transport, options: CalibrateOptions, shapes: LayerShapes,
     spec, tokens, image = model_tokens(options.model, options.tokens, options.resolution)
     streams = (image, tokens - image)
     transformer = build_transformer(config)
-    transport.barrier()
-    timing = time_blocks(transformer, shapes, streams, world, options.dtype,
-                         3 if options.quick else 9)  # medians: see measure.py
+    # Rounds of ~0.3 s: dozens of forwards of a tiny model, many time slices of the OS.
+    rounds, round_s = (3, 0.1) if options.quick else (7, 0.3)
+    timing = time_blocks(transformer, shapes, streams, world, options.dtype, rounds, round_s,
+                         WorldLineup(transport))
     del transformer
-    per_rank = [row[0] for row in gather_floats(transport, [timing.layer_s])]
+    rows = gather_floats(transport, [timing.layer_s, timing.step_overhead_s, timing.layer_wall_s,
+                                     timing.outside_blocks_wall_s])
+    per_rank, per_rank_overhead, per_rank_wall, per_rank_outside_wall = (
+        list(column) for column in zip(*rows, strict=True))
     layer_s = statistics.median(per_rank)
     # The layer as a plan charges it on rank 0 (padded per-stream shards, its heads).
     cost_shape = layer_shape(head_split(spec, world, streams), 0,
@@ -193,4 +258,10 @@ def measure_blocks(transport, options: CalibrateOptions, shapes: LayerShapes,
                                                       compute.memory_gbps),
         "effective_tflops": effective,
         "effective_memory_gbps": effective_memory,
+        # Each rank's forward outside its blocks plus the scheduler's step.
+        "step_overhead_s": statistics.median(per_rank_overhead),
+        "per_rank_step_overhead_s": per_rank_overhead,
+        # The same by the wall clock, all ranks busy (not used: for comparison).
+        "per_rank_layer_wall_s": per_rank_wall,
+        "per_rank_outside_blocks_wall_s": per_rank_outside_wall,
     }

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from cocodiff.calibration.fits import LinkFit, fit_latency_bandwidth
 from cocodiff.calibration.options import DEFAULT_SIZES_KIB, QUICK_SIZES_KIB
@@ -28,3 +31,17 @@ def share_fit(transport, owner: int, points: list[tuple[int, float]], source: st
     rows = gather_floats(transport, padded)[owner]
     shared = [(int(rows[i]), rows[i + 1]) for i in range(0, width, 2) if rows[i] > 0]
     return fit_latency_bandwidth(shared, source)
+
+
+@dataclass(frozen=True, slots=True)
+class WorldLineup:
+    """Every rank of ``transport``'s world timing at once (a
+    :class:`~cocodiff.calibration.compute.Lineup`; collective, like every call here)."""
+
+    transport: Any
+
+    def barrier(self) -> None:
+        self.transport.barrier()
+
+    def agree(self, value: float) -> float:
+        return statistics.median(row[0] for row in gather_floats(self.transport, [value]))

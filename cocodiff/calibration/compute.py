@@ -9,14 +9,15 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cocodiff.calibration.model_shapes import LayerShapes
 
 
 @dataclass(frozen=True, slots=True)
 class ComputeRates:
-    """Effective rates of one rank while every rank computes.
+    """Effective rates of one rank at one core while every rank computes (from the
+    process's CPU time: see :class:`Round`).
 
     Attributes:
         tflops: matrix-product FLOP/s / 10^12 (median over ranks).
@@ -50,32 +51,86 @@ class ComputeRates:
                 "tile_memory_gbps": self.tile_memory_gbps}
 
 
-def time_call(fn: Callable[[], object], min_time_s: float, max_calls: int = 10_000) -> float:
-    """Median seconds per call over batches filling ``min_time_s`` (after one warm-up)."""
-    fn()
-    batches: list[float] = []
-    calls = 1
-    # Grow the batch until it takes ~1/5 of the budget, then time five batches of it.
-    while True:
+class Lineup(Protocol):
+    """Ranks that time the same thing at the same moment (see :func:`timed_rounds`)."""
+
+    def barrier(self) -> None: ...
+
+    def agree(self, value: float) -> float:
+        """One value every rank gets back the same (the median of the ranks' ``value``)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One round of :func:`timed_rounds`, per call.
+
+    Attributes:
+        wall_s: wall-clock seconds per call (with every rank of the lineup busy).
+        cpu_s: this process's CPU seconds per call (all its threads): the call's work at
+            one core, however the cores were shared and whatever else ran on them.
+        inside_wall_s: wall-clock seconds per call inside the hooked parts of the call.
+        inside_cpu_s: CPU seconds per call inside them.
+    """
+
+    wall_s: float
+    cpu_s: float
+    inside_wall_s: float = 0.0
+    inside_cpu_s: float = 0.0
+
+
+def timed_rounds(call: Callable[[], object], rounds: int, round_s: float,
+                 lineup: Lineup | None = None,
+                 inside: Callable[[], tuple[float, float]] | None = None,
+                 max_calls: int = 10_000) -> list[Round]:
+    """Throughput of ``call`` in ``rounds`` rounds: each round a loop of the same number of
+    calls (enough for about ``round_s``, agreed by every rank of ``lineup``), started on
+    every rank at once after a barrier.
+
+    Why a throughput: ranks that share cores time each call as the OS happens to
+    interleave them, and a median of single calls kept that luck (block rates 1.9x apart
+    in two calibrations seconds apart, docs/host-model.md). A loop long enough to span
+    many time slices averages it; the median round takes out a round a neighbour burst
+    into. ``inside`` reads the cumulative (wall, CPU) seconds that hooks counted inside
+    the calls; it is read at each round's start and end.
+    """
+    read = inside or (lambda: (0.0, 0.0))
+    call()  # warm up
+    began = time.perf_counter()
+    call()
+    once_s = max(time.perf_counter() - began, 1e-9)
+    calls = min(max_calls, max(1, math.ceil(round_s / once_s)))
+    if lineup is not None:
+        calls = max(1, round(lineup.agree(float(calls))))
+    results = []
+    for _ in range(rounds):
+        if lineup is not None:
+            lineup.barrier()
+        wall_in, cpu_in = read()
+        cpu_began = time.process_time()
         began = time.perf_counter()
         for _ in range(calls):
-            fn()
+            call()
         elapsed = time.perf_counter() - began
-        if elapsed >= min_time_s / 5 or calls >= max_calls:
-            break
-        calls = min(max_calls, calls * 2)
-    batches.append(elapsed / calls)
-    for _ in range(4):
-        began = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        batches.append((time.perf_counter() - began) / calls)
-    return statistics.median(batches)
+        cpu_s = time.process_time() - cpu_began
+        wall_out, cpu_out = read()
+        results.append(Round(elapsed / calls, cpu_s / calls, (wall_out - wall_in) / calls,
+                             (cpu_out - cpu_in) / calls))
+    return results
+
+
+def median_of(rounds: list[Round], attribute: str) -> float:
+    """The median over ``rounds`` of one :class:`Round` attribute."""
+    return statistics.median(getattr(r, attribute) for r in rounds)
 
 
 def measure_compute(shapes: LayerShapes, dtype_name: str = "float32",
-                    min_time_s: float = 0.05) -> tuple[float, float, dict[str, float]]:
-    """Time one rank's layer operations at ``shapes``.
+                    min_time_s: float = 0.05, lineup: Lineup | None = None,
+                    rounds: int = 5) -> tuple[float, float, dict[str, float]]:
+    """Time one rank's layer operations at ``shapes``: each the process's CPU seconds per
+    call (one core's), the median of ``rounds`` rounds of :func:`timed_rounds` of about
+    ``min_time_s``, lined up over ``lineup`` (every rank timing the same operation at
+    once, as in a step).
 
     Returns:
         ``(flop/s, bytes/s, seconds per call by op)``: the matrix products' FLOPs over their
@@ -109,12 +164,12 @@ def measure_compute(shapes: LayerShapes, dtype_name: str = "float32",
             "attention": (lambda: F.scaled_dot_product_attention(q, k, v),
                           4.0 * s * s * hd * h, 1),
         }
-        op_seconds = {name: time_call(call, min_time_s) for name, (call, _, _) in ops.items()}
-
         def norm() -> object:
             return F.layer_norm(x, (d,)) * (1 + scale) + shift
 
-        op_seconds["norm"] = time_call(norm, min_time_s)
+        calls = {name: call for name, (call, _, _) in ops.items()} | {"norm": norm}
+        op_seconds = {name: median_of(timed_rounds(call, rounds, min_time_s, lineup), "cpu_s")
+                      for name, call in calls.items()}
     flops = sum(f * n for _, f, n in ops.values())
     matmul_s = sum(op_seconds[name] * n for name, (_, _, n) in ops.items())
     # cocodiff.cost: an elementwise pass reads and writes each element once.

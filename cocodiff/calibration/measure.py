@@ -12,7 +12,7 @@ import time
 import zlib
 
 from cocodiff.calibration.blocks import measure_blocks
-from cocodiff.calibration.collect import gather_floats, share_fit
+from cocodiff.calibration.collect import WorldLineup, gather_floats, share_fit
 from cocodiff.calibration.compute import ComputeRates, measure_compute
 from cocodiff.calibration.exchanges import (
     measure_exchanges,
@@ -67,9 +67,9 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
         raise CalibrationError("calibration needs at least 2 ranks")
 
     shapes = layer_shapes(options.model, options.tokens, options.resolution, world)
-    transport.barrier()
     flops, memory, op_seconds = measure_compute(shapes, options.dtype,
-                                                0.02 if options.quick else 0.05)
+                                                0.02 if options.quick else 0.05,
+                                                WorldLineup(transport), 3 if options.quick else 5)
     rates = gather_floats(transport, [flops / 1e12, memory / 1e9])
     compute = ComputeRates(
         tflops=statistics.median(r[0] for r in rates),

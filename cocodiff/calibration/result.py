@@ -39,11 +39,6 @@ class HostMeasurement:
     loaded_note: str = ""
     call_wait_us: float = 0.0
 
-    def core_share(self, world: int) -> float:
-        """Cores each rank's compute gets with every rank of its host computing (the
-        host model's processor sharing, one core at most per rank)."""
-        return min(1.0, self.cores / (self.ranks_per_host or world))
-
     def spec(self):
         """The ``[host]`` of the topology: CPU ranks (compute takes a core), the fitted
         exchange costs; a busy-polling transport's cost is its spinning, nothing else."""
@@ -100,14 +95,12 @@ class Calibration:
     load_average: tuple[float, float] | None = None
 
     def topology(self, name: str | None = None):
-        """The ``cluster`` preset with the measured numbers (and ``[host]`` when measured:
-        the tile's rate is then one core's, so that every rank computing at once on the
-        host's shared cores runs at the measured all-busy rate)."""
+        """The ``cluster`` preset with the measured numbers (and ``[host]`` when measured).
+        The tile's rates are one core's, as measured (process CPU time): the simulator
+        shares the host's cores among the ranks computing at once."""
         from topology.presets import cluster
 
-        intra, inter, share = self._link("intra"), self._link("inter"), 1.0
-        if self.host is not None:
-            share = self.host.core_share(self.num_nodes * self.ranks_per_node)
+        intra, inter = self._link("intra"), self._link("inter")
         spec = cluster(
             num_nodes=self.num_nodes,
             ranks_per_node=self.ranks_per_node,
@@ -115,12 +108,22 @@ class Calibration:
             inter_gbps=inter.bandwidth_gbps,
             intra_latency_us=intra.latency_us,
             inter_latency_us=inter.latency_us,
-            tile_tflops=self.compute.tile_tflops / share,
-            tile_memory_gbps=self.compute.tile_memory_gbps / share,
+            tile_tflops=self.compute.tile_tflops,
+            tile_memory_gbps=self.compute.tile_memory_gbps,
         )
         label = name or f"calibrated-{self.num_nodes}x{self.ranks_per_node}"
         host = None if self.host is None else self.host.spec()
-        return dataclasses.replace(spec, name=label, host=host, **unconstrained_host_links(spec))
+        return dataclasses.replace(spec, name=label, host=host,
+                                   tile_step_overhead_us=self.step_overhead_us,
+                                   **unconstrained_host_links(spec))
+
+    @property
+    def step_overhead_us(self) -> float:
+        """The topology's ``tile_step_overhead_us``: the CPU each rank spent per step
+        outside the blocks (one core's, as the tile's rates); 0 when the real blocks
+        were not timed."""
+        block = self.compute.block or {}
+        return block.get("step_overhead_s", 0.0) * 1e6
 
     def _link(self, tier: str) -> LinkFit:
         """The fit a tier's link gets: the wire's when a host takes the CPU part."""
@@ -139,12 +142,21 @@ class Calibration:
             f"d={s.hidden_size}, {self.dtype}), all ranks computing at once; tflops "
             + (f"= the real blocks' effective rate ({self._block_text()})."
                if self.compute.block else "= the matrix products' rate."),
+            *self._overhead_notes(),
             f"links.gpu: intra-node exchange fit ({self._link('intra').source}), max "
             f"error {self.intra.max_rel_error:.0%}.",
             f"links.nic: inter-node exchange fit ({self._link('inter').source}), max "
             f"error {self.inter.max_rel_error:.0%}.",
             *self._host_notes(),
         ]
+
+    def _overhead_notes(self) -> list[str]:
+        block = self.compute.block
+        if not block or "step_overhead_s" not in block:
+            return []
+        return [f"tile.step_overhead_us: each rank's forward outside its blocks (on its "
+                f"shard) and a scheduler step, {block['step_overhead_s'] * 1e3:.2f} ms of CPU "
+                "with all ranks at once; charged once per denoising step."]
 
     def _host_notes(self) -> list[str]:
         if self.host is None:
@@ -160,9 +172,8 @@ class Calibration:
                    "+ bytes / copy_gbps")
         return [
             f"host: {self.host.cores:g} cores shared by "
-            f"{self.host.ranks_per_host or world} ranks; tile rates are one core's (the "
-            f"all-busy rate / {self.host.core_share(world):.3g} cores each); exchange CPU: "
-            f"{charged}.",
+            f"{self.host.ranks_per_host or world} ranks; tile rates are one core's (process "
+            f"CPU time, every rank computing at once); exchange CPU: {charged}.",
         ]
 
     def _block_text(self) -> str:
@@ -316,7 +327,7 @@ def summary(result: Calibration, output: Path) -> str:
         f"{result.transport} in {result.wall_s:.1f} s -> {output}",
         f"  compute ({s.model} layer, {s.local_tokens}/{s.total_tokens} tokens, "
         f"{s.local_heads} heads, d={s.hidden_size}, {result.dtype}): {c.tflops * 1e3:.2f} "
-        f"GFLOP/s, {c.memory_gbps:.2f} GB/s per rank",
+        f"GFLOP/s, {c.memory_gbps:.2f} GB/s per rank at one core (CPU time, all ranks at once)",
     ]
     if c.block:
         b = c.block
@@ -327,6 +338,11 @@ def summary(result: Calibration, output: Path) -> str:
             + (f" (memory rate raised to {b['effective_memory_gbps']:.2f} GB/s: the memory-bound "
                "operations alone took longer at the measured rate than the real blocks did)"
                if b["effective_memory_gbps"] != c.memory_gbps else ""))
+    if c.block and "step_overhead_s" in c.block:
+        lines.append(
+            f"  outside the blocks: {c.block['step_overhead_s'] * 1e3:.2f} ms of CPU per step "
+            "and rank (the forward's other modules + a scheduler step), written as "
+            "step_overhead_us")
     for name, fit in (("intra", result.intra), ("inter", result.inter)):
         lines.append(f"  {name}-node: {fit.latency_us:.1f} us + bytes / {fit.bandwidth_gbps:.3f}"
                      f" GB/s ({fit.source}, max fit error {fit.max_rel_error:.0%})")

@@ -336,6 +336,10 @@ def _notes(results, steps, collective, topology, model, placement, layouts=None)
             f"(simulated {r.simulated_ranks} of {r.num_ranks} ranks"
             + (", folded" if r.folded else "") + f", {r.wall_s:.2f} s wall)"
         )
+    overhead_us = topology.spec.tile_step_overhead_us
+    if overhead_us:
+        notes.append(f"compute includes {overhead_us / 1e3:.3g} ms per step and rank outside the "
+                     "transformer's blocks, at one core ([tile] step_overhead_us)")
     if any((layouts or {}).values()):
         notes.append("layout UxRxB = Ulysses x Ring x batch degrees ('/ring-inner': the Ring "
                      "on the fast tiers); `cocodiff plan` ranks them all")

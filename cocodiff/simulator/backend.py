@@ -44,20 +44,37 @@ class SimBackend:
         self._exchange_handles: set[int] = set()  # ids of exchanges a wait may spin on
 
     def compute(self, step: Compute) -> SimHandle:
-        duration_s = roofline_seconds(step.cost, self._tflops, self._memory_gbps)
+        return self._compute(roofline_seconds(step.cost, self._tflops, self._memory_gbps),
+                             step.op)
+
+    def step_overhead(self) -> SimHandle | None:
+        """The step's compute outside the transformer's blocks (the topology's
+        ``tile_step_overhead_us``: embedders, norm_out/proj_out, the scheduler's step),
+        charged like a compute step, once per step before the first layer; None when the
+        topology has none (nothing is charged, so step times stay as they were).
+
+        It is charged here, by the simulator's rank, rather than as a step of the plan:
+        the plan says what the blocks and their exchanges do, which the runtime carries
+        out step by step; this work is the unmodified pipeline's, which the runtime runs
+        as it is, so it has no plan step to carry out."""
+        overhead_us = self.simulation.topology.spec.tile_step_overhead_us
+        return self._compute(overhead_us * 1e-6, "step overhead") if overhead_us else None
+
+    def _compute(self, duration_s: float, name: str) -> SimHandle:
+        """``duration_s`` of compute (at one core on a host) on the rank's tile."""
         host = self.simulation.host
         if host is not None and host.compute_core_demand > 0:
             # A CPU rank's compute: duration_s at its demand, shared with its host's tasks;
             # its compute time is what it took, sharing included.
             demand = host.compute_core_demand
             done = self.simulation.cpu_task(self.transport.rank, duration_s * demand, demand,
-                                            self._track if self._record else None, step.op)
+                                            self._track if self._record else None, name)
             start = self.simulation.now
             done.callbacks.append(self._add_compute_since(start))
             return SimHandle(done)
         self.compute_s += duration_s
         if self._record:
-            event = self.simulation.compute(self._tile, duration_s, self._track, step.op)
+            event = self.simulation.compute(self._tile, duration_s, self._track, name)
         else:
             event = self.simulation.env.timeout(duration_s)
         return SimHandle(event)
@@ -152,6 +169,9 @@ class SimBackend:
 
 def rank_process(simulation: Simulation, execution: Execution, rank: int,
                  finish_s: dict[int, float], backend: SimBackend):
+    overhead = backend.step_overhead()
+    if overhead is not None:
+        yield overhead.event
     for handle in execution:
         yield backend.blocked_on(cast(SimHandle, handle))  # the simulated transport's handles
     finish_s[rank] = simulation.now

@@ -22,7 +22,7 @@ class SimResult:
     schedule: str
     num_ranks: int
     step_time_s: float
-    compute_s: float  # on the slowest rank
+    compute_s: float  # on the slowest rank (the step overhead outside the blocks included)
     comm_exposed_s: float  # step time the slowest rank spends waiting for exchanges
     bytes_by_tier: dict[str, float]
     busiest_links: list[LinkUse]
