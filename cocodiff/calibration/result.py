@@ -269,7 +269,6 @@ def fit_call_wait(result: Calibration) -> float:
     host = result.host
     if host is None or host.loaded is None:
         return 0.0
-    from topology import build_topology
     from transports.sim import CollectiveModel
 
     collective = (CollectiveModel.from_json(result.collective) if result.collective
@@ -278,7 +277,7 @@ def fit_call_wait(result: Calibration) -> float:
 
     def median_error(wait_us: float) -> float:
         trial = dataclasses.replace(result, host=dataclasses.replace(host, call_wait_us=wait_us))
-        topology = build_topology(trial.topology())
+        topology = _loops_topology(trial)
         return statistics.median(
             predict_loop_s(topology, point, loaded.burst_cpu_s, result.num_nodes,
                            result.ranks_per_node, collective) / point.wall_s - 1
@@ -295,6 +294,14 @@ def fit_call_wait(result: Calibration) -> float:
     return (low + high) / 2
 
 
+def _loops_topology(result: Calibration):
+    """The calibrated machine the loaded loops are simulated on: a loop is no denoising
+    step, so no step overhead."""
+    from topology import build_topology
+
+    return build_topology(dataclasses.replace(result.topology(), tile_step_overhead_us=0.0))
+
+
 def check_loops(result: Calibration) -> list[dict[str, Any]]:
     """Each loaded loop (:mod:`cocodiff.calibration.loaded`) beside what the simulator
     takes for it on the calibrated topology and collective model: whether the host model
@@ -303,10 +310,9 @@ def check_loops(result: Calibration) -> list[dict[str, Any]]:
     host = result.host
     if host is None or host.loaded is None:
         return []
-    from topology import build_topology
     from transports.sim import CollectiveModel
 
-    topology = build_topology(result.topology())
+    topology = _loops_topology(result)
     collective = (CollectiveModel.from_json(result.collective) if result.collective
                   else None)
     rows = []
