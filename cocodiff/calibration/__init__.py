@@ -41,12 +41,15 @@ What is measured (all on the real transport, between real processes):
   ``cluster`` preset's shape.
 - **The host** (``[host]``, :class:`topology.HostSpec`): the cores the ranks may run on,
   which ranks share a host (by host name: an emulated cluster's namespaces share this
-  machine), and the CPU an exchange costs a rank: the process's CPU time (every thread)
-  around each timed pair exchange, fitted as ``messages x message_cpu_us + bytes /
-  copy_gbps``; a transport whose waits spin (CPU near the wall time) is written as
-  ``busy_poll``. The tile's rates are one core's (CPU time, above), and the links are the
+  machine), and the CPU an exchange costs a rank. The process's CPU time (every thread)
+  around each timed pair exchange gives ``copy_gbps`` (per byte), and the links are the
   pair fits less that CPU, so that the simulator charging CPU on the host and the rest on
-  the wire takes the measured times.
+  the wire takes the measured times. Loops of compute and exchange calls, every rank at
+  once (:mod:`~cocodiff.calibration.loaded`), give ``call_cpu_us`` and ``message_cpu_us``
+  (a step's exchanges meet busy cores: lined up, with the others idle, they cost far
+  less), and their wall time beyond the simulator's ``call_wait_us``. A transport whose
+  waiting rank burns a core while a late peer sleeps is written as ``busy_poll``. The
+  tile's rates are one core's (CPU time, above).
 - **The collective**: flat all-to-alls over the whole world at a few sizes, reported
   next to what the fitted links predict for them (the slowest of the busiest per-rank port
   and the busiest node NIC, each with its latency) so a reader can see how far a
@@ -68,7 +71,7 @@ Modules, by concern: :mod:`~cocodiff.calibration.options` (what to do, the error
 :mod:`~cocodiff.calibration.fits` (fitting times), :mod:`~cocodiff.calibration.model_shapes`
 (the shapes timed), :mod:`~cocodiff.calibration.compute` (operation rates),
 :mod:`~cocodiff.calibration.blocks` (real blocks), :mod:`~cocodiff.calibration.exchanges`
-(timed exchanges), :mod:`~cocodiff.calibration.measure` (the whole run),
+(timed exchanges), :mod:`~cocodiff.calibration.loaded` (exchanges under load), :mod:`~cocodiff.calibration.measure` (the whole run),
 :mod:`~cocodiff.calibration.result` (the result, its topology and summary),
 :mod:`~cocodiff.calibration.launch` (self-launch). The command's flags live in
 :mod:`cocodiff.commands.calibrate`.
