@@ -71,7 +71,8 @@ Modules, by concern: :mod:`~cocodiff.calibration.options` (what to do, the error
 :mod:`~cocodiff.calibration.fits` (fitting times), :mod:`~cocodiff.calibration.model_shapes`
 (the shapes timed), :mod:`~cocodiff.calibration.compute` (operation rates),
 :mod:`~cocodiff.calibration.blocks` (real blocks), :mod:`~cocodiff.calibration.exchanges`
-(timed exchanges), :mod:`~cocodiff.calibration.loaded` (exchanges under load), :mod:`~cocodiff.calibration.measure` (the whole run),
+(timed exchanges), :mod:`~cocodiff.calibration.loaded` (exchanges under load),
+:mod:`~cocodiff.calibration.measure` (the whole run),
 :mod:`~cocodiff.calibration.result` (the result, its topology and summary),
 :mod:`~cocodiff.calibration.launch` (self-launch). The command's flags live in
 :mod:`cocodiff.commands.calibrate`.
