@@ -3,12 +3,13 @@ host computes and exchanges at once, as a denoising step runs.
 
 The pair sweep (:mod:`cocodiff.calibration.exchanges`) times one exchange at a time, lined
 up, with the other ranks idle: right for the wire, far too cheap for the CPU. Measured on
-this 2-core machine with 4 ranks under gloo (8 KiB per peer): a world all-to-all costs a
-rank 0.44 ms of CPU lined up, 0.9 ms back to back, and 1.55 ms after a burst of compute;
-two calls over sub-groups (a TAPA exchange's two phases) cost 1.85 ms, more than the one
-world call with more messages. Much of the cost is per *call* (the collective's set-up,
-handing it to the transport's threads and back, waking a descheduled process), not per
-message, which is why every extra exchange the mechanisms issue costs so much here.
+this 2-core machine with 4 ranks under gloo (docs/host-model.md, "A cost per exchange
+call"): lined up, a pair exchange costs a rank 0.2-0.3 ms of CPU; placed among the
+model's real blocks as a step places it, a world all-to-all costs 0.9 ms; and TAPA's two
+calls over sub-groups cost more than one world call with more messages. Much of the cost
+is per *call* (the collective's set-up, handing it to the transport's threads and back,
+waking a descheduled process), not per message, which is why every extra exchange the
+mechanisms issue costs so much here.
 
 So each rank runs loops of ``compute burst, exchange calls`` back to back, every rank at
 once, for a few call shapes (the world all-to-all; disjoint pairs; TAPA's two phases when
