@@ -177,3 +177,17 @@ def test_call_wait_is_what_the_loops_leave_once_the_cpu_is_charged() -> None:
     fast = _calibration(HostMeasurement(2.0, None, cpu, dataclasses.replace(
         fit, points=tuple(unwaited))))
     assert fit_call_wait(fast) == 0.0
+
+
+def test_simulate_and_plan_say_what_a_call_costs_on_the_host() -> None:
+    from cocodiff.commands.plan import host_call_note
+    from topology import HostSpec
+    from topology.presets import get_preset
+
+    aurora = get_preset("aurora")
+    assert host_call_note(aurora) is None  # accelerators: calls cost the host nothing
+    spec = dataclasses.replace(aurora, host=HostSpec(cores=2, call_cpu_us=408.0,
+                                                     message_cpu_us=58.0, call_wait_us=652.0))
+    note = host_call_note(spec)
+    assert note is not None and "408 us of CPU + 58 us per message" in note
+    assert "652 us of waiting" in note and "each TAPA phase and chunk is a call" in note

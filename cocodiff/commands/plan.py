@@ -39,6 +39,19 @@ def add_degree_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         "ones (default: Ulysses inside, Ring across)")
 
 
+def host_call_note(spec) -> str | None:
+    """What the topology's host charges per exchange call, said where schedules are ranked:
+    on shared cores every extra call the mechanisms make (each TAPA phase and chunk) has a
+    fixed cost that small messages do not repay. None when calls cost nothing."""
+    host = spec.host
+    if host is None or not (host.call_cpu_us or host.call_wait_us):
+        return None
+    return (f"this host charges every exchange call {host.call_cpu_us:.0f} us of CPU + "
+            f"{host.message_cpu_us:.0f} us per message, and a call completing on busy cores "
+            f"{host.call_wait_us:.0f} us of waiting ([host]); each TAPA phase and chunk is a "
+            "call, so the mechanisms' extra calls pay only where they save more")
+
+
 def explicit_layout(args: argparse.Namespace, num_ranks: int) -> ParallelLayout | None:
     """The layout the degree flags name, or None when none is given."""
     if args.ulysses is None and args.ring is None and args.batch is None:
@@ -247,6 +260,9 @@ def plan_command(args: argparse.Namespace) -> int:
           + (" --ring-inner" if result.best.layout.order == RING_INNER_ORDER
              and result.best.layout.ring > 1 and result.best.layout.ulysses > 1 else "")
           + f" --schedule {result.best.schedule}")
+    calls = host_call_note(spec)
+    if calls:
+        print(f"note: {calls}")
     run_plan = None
     if args.out:
         best = result.best

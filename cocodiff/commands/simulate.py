@@ -21,6 +21,7 @@ from cocodiff.commands.plan import (
     add_schedule_option_arguments,
     collective_arg,
     explicit_layout,
+    host_call_note,
     load_spec,
     plan_options,
     schedule_names,
@@ -340,6 +341,9 @@ def _notes(results, steps, collective, topology, model, placement, layouts=None)
     if overhead_us:
         notes.append(f"compute includes {overhead_us / 1e3:.3g} ms per step and rank outside the "
                      "transformer's blocks, at one core ([tile] step_overhead_us)")
+    calls = host_call_note(topology.spec)
+    if calls:
+        notes.append(calls)
     if any((layouts or {}).values()):
         notes.append("layout UxRxB = Ulysses x Ring x batch degrees ('/ring-inner': the Ring "
                      "on the fast tiers); `cocodiff plan` ranks them all")
