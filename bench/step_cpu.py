@@ -10,7 +10,8 @@ For each schedule (rounds interleave them), one generation per round; per step (
 left out, medians over the rest and the rounds) each rank reports its wall time and
 process CPU (every thread), and how the CPU splits: the transformer blocks, the plan's
 compute steps inside the attention processor, each exchange's start (packing, posting),
-wait and finish (unpacking), and the forward's work outside the blocks. Timers wrap the
+wait and finish (unpacking), the forward's work outside the blocks, and how long its
+threads waited runnable for a core (Linux schedstat, every thread). Timers wrap the
 runtime's backend methods and forward hooks; they cost a few microseconds per call.
 """
 
@@ -29,7 +30,19 @@ sys.path.insert(0, str(REPO))
 # What the timers accumulate (process CPU seconds), and what a step reports.
 METERED = ("forward_cpu", "blocks_cpu", "plan_compute_cpu", "exchange_start_cpu",
            "exchange_wait_cpu", "exchange_finish_cpu")
-PARTS = ("wall", "cpu", *METERED[1:], "outside_blocks_cpu", "comm_wait_wall")
+PARTS = ("wall", "cpu", *METERED[1:], "outside_blocks_cpu", "comm_wait_wall", "runqueue_wait")
+
+
+def runqueue_wait_s() -> float:
+    """Seconds this process's threads have waited runnable for a core (Linux
+    ``/proc/self/task/*/schedstat``, second field); 0 where it cannot be read."""
+    total_ns = 0
+    for stat in Path("/proc/self/task").glob("*/schedstat"):
+        try:
+            total_ns += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total_ns * 1e-9
 
 
 class CpuMeter:
@@ -93,14 +106,15 @@ def generation(transport, args, schedule: str, grid, meter: CpuMeter) -> list[di
     hook_blocks(pipe.transformer, meter)
     steps: list[dict[str, float]] = []
     last = {"wall": time.perf_counter(), "cpu": time.process_time(), "comm": 0.0,
-            **dict(meter.cpu_s)}
+            "runqueue": runqueue_wait_s(), **dict(meter.cpu_s)}
 
     def step_done(_done: int, _total: int) -> None:
         now = {"wall": time.perf_counter(), "cpu": time.process_time(), "comm": runtime.comm_s,
-               **dict(meter.cpu_s)}
+               "runqueue": runqueue_wait_s(), **dict(meter.cpu_s)}
         row = {part: now[part] - last[part] for part in METERED}
         row["wall"], row["cpu"] = now["wall"] - last["wall"], now["cpu"] - last["cpu"]
         row["comm_wait_wall"] = now["comm"] - last["comm"]
+        row["runqueue_wait"] = now["runqueue"] - last["runqueue"]
         row["outside_blocks_cpu"] = (now["forward_cpu"] - last["forward_cpu"]
                                      - row["blocks_cpu"])
         steps.append(row)
@@ -111,6 +125,7 @@ def generation(transport, args, schedule: str, grid, meter: CpuMeter) -> list[di
         start(args.steps)
     transport.barrier()
     last["wall"], last["cpu"] = time.perf_counter(), time.process_time()
+    last["runqueue"] = runqueue_wait_s()
     size = int(args.resolution)
     with torch.no_grad():
         run_pipeline(pipe, "a lighthouse", args.steps, size, size, 1, 0, step_done,
