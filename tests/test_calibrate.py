@@ -163,6 +163,8 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     assert spec.nic_link.latency_us * 2 == pytest.approx(wire["latency_us"])
     host = data["host"]
     assert spec.host.cores == host["cores"] and spec.host.ranks_per_host is None
+    # The machine's speed at the start and the end: the same reference work's CPU time.
+    assert len(data["reference_cpu_s"]) == 2 and min(data["reference_cpu_s"]) > 0
     # Exchanges under load (every rank computing and calling): 2 ranks make one shape,
     # the world, whose calls and messages cannot be told apart: the call takes it all.
     loaded = host["loaded"]

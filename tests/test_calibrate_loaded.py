@@ -191,3 +191,20 @@ def test_simulate_and_plan_say_what_a_call_costs_on_the_host() -> None:
     note = host_call_note(spec)
     assert note is not None and "408 us of CPU + 58 us per message" in note
     assert "652 us of waiting" in note and "each TAPA phase and chunk is a call" in note
+
+
+def test_calibrate_warns_when_the_machines_speed_moved_during_it() -> None:
+    from pathlib import Path
+
+    from cocodiff.calibration.result import speed_drift, summary
+
+    cpu = CpuFit(message_cpu_us=90.0, copy_gbps=3.0, busy_fraction=0.8, wait_spin=0.02)
+    steady = _calibration(HostMeasurement(2.0, None, cpu))
+    steady.reference_cpu_s = (0.030, 0.031)
+    assert speed_drift(steady) == pytest.approx(1 / 30)
+    assert "speed moved" not in summary(steady, Path("t.toml"))
+    slowed = _calibration(HostMeasurement(2.0, None, cpu))
+    slowed.reference_cpu_s = (0.030, 0.045)
+    assert speed_drift(slowed) == pytest.approx(0.5)
+    assert "took +50% CPU time at the end than at the start" in summary(slowed, Path("t.toml"))
+    assert speed_drift(_calibration(HostMeasurement(2.0, None, cpu))) is None  # not timed

@@ -67,6 +67,7 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
         raise CalibrationError("calibration needs at least 2 ranks")
 
     shapes = layer_shapes(options.model, options.tokens, options.resolution, world)
+    speed_began = _reference_cpu_s(transport)
     flops, memory, op_seconds = measure_compute(shapes, options.dtype,
                                                 0.02 if options.quick else 0.05,
                                                 WorldLineup(transport), 3 if options.quick else 5)
@@ -148,7 +149,8 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                        time.perf_counter() - began,
                        host=_host_of_ranks(transport, cpu, loaded, loaded_note),
                        intra_wire=wires["intra"], inter_wire=wires["inter"],
-                       load_average=(load_began, _load_average()))
+                       load_average=(load_began, _load_average()),
+                       reference_cpu_s=(speed_began, _reference_cpu_s(transport)))
 
 
 # A flat layer makes this many exchange calls (Q, K, V in, the attention's output back).
@@ -185,6 +187,29 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
         return fit_call_cpu(points, cpu.copy_gbps, burst_cpu, burst_wall), ""
     except CalibrationError as exc:
         return None, f"not fitted: {exc}"
+
+
+# The reference work: this many products of two 128 x 128 float32 matrices (a few ms).
+REFERENCE_PRODUCTS = 200
+
+
+def _reference_cpu_s(transport) -> float:
+    """CPU seconds of a fixed piece of work, every rank at once, the median over ranks
+    (collective). Timed at a calibration's start and end: on a machine whose speed drifts
+    (a virtual machine measured here ran the same step 1.6x slower within an hour, with
+    nothing else running and no steal time shown), the two disagree, and every rate the
+    calibration measured in between is that moment's."""
+    import torch
+
+    a = torch.ones(128, 128)
+    for _ in range(REFERENCE_PRODUCTS // 10):  # warm-up: the first products set up kernels
+        a @ a
+    transport.barrier()
+    began = time.process_time()
+    for _ in range(REFERENCE_PRODUCTS):
+        a @ a
+    mine = time.process_time() - began
+    return statistics.median(row[0] for row in gather_floats(transport, [mine]))
 
 
 def _load_average() -> float:

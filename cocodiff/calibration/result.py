@@ -93,6 +93,9 @@ class Calibration:
     # The machine's 1-minute load average at the start and the end: rates measured while
     # other work holds the cores are that moment's, and say so.
     load_average: tuple[float, float] | None = None
+    # CPU seconds of the same reference work at the start and the end (measure.py): the
+    # machine's speed, twice.
+    reference_cpu_s: tuple[float, float] | None = None
 
     def topology(self, name: str | None = None):
         """The ``cluster`` preset with the measured numbers (and ``[host]`` when measured).
@@ -200,6 +203,7 @@ class Calibration:
             "inter_wire": None if self.inter_wire is None else self.inter_wire.to_json(),
             "wall_s": self.wall_s,
             "load_average": self.load_average,
+            "reference_cpu_s": self.reference_cpu_s,
         }
 
 
@@ -325,6 +329,19 @@ def check_loops(result: Calibration) -> list[dict[str, Any]]:
     return rows
 
 
+# Past this relative change of the reference work's CPU time, calibrate warns.
+SPEED_DRIFT_WARNING = 0.10
+
+
+def speed_drift(result: Calibration) -> float | None:
+    """The reference work's CPU time at the end over the start, less 1; None when either
+    was not timed."""
+    if result.reference_cpu_s is None or min(result.reference_cpu_s) <= 0:
+        return None
+    began, ended = result.reference_cpu_s
+    return ended / began - 1
+
+
 def summary(result: Calibration, output: Path) -> str:
     """What a user reads: the fitted numbers and the all-to-all check."""
     c, s = result.compute, result.shapes
@@ -359,6 +376,11 @@ def summary(result: Calibration, output: Path) -> str:
         if busiest > host.cores + ranks:
             lines.append(f"  warning: load average {busiest:.1f} on {host.cores:g} cores: other "
                          "work shared the cores, and the rates are that moment's")
+    drift = speed_drift(result)
+    if drift is not None and abs(drift) > SPEED_DRIFT_WARNING:
+        lines.append(f"  warning: the same reference work took {drift:+.0%} CPU time at the end "
+                     "than at the start: the machine's speed moved during the calibration, "
+                     "and its rates are a mix of both")
     if host is not None:
         cpu = host.cpu
         ranks = host.ranks_per_host or result.num_nodes * result.ranks_per_node
