@@ -68,9 +68,9 @@ class HostSpec:
             core-ns. ``None``: bytes cost no CPU.
         busy_poll: a rank blocked on an exchange spins on a core until it completes (MPI
             progress engines), instead of sleeping (gloo's waits).
-        call_wait_us: wall time each exchange call takes beyond its CPU and the wire, and
-            costs no CPU: on shared cores, the members of a call are time-sliced, and a
-            call completes only once each has been scheduled again.
+        call_wait_us: wall time a call waits, spending no CPU, when its data arrives
+            while every core of its host is taken: on shared cores the members of a call
+            are time-sliced, and a call completes only once each has been scheduled again.
     """
 
     cores: float
@@ -93,7 +93,7 @@ class HostSpec:
         return (calls * self.call_cpu_us + num_messages * self.message_cpu_us) * 1e-6 + copy_s
 
     @property
-    def exchanges_cost_cpu(self) -> bool:
+    def charges_exchanges(self) -> bool:
         """Whether an exchange costs anything on the host (its cores, or a call's wait)."""
         return (self.call_cpu_us > 0 or self.message_cpu_us > 0 or self.copy_gbps is not None
                 or self.call_wait_us > 0)

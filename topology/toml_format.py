@@ -41,7 +41,7 @@ A file describes one node and how many of them there are; every node is identica
     ranks_per_host = 4         # consecutive ranks per host (default: every rank on one host)
     compute_core_demand = 1.0  # cores a rank's compute occupies: 1 CPU ranks, 0 accelerators
     call_cpu_us = 300.0        # CPU per exchange call (each TAPA phase is one; default 0)
-    call_wait_us = 500.0       # wall per exchange call beyond CPU and wire, no CPU (default 0)
+    call_wait_us = 500.0       # a call done while every core is busy waits this (no CPU; default 0)
     message_cpu_us = 30.0      # CPU per message sent or received in an exchange (default 0)
     copy_gbps = 2.0            # GB/s one core moves exchange bytes (default: bytes are free)
     busy_poll = false          # a rank blocked on an exchange spins on a core (MPI progress)

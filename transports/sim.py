@@ -467,7 +467,7 @@ class SimTransport:
         send_bytes = tuple(rows * send.row_bytes for rows in send_splits)
         received = VirtualBuffer(sum(recv_splits), send.row_bytes)
         host = self.simulation.host
-        if host is None or not host.exchanges_cost_cpu:
+        if host is None or not host.charges_exchanges:
             event = self._world.post_all_to_all(self._rank, group, send_bytes, tag)
             return SimHandle(event, received)
         me = group.group_rank(self._rank)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cocodiff.calibration.collect import gather_floats
+from cocodiff.calibration.collect import WorldLineup, gather_floats
 from cocodiff.calibration.model_shapes import LayerShapes
 from cocodiff.calibration.options import ROW_BYTES, CalibrationError
 
@@ -223,8 +223,7 @@ def compute_burst(transport, shapes: LayerShapes, dtype: str, target_s: float
         x @ w
         cpu_s.append(time.process_time() - began)
     wanted = target_s / max(statistics.median(cpu_s), 1e-7)
-    repeats = max(1, round(statistics.median(row[0] for row in gather_floats(transport,
-                                                                           [wanted]))))
+    repeats = max(1, round(WorldLineup(transport).agree(wanted)))
 
     def burst() -> None:
         for _ in range(repeats):

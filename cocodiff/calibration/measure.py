@@ -204,12 +204,12 @@ def _reference_cpu_s(transport) -> float:
     a = torch.ones(128, 128)
     for _ in range(REFERENCE_PRODUCTS // 10):  # warm-up: the first products set up kernels
         a @ a
-    transport.barrier()
+    lineup = WorldLineup(transport)
+    lineup.barrier()
     began = time.process_time()
     for _ in range(REFERENCE_PRODUCTS):
         a @ a
-    mine = time.process_time() - began
-    return statistics.median(row[0] for row in gather_floats(transport, [mine]))
+    return lineup.agree(time.process_time() - began)
 
 
 def _load_average() -> float:

@@ -60,7 +60,7 @@ def test_exchange_cpu_seconds() -> None:
     assert HostSpec(cores=2).exchange_cpu_s(5, 1e9) == 0.0
     called = HostSpec(cores=2, call_cpu_us=400.0, message_cpu_us=10.0)
     assert called.exchange_cpu_s(3, 0, calls=2) == pytest.approx(830e-6)
-    assert called.exchanges_cost_cpu and not HostSpec(cores=2).exchanges_cost_cpu
+    assert called.charges_exchanges and not HostSpec(cores=2).charges_exchanges
 
 
 BAD_HOST = {
