@@ -200,13 +200,14 @@ def run_mpi_job(cluster: EmulatedCluster, command: Sequence[str], *, timeout_s: 
             str(rank_wrapper), *command]
 
     def find_failure(codes: list[int | None]) -> tuple[str, int, str] | None:
-        exits = sorted(logs.glob("exit.*"), key=lambda path: path.stat().st_mtime)
-        for path in exits:
-            rank_text = path.name.split(".", 1)[1]
+        exits = []
+        for path in logs.glob("exit.*"):
             try:
-                code = int(path.read_text().strip() or "1")
-            except ValueError:
-                continue  # being written: next poll
+                exits.append((path.stat().st_mtime, path, int(path.read_text().strip() or "1")))
+            except (OSError, ValueError):
+                continue  # gone or being written: the next poll sees it
+        for _, path, code in sorted(exits, key=lambda entry: entry[0]):
+            rank_text = path.name.split(".", 1)[1]
             if rank_text.isdigit():
                 rank = int(rank_text)
                 where = f"rank {rank} (node {cluster.node_of_rank(rank).index})"
@@ -302,8 +303,10 @@ def _write_rank_wrapper(directory: Path) -> Path:
 code=$?
 if [ "$code" -ne 0 ]; then
     dir={shlex.quote(str(directory))}
-    echo "$code" > "$dir/exit.tmp.$$"
-    mv "$dir/exit.tmp.$$" "$dir/exit.${{PMI_RANK:-unknown}}"
+    # Written under a name the supervisor's "exit.*" does not match, then renamed
+    # into place, so the supervisor never reads a half-written or vanishing file.
+    echo "$code" > "$dir/.partial-exit.$$"
+    mv "$dir/.partial-exit.$$" "$dir/exit.${{PMI_RANK:-unknown}}"
 fi
 exit "$code"
 """
