@@ -43,15 +43,15 @@ from bench.cluster import ClusterSpec, EmulatedCluster  # noqa: E402
 from bench.cluster.jobs import run_job  # noqa: E402
 from bench.emulated_speedup import (  # noqa: E402
     EnlargedModel,
-    read_json,
-    single_process_env,
     add_model_arguments,
     calibrate_job,
     collective_model,
     export_enlarged,
     model_spec,
     parse_configs,
+    read_json,
     run_reporting_failures,
+    single_process_env,
 )
 
 EXACT_ATOL = 1e-5
