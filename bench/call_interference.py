@@ -51,7 +51,7 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from cocodiff.calibration.blocks import _block_timing, build_transformer
+    from cocodiff.calibration.blocks import block_timing, build_transformer
     from cocodiff.calibration.model_shapes import model_tokens, tiny_transformer_config
     from transports.registry import create_transport
 
@@ -62,7 +62,7 @@ def main() -> None:
         raise SystemExit(f"cannot build the transformer of {args.model}")
     _spec, tokens, image = model_tokens(args.model, None, args.resolution)
     transformer = build_transformer(config)
-    build_inputs, lists = _block_timing(type(transformer).__name__)
+    build_inputs, lists = block_timing(type(transformer).__name__)
     inputs = build_inputs(transformer.config, math.ceil(image / world),
                           math.ceil((tokens - image) / world), torch.float32)
     blocks = [block for attr in lists for block in getattr(transformer, attr)]

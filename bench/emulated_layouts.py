@@ -43,15 +43,15 @@ from bench.cluster import ClusterSpec, EmulatedCluster  # noqa: E402
 from bench.cluster.jobs import run_job  # noqa: E402
 from bench.emulated_speedup import (  # noqa: E402
     EnlargedModel,
-    _read_json,
-    _single_process_env,
     add_model_arguments,
     calibrate_job,
     collective_model,
     export_enlarged,
     model_spec,
     parse_configs,
+    read_json,
     run_reporting_failures,
+    single_process_env,
 )
 
 EXACT_ATOL = 1e-5
@@ -115,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
                     str(args.steps), "--dtype", "float32", "--quiet",
                     # the sessions save run_pipeline's latents as they are (unpacked)
                     "--latents-format", "unpacked", "--save-latents", str(reference)],
-                   check=True, env=_single_process_env(), cwd=REPO,
+                   check=True, env=single_process_env(), cwd=REPO,
                    stdin=subprocess.DEVNULL, timeout=args.timeout)
     notes: list[str] = []
     results = [_measure(args, config, schedules, model_dir, spec, common, work, reference,
@@ -175,7 +175,7 @@ def _measure(args, config, schedules, model_dir: Path, spec, common, work: Path,
         measured[item] = {"measured_step_s": statistics.median(medians),
                           "min_step_s": min(medians), "max_step_s": max(medians),
                           "round_medians_s": medians, "max_abs_diff": diff}
-    calibrated = _read_json(calibration.with_suffix(".json")) or {}
+    calibrated = read_json(calibration.with_suffix(".json")) or {}
     predicted = _predict(spec, args.resolution, calibration, layouts, schedules,
                          collective_model(calibration.with_suffix(".json")), None)
     matmul_tflops = calibrated.get("compute", {}).get("tflops")

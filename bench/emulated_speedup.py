@@ -421,7 +421,8 @@ def overall_text(report: dict[str, Any]) -> str:
             f"{report['pick_within_5pct']} configurations")
 
 
-def _single_process_env() -> dict[str, str]:
+def single_process_env() -> dict[str, str]:
+    """This environment without a launcher's variables: a child runs as one process."""
     import os
 
     from bench.cluster.jobs import LAUNCH_VARS
@@ -475,7 +476,7 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
         "config": config.to_json(),
         "label": config.label,
         "calibration": {"topology": calibration.read_text(),
-                        "measured": _read_json(calibration.with_suffix(".json"))},
+                        "measured": read_json(calibration.with_suffix(".json"))},
         "validate": report,
         "summary": summary,
         "equality": report["exactness"],
@@ -503,7 +504,8 @@ def calibrate_job(cluster, options: list[str], calibration: Path, timeout_s: flo
             print(f"  calibrate failed ({error}); again", flush=True)
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """``path``'s JSON, or None when there is no such file."""
     return json.loads(path.read_text()) if path.is_file() else None
 
 

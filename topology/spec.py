@@ -40,6 +40,15 @@ HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "call_cpu_us", 
                "copy_gbps", "busy_poll", "call_wait_us")
 
 
+def exchange_cpu_s(calls: int, num_messages: int, num_bytes: float, *, call_cpu_us: float,
+                   message_cpu_us: float, copy_gbps: float | None) -> float:
+    """Core-seconds of CPU for ``calls`` exchange calls moving ``num_messages`` messages of
+    ``num_bytes`` bytes in all: the one host cost model that the simulator charges and that
+    calibrate fits (``copy_gbps`` None: bytes cost no CPU)."""
+    copy_s = 0.0 if copy_gbps is None else num_bytes / (copy_gbps * 1e9)
+    return (calls * call_cpu_us + num_messages * message_cpu_us) * 1e-6 + copy_s
+
+
 @dataclass(frozen=True, slots=True)
 class HostSpec:
     """The CPU that ranks share: its cores, which ranks sit on it, and what they draw.
@@ -89,8 +98,8 @@ class HostSpec:
     def exchange_cpu_s(self, num_messages: int, num_bytes: float, calls: int = 0) -> float:
         """Core-seconds of CPU work to make ``calls`` exchange calls that send or receive
         ``num_messages`` messages holding ``num_bytes`` bytes in all."""
-        copy_s = 0.0 if self.copy_gbps is None else num_bytes / (self.copy_gbps * 1e9)
-        return (calls * self.call_cpu_us + num_messages * self.message_cpu_us) * 1e-6 + copy_s
+        return exchange_cpu_s(calls, num_messages, num_bytes, call_cpu_us=self.call_cpu_us,
+                              message_cpu_us=self.message_cpu_us, copy_gbps=self.copy_gbps)
 
     @property
     def charges_exchanges(self) -> bool:

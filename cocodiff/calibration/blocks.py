@@ -105,7 +105,7 @@ def _timed_classes() -> dict[str, ModelFamily]:
             for name in family.transformer_classes}
 
 
-def _block_timing(class_name: object) -> tuple[Callable[..., dict], tuple[str, ...]]:
+def block_timing(class_name: object) -> tuple[Callable[..., dict], tuple[str, ...]]:
     """The family record's builder of local-shard inputs and the block lists it times."""
     from cocodiff.models import load_object
 
@@ -124,7 +124,7 @@ def build_transformer(config: dict[str, Any]):
     import torch
 
     name = config.get("_class_name")
-    _block_timing(name)
+    block_timing(name)
     cls = getattr(diffusers, str(name))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -142,7 +142,7 @@ def time_blocks(transformer, shapes: LayerShapes, stream_tokens: Sequence[int], 
     import torch
     import torch.nn.functional as F
 
-    build_inputs, lists = _block_timing(type(transformer).__name__)
+    build_inputs, lists = block_timing(type(transformer).__name__)
     dtype = getattr(torch, dtype_name)
     transformer = transformer.to(dtype)
     image, text = (math.ceil(tokens / world) for tokens in stream_tokens)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cocodiff.calibration.options import CalibrationError
+from topology.spec import exchange_cpu_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +150,9 @@ class CpuFit:
         return self.busy_fraction >= BUSY_POLL_FRACTION
 
     def cpu_s(self, num_messages: int, num_bytes: float) -> float:
-        copy_s = 0.0 if self.copy_gbps is None else num_bytes / (self.copy_gbps * 1e9)
-        return num_messages * self.message_cpu_us * 1e-6 + copy_s
+        """CPU seconds of one exchange (the pair sweep prices messages and bytes, no calls)."""
+        return exchange_cpu_s(0, num_messages, num_bytes, call_cpu_us=0.0,
+                              message_cpu_us=self.message_cpu_us, copy_gbps=self.copy_gbps)
 
     def to_json(self) -> dict[str, Any]:
         return {"message_cpu_us": self.message_cpu_us, "copy_gbps": self.copy_gbps,

@@ -35,6 +35,7 @@ from typing import Any
 from cocodiff.calibration.collect import WorldLineup, gather_floats
 from cocodiff.calibration.model_shapes import LayerShapes
 from cocodiff.calibration.options import ROW_BYTES, CalibrationError
+from topology.spec import exchange_cpu_s
 
 LOADED_KIB = (2, 16)
 
@@ -109,8 +110,9 @@ class CallCpuFit:
     max_error: float
 
     def cpu_s(self, calls: int, messages: int, num_bytes: float) -> float:
-        copy_s = 0.0 if self.copy_gbps is None else num_bytes / (self.copy_gbps * 1e9)
-        return (calls * self.call_cpu_us + messages * self.message_cpu_us) * 1e-6 + copy_s
+        """CPU seconds of ``calls`` calls moving ``messages`` messages of ``num_bytes``."""
+        return exchange_cpu_s(calls, messages, num_bytes, call_cpu_us=self.call_cpu_us,
+                              message_cpu_us=self.message_cpu_us, copy_gbps=self.copy_gbps)
 
     def to_json(self) -> dict[str, Any]:
         return {"call_cpu_us": self.call_cpu_us, "message_cpu_us": self.message_cpu_us,
