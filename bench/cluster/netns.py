@@ -80,13 +80,21 @@ TCP_PAYLOAD_PER_FRAME = 1448 / 1514
 # loopback speed: a link that bursts where the simulator's links do not. Measured: with
 # two 64 KiB GSO packets as the floor (21 ms of traffic at 0.05 Gbit/s), 4 x 2 at
 # 0.05 Gbit/s stepped in 190 ms where the simulator predicted 327 (+72%); with this floor,
-# 291 ms against 332 (+14%) (docs/validate.md, "The shaper's bucket").
+# 291 ms against 332 (+14%) (docs/validate.md, "The emulated link burst past its rate").
 # Its queue: 20 ms of traffic, so that a few ranks' concurrent TCP windows queue rather
 # than drop.
 _MIN_BURST_BYTES = 2 * 1514
 _BURST_S = 1e-3
 _QUEUE_S = 20e-3
 _NETEM_LIMIT_PACKETS = 100_000
+
+
+def tbf_bucket(inter_gbit: float) -> tuple[int, int]:
+    """``(burst, limit)`` bytes of the tbf that shapes a link to ``inter_gbit`` Gbit/s."""
+    rate_bytes = inter_gbit * 1e9 / 8
+    burst = int(max(_MIN_BURST_BYTES, rate_bytes * _BURST_S))
+    return burst, int(burst + rate_bytes * _QUEUE_S)
+
 
 # What the topology file says for the parts the shaping does not set (documented
 # assumptions; `cocodiff calibrate` measures them instead).
@@ -387,9 +395,7 @@ class EmulatedCluster:
         return run_command(argv, env=self._env)
 
     def _shape(self, namespace: str, device: str) -> None:
-        rate_bytes = self.spec.inter_gbit * 1e9 / 8
-        burst = int(max(_MIN_BURST_BYTES, rate_bytes * _BURST_S))
-        limit = int(burst + rate_bytes * _QUEUE_S)
+        burst, limit = tbf_bucket(self.spec.inter_gbit)
         tbf = ["tbf", "rate", f"{self.spec.inter_gbit * 1000:.6g}mbit", "burst", str(burst),
                "limit", str(limit)]
         tc = ["tc", "-n", namespace, "qdisc", "add", "dev", device]
