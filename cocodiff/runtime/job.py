@@ -181,7 +181,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
                 "model": request.model,
                 "num_ranks": launch.world_size,
                 "schedule": request.schedule,
-                "layout": list(grid.shape) if grid else None,
+                "grid": list(grid.shape) if grid else None,
                 "parallel": parallel.name if parallel is not None else None,
                 "transport": transport.name if transport else "none",
                 "steps": request.steps,
