@@ -133,6 +133,10 @@ def test_plan_writes_what_simulate_executes(tmp_path, capsys):
 @pytest.mark.parametrize(("args", "message"), [
     (["--model", "sd35-large"], r"--plan fixes --model: drop it"),
     (["--steps", "5", "--schedule", "tapa"], r"--plan fixes --steps, --schedule: drop them"),
+    # given at their default values: still what the plan fixes
+    (["--schedule", "flat,tapa,vfirst,cocodiff"], r"--plan fixes --schedule: drop it"),
+    (["--steps", "28", "--batch-size", "1"], r"--plan fixes --steps, --batch-size: drop them"),
+    (["--layout", "pure"], r"--plan fixes --parallel-layout: drop it"),
     (["--topology", "aurora"], r"the plan has 4 ranks, the machine aurora .* 12"),
 ])
 def test_simulate_refuses_what_contradicts_the_plan(tmp_path, capsys, args, message):
@@ -148,7 +152,15 @@ def test_simulate_refuses_what_contradicts_the_plan(tmp_path, capsys, args, mess
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--schedule", "tapa"], r"--plan fixes --schedule: drop it"),
+    # given at their default values (or falsy ones): still what the plan fixes
+    (["--schedule", "flat", "--steps", "4"], r"--plan fixes --schedule, --steps: drop them"),
+    (["--dtype", "float32"], r"--plan fixes --dtype: drop it"),
+    (["--vmajor-warmup", "0"], r"--plan fixes --vmajor-warmup: drop it"),
+    (["--ring-inner"], r"--plan fixes --ring-inner: drop it"),
+    (["--layout", "1x4x1"], r"--plan fixes --layout: drop it"),
+    # nothing the plan fixes: accepted, up to the launch's rank count
     ([], r"is for 4 ranks, the launch has 1"),
+    (["--model", "tiny-flux", "--seed", "3"], r"is for 4 ranks, the launch has 1"),
 ])
 def test_run_refuses_a_plan_that_does_not_fit(tmp_path, capsys, args, message):
     plan = tmp_path / "p.json"
