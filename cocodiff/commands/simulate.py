@@ -23,7 +23,6 @@ from cocodiff.commands.plan import (
     collective_arg,
     explicit_layout,
     host_call_note,
-    load_spec,
     plan_options,
     schedule_names,
 )
@@ -149,12 +148,13 @@ def _from_plan_file(args) -> int:
 
 
 def _single(args, names, options, collective) -> int:
+    from cocodiff.calibration.model_shapes import model_spec
     from cocodiff.models import parse_resolution
     from cocodiff.schedules import get_schedule
     from topology import Placement, build_topology, resolve_topology
 
     machine = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
-    model = load_spec(args.model)
+    model = model_spec(args.model)
     width, height = parse_resolution(args.resolution)
     model.check_resolution(width, height)
     estimate = _check_resources(args, names, options, machine, model)
