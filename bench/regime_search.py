@@ -121,9 +121,9 @@ def machine(calibration: Calibration, nodes: int, ranks_per_node: int, gbit: flo
 
 def model_spec(model: EnlargedModel):
     """The simulator's spec of an enlarged tiny-flux (no directory needed)."""
-    from cocodiff.commands.plan import load_spec
+    from cocodiff.calibration import model_shapes
 
-    base = load_spec(model.base)
+    base = model_shapes.model_spec(model.base)
     return dataclasses.replace(base, name=f"{model.base}-enlarged", num_heads=model.heads,
                                head_dim=model.head_dim,
                                num_layers=model.layers + model.single_layers)

@@ -60,11 +60,12 @@ def layer_shapes(model: str, tokens: int | None, resolution: str | None, world: 
     )
 
 
-def model_tokens(model: str, tokens: int | None, resolution: str | None):
-    """``(spec, attention tokens, image tokens)`` of ``model`` at ``tokens`` (or its tokens at
-    ``resolution``, or at its default size); with ``tokens`` given, the text stream keeps
-    the model's text tokens and the image stream has the rest."""
-    from cocodiff.models import load_model_spec, parse_resolution, spec_from_config
+def model_spec(model: str):
+    """The :class:`~cocodiff.models.ModelSpec` of ``model`` (a tiny model's name, a
+    directory exported from one, a registry name or a diffusers config / model
+    directory), named and sized as the plans of ``cocodiff plan``, ``simulate`` and
+    ``run`` record it: a tiny model with its pipeline's text length and VAE scale."""
+    from cocodiff.models import load_model_spec, spec_from_config
 
     tiny = _tiny_name(model)
     if tiny is not None and Path(model).is_dir():
@@ -81,6 +82,17 @@ def model_tokens(model: str, tokens: int | None, resolution: str | None):
         from cocodiff.runtime.tiny import TINY_DEFAULTS
 
         spec = dataclasses.replace(spec, text_tokens=TINY_DEFAULTS[tiny].max_sequence_length)
+    return spec
+
+
+def model_tokens(model: str, tokens: int | None, resolution: str | None):
+    """``(spec, attention tokens, image tokens)`` of ``model`` at ``tokens`` (or its tokens at
+    ``resolution``, or at its default size); with ``tokens`` given, the text stream keeps
+    the model's text tokens and the image stream has the rest."""
+    from cocodiff.models import parse_resolution
+
+    tiny = _tiny_name(model)
+    spec = model_spec(model)
     if tokens is None:
         if resolution is not None:
             width, height = parse_resolution(resolution)

@@ -156,18 +156,6 @@ def schedule_names(text: str) -> list[str]:
     return names
 
 
-def load_spec(name: str):
-    """A model spec by registry name, config path or directory, or a built-in tiny
-    model's name (``tiny-flux``...: the runtime's default models)."""
-    from cocodiff.models import load_model_spec
-
-    if name.startswith("tiny-"):
-        from cocodiff.calibration import model_tokens
-
-        return model_tokens(name, None, None)[0]
-    return load_model_spec(name)
-
-
 def add_plan_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     add_machine_arguments(parser, positive_int)
     parser.add_argument("--schedule", default="flat,tapa,vfirst",
@@ -198,6 +186,7 @@ def collective_arg(name: str):
 def plan_command(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from cocodiff.calibration.model_shapes import model_spec
     from cocodiff.models import parse_resolution
     from cocodiff.plan.file import build_run_plan
     from cocodiff.schedules import RankGrid
@@ -217,7 +206,7 @@ def plan_command(args: argparse.Namespace) -> int:
     collective = collective_arg(args.collective)
     options = plan_options(args)
     described = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
-    model = load_spec(args.model)
+    model = model_spec(args.model)
     width, height = parse_resolution(args.resolution)
     model.check_resolution(width, height)
     budget.check_estimate(

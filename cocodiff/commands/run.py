@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from cocodiff.commands.given import record_given, refuse_plan_fixed
 from cocodiff.commands.plan import (
     AUTO,
     PURE,
@@ -49,12 +50,13 @@ from cocodiff.runtime.failures import (
 from cocodiff.util.errors import CocodiffError, one_line
 
 DTYPES = ("float32", "bfloat16")
-# Defaults of the flags a plan file fixes (None on the parser: "given" is then visible).
-DEFAULTS = {"model": "tiny-flux", "schedule": "flat", "steps": 4, "dtype": "float32"}
-# Flags that say what a plan file already says: refused beside --plan.
-PLAN_FIXES = ("schedule", "steps", "dtype", "resolution", "frames", "grid", "parallel_layout",
-              "ulysses", "ring", "batch", "chunks", "vmajor_ratio_schedule", "vmajor_warmup",
-              "vmajor_refresh")
+# --model without --plan (with it, the plan's model).
+DEFAULT_MODEL = "tiny-flux"
+# Flags (dests) that say what a plan file already says: refused beside --plan at any value
+# (--layout is the old name of --grid and of --parallel-layout auto).
+PLAN_FIXES = ("schedule", "steps", "dtype", "resolution", "frames", "grid", "layout",
+              "parallel_layout", "ulysses", "ring", "batch", "ring_inner", "chunks",
+              "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh")
 # --timeout above this is a typo, not a wish: gloo's timeout is in int milliseconds.
 MAX_TIMEOUT_S = 1e6
 # torch.Generator.manual_seed accepts [-2**63, 2**64).
@@ -63,6 +65,7 @@ EXIT_USAGE = 2
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+    record_given(parser)  # --plan refuses the flags it fixes, given at any value
     parser.add_argument("--plan", type=Path, default=None, metavar="PATH",
                         help="execute this plan file (`cocodiff plan ... --out PATH`): it fixes "
                         "the schedule, steps, dtype, resolution, rank grid and layout; the "
@@ -74,14 +77,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--prompt", default=None,
                         help="the text prompt (default: 3 for tiny-digits, else 'a lighthouse "
                         "on a cliff at dawn')")
-    parser.add_argument("--steps", type=positive_int, default=None,
+    parser.add_argument("--steps", type=positive_int, default=4,
                         help="denoising steps (default 4)")
     parser.add_argument("--resolution", default=None,
                         help="PIXELS or WIDTHxHEIGHT (default: the model's)")
     parser.add_argument("--frames", type=positive_int, default=None,
                         help="video frames (video models; default: the model's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
-    parser.add_argument("--schedule", default=None,
+    parser.add_argument("--schedule", default="flat",
                         help="plan schedule: flat, tapa, vfirst or cocodiff; or diffusers: "
                         "diffusers' own Ulysses context parallelism, torch transport only "
                         "(default: flat)")
@@ -115,7 +118,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--transport", default="auto",
                         help="auto, torch or mpi (auto: mpi under mpiexec when mpi4py is "
                         "installed, else torch)")
-    parser.add_argument("--dtype", default=None, choices=DTYPES,
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="activation dtype (default float32)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds a rank waits for its peers before giving up (default 60)")
@@ -230,26 +233,19 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def _apply_plan_file(args: argparse.Namespace, world_size: int):
     """``--plan``: read the plan file and take from it what the flags would say (refusing
-    the flags it fixes); without it, the flags' defaults. Returns the plan, or None.
+    the flags it fixes, given at any value); without it, the default model. Returns the
+    plan, or None.
 
     Raises:
         CocodiffError: the file is unreadable or malformed, a flag it fixes was given,
             or it is for another rank count.
     """
     if args.plan is None:
-        for name, value in DEFAULTS.items():
-            if getattr(args, name) is None:
-                setattr(args, name, value)
+        args.model = args.model or DEFAULT_MODEL
         return None
     from cocodiff.plan.file import load_run_plan
 
-    given = [name for name in PLAN_FIXES if getattr(args, name) not in (None, False)]
-    if args.ring_inner:
-        given.append("ring_inner")
-    if given:
-        flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise CocodiffError(f"--plan fixes {flags}: drop {'it' if len(given) == 1 else 'them'}"
-                            " (or make another plan)")
+    refuse_plan_fixed(args, PLAN_FIXES)
     run_plan = load_run_plan(args.plan)
     if run_plan.num_ranks != world_size:
         raise CocodiffError(f"the plan {args.plan} is for {run_plan.num_ranks} ranks, the "

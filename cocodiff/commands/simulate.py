@@ -11,6 +11,7 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
+from cocodiff.commands.given import record_given, refuse_plan_fixed
 from cocodiff.commands.plan import (
     AUTO,
     DEFAULT_TOPOLOGY,
@@ -22,7 +23,6 @@ from cocodiff.commands.plan import (
     collective_arg,
     explicit_layout,
     host_call_note,
-    load_spec,
     plan_options,
     schedule_names,
 )
@@ -30,6 +30,7 @@ from cocodiff.schedules.registry import BASELINE
 from cocodiff.simulator.fanout import local_cores, map_local
 from cocodiff.util.errors import CocodiffError
 
+# Flags (dests) that say what a plan file already says: refused beside --plan at any value.
 PLAN_FIXES = ("model", "resolution", "frames", "steps", "schedule", "dtype", "batch_size",
               "chunks", "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh",
               "activity_trace", "parallel_layout", "ulysses", "ring", "batch", "ring_inner",
@@ -40,6 +41,7 @@ LAYOUT_CHOICES = (AUTO, PURE)
 
 
 def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+    record_given(parser)  # --plan refuses the flags it fixes, given at any value
     add_machine_arguments(parser, positive_int)
     parser.add_argument("--steps", type=positive_int, default=28,
                         help="denoising steps (default: 28)")
@@ -78,9 +80,6 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
     parser.add_argument("--plot", type=Path,
                         help="write a PNG: a Gantt chart of one layer, or with --sweep the "
                         "speedup over flat against nodes per model")
-    # The flags a plan file fixes, with their defaults: given otherwise beside --plan,
-    # they are refused rather than silently overridden.
-    parser.set_defaults(plan_fixed={name: parser.get_default(name) for name in PLAN_FIXES})
 
 
 def simulate_command(args: argparse.Namespace) -> int:
@@ -121,11 +120,7 @@ def _from_plan_file(args) -> int:
     from cocodiff.simulator.simulate import simulate_run_plan
     from topology import Placement, build_topology, resolve_topology
 
-    given = [name for name, default in args.plan_fixed.items() if getattr(args, name) != default]
-    if given:
-        flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise CocodiffError(f"--plan fixes {flags}: drop {'it' if len(given) == 1 else 'them'}"
-                            " (or make another plan)")
+    refuse_plan_fixed(args, PLAN_FIXES)
     collective = collective_arg(args.collective)
     run_plan = load_run_plan(args.plan)
     machine = run_plan.machine or {}
@@ -153,12 +148,13 @@ def _from_plan_file(args) -> int:
 
 
 def _single(args, names, options, collective) -> int:
+    from cocodiff.calibration.model_shapes import model_spec
     from cocodiff.models import parse_resolution
     from cocodiff.schedules import get_schedule
     from topology import Placement, build_topology, resolve_topology
 
     machine = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
-    model = load_spec(args.model)
+    model = model_spec(args.model)
     width, height = parse_resolution(args.resolution)
     model.check_resolution(width, height)
     estimate = _check_resources(args, names, options, machine, model)

@@ -10,7 +10,8 @@ equal share one; layers shared by ranks or steps are written once.
 :func:`build_run_plan` is the one way a run's plan is made (``plan``, ``simulate`` and
 ``run`` without ``--plan`` all call it). The file is canonical JSON: a plan written,
 read and written again is byte-identical, and :attr:`RunPlan.sha256` (the hash of
-those bytes) names it in both commands' JSON output.
+that text less the machine it was made for) names it in both commands' JSON output:
+the same flags give ``plan --out`` and ``run`` the same plan, and the same hash.
 """
 
 from __future__ import annotations
@@ -42,10 +43,31 @@ from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, get_schedul
 from cocodiff.util.errors import CocodiffError
 
 FORMAT = "cocodiff-plan/1"
+# The fields of a model's spec its plans depend on (the rest describes it).
+_SHAPE_FIELDS = ("family", "num_layers", "num_heads", "head_dim")
 
 
 class PlanFileError(CocodiffError):
     """A plan file that cannot be read, or that does not fit the run (one line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """What a run generates, as its plan records it beside the token counts: the model's
+    spec, named and shaped as ``cocodiff plan --model`` gives it (a transformer's config
+    alone knows neither the model's name nor its pipeline's text length), and the image
+    size. ``cocodiff run`` hands it to the runtime so that the plan it builds is the plan
+    ``cocodiff plan`` writes for the same flags, hash included.
+
+    Args:
+        spec: the model.
+        resolution: (width, height) in pixels.
+        frames: video frames (1 for images).
+    """
+
+    spec: ModelSpec
+    resolution: tuple[int, int]
+    frames: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +119,22 @@ class RunPlan:
 
     def to_json(self) -> str:
         """The canonical JSON text (one line)."""
+        return _canonical(self._document())
+
+    @property
+    def sha256(self) -> str:
+        """The plan's hash: of its canonical JSON less ``machine``. Where a plan was made
+        for is a note for ``simulate --plan`` (its default topology), not part of what
+        runs: ``cocodiff run`` builds the same plan knowing no topology, and a plan runs
+        the same on any machine whose ranks sit as its grid says."""
+        document = self._document()
+        del document["machine"]
+        return hashlib.sha256(_canonical(document).encode()).hexdigest()
+
+    def _document(self) -> dict[str, Any]:
         layers = _LayerTable()
         plans = [_plan_json(plan, layers) for plan in self.plans]
-        return json.dumps({
+        return {
             "format": FORMAT,
             "model": asdict(self.spec),
             "resolution": list(self.resolution),
@@ -113,11 +148,7 @@ class RunPlan:
             "steps": list(self.step_plans),
             "layers": layers.rows,
             "plans": plans,
-        }, separators=(",", ":"))
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()
+        }
 
     @staticmethod
     def from_json(text: str) -> RunPlan:
@@ -166,16 +197,24 @@ def build_run_plan(schedule: str, spec: ModelSpec, grid: RankGrid, stream_tokens
 
     Schedules whose plan does not change per step have one plan; V-Major's has one per
     distinct (planned) cache ratio, or with ``activity`` (a recorded
-    :class:`~cocodiff.schedules.activity.ActivityTrace`) one per recorded step.
+    :class:`~cocodiff.schedules.activity.ActivityTrace`) one per recorded step. A pure
+    Ulysses ``parallel`` (no Ring, no batch groups) is recorded as None, as a run that
+    names no layout records it: the plans are the same.
+
+    Raises:
+        LayoutError: ``parallel`` does not fit the grid, the heads or the batch.
     """
     entry = get_schedule(schedule)
     streams = canonical_streams(stream_tokens)
+    if parallel is not None and parallel.is_pure_ulysses:
+        parallel.check(grid.num_ranks, spec.num_heads, options.batch)  # as plan_hybrid would
+        parallel = None
     plans: list[Plan] = []
     step_plans: list[int] = []
     if activity is not None and entry.step_dependent:
         from cocodiff.schedules.activity import plan_from_activity
 
-        if parallel is not None and not parallel.is_pure_ulysses:
+        if parallel is not None:
             raise PlanFileError("an activity trace replays a pure-Ulysses run; it cannot "
                                 "drive a parallel layout")
         for step in range(activity.num_steps):
@@ -204,6 +243,11 @@ def canonical_streams(stream_tokens: Sequence[int]) -> tuple[int, ...]:
 
 
 # -- writing ------------------------------------------------------------------------
+
+
+def _canonical(document: dict[str, Any]) -> str:
+    """One line, no spaces: the same plan is always the same text (and hash)."""
+    return json.dumps(document, separators=(",", ":"))
 
 
 class _LayerTable:
@@ -407,15 +451,22 @@ def check_plan_fits_model(run_plan: RunPlan, spec: ModelSpec, num_ranks: int,
     if planned != running:
         raise PlanFileError(f"the plan's layout is {planned.name if planned else 'pure Ulysses'}"
                             f", the runtime's {running.name if running else 'pure Ulysses'}")
-    fields_checked = ("family", "num_layers", "num_heads", "head_dim")
-    planned_spec = tuple(getattr(run_plan.spec, name) for name in fields_checked)
-    loaded = tuple(getattr(spec, name) for name in fields_checked)
-    if planned_spec != loaded:
+    check_same_shape(run_plan.spec, spec, "the plan")
+
+
+def check_same_shape(planned: ModelSpec, loaded: ModelSpec, what: str) -> None:
+    """Refuse a spec (``what``'s) of another shape than the model loaded: another family,
+    layer count, head count or head size (one line). The name and the token counts may
+    differ: they describe the model, the plans follow the model's calls.
+    """
+    planned_shape = tuple(getattr(planned, name) for name in _SHAPE_FIELDS)
+    loaded_shape = tuple(getattr(loaded, name) for name in _SHAPE_FIELDS)
+    if planned_shape != loaded_shape:
         raise PlanFileError(
-            f"the plan is for {run_plan.spec.name} ("
-            + ", ".join(f"{n} {v}" for n, v in zip(fields_checked, planned_spec, strict=True))
+            f"{what} is for {planned.name} ("
+            + ", ".join(f"{n} {v}" for n, v in zip(_SHAPE_FIELDS, planned_shape, strict=True))
             + "), the model loaded has " + ", ".join(
-                f"{n} {v}" for n, v in zip(fields_checked, loaded, strict=True)))
+                f"{n} {v}" for n, v in zip(_SHAPE_FIELDS, loaded_shape, strict=True)))
 
 
 def check_plan_fits_call(run_plan: RunPlan, stream_tokens: Sequence[int], batch: int,

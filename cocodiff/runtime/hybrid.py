@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from cocodiff.layout import LayoutError, ParallelLayout
-from cocodiff.plan.file import RunPlan
+from cocodiff.plan.file import Generation, RunPlan
 from cocodiff.plan.steps import Exchange
 from cocodiff.runtime.backend import TensorBackend, TimedHandle
 from cocodiff.runtime.exchange import all_gather_rows
@@ -105,9 +105,11 @@ class HybridRuntime(UlyssesRuntime):
 
     def __init__(self, transformer: torch.nn.Module, transport: Transport, family: Any,
                  schedule: str, parallel: ParallelLayout, grid: RankGrid | None = None,
-                 options: PlanOptions | None = None, run_plan: RunPlan | None = None) -> None:
+                 options: PlanOptions | None = None, run_plan: RunPlan | None = None,
+                 generation: Generation | None = None) -> None:
         self.parallel = parallel
-        super().__init__(transformer, transport, family, schedule, grid, options, run_plan)
+        super().__init__(transformer, transport, family, schedule, grid, options, run_plan,
+                         generation)
         me = self.grid.position(transport.rank)
         self.position = me
         self.ring_index = parallel.coords(me)[1]
@@ -297,7 +299,8 @@ def _install_batch_split(runtime: HybridRuntime) -> None:
 def parallelize_hybrid(model: Any, transport: Transport, schedule: str,
                        parallel: ParallelLayout, grid: RankGrid | None = None, *,
                        options: PlanOptions | None = None,
-                       run_plan: RunPlan | None = None) -> HybridRuntime:
+                       run_plan: RunPlan | None = None,
+                       generation: Generation | None = None) -> HybridRuntime:
     """:func:`~cocodiff.runtime.parallel.parallelize` with a Ulysses x Ring x batch
     layout. Every rank calls it with the same arguments.
 
@@ -309,13 +312,15 @@ def parallelize_hybrid(model: Any, transport: Transport, schedule: str,
         grid: where the ranks sit (None: one node of P GPUs).
         options: chunks and V-Major's options (as :func:`parallelize`).
         run_plan: a plan file's plan to execute instead (as :func:`parallelize`).
+        generation: the model's spec and image size the plans record (as
+            :func:`parallelize`).
 
     Raises:
         LayoutError: the layout does not fit the job or the model.
     """
     transformer = getattr(model, "transformer", model)
     runtime = HybridRuntime(transformer, transport, family_of(transformer), schedule,
-                            parallel, grid, options, run_plan)
+                            parallel, grid, options, run_plan, generation)
     _install_batch_split(runtime)
     install_splits(runtime)
     install_processors(runtime)

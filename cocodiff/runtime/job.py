@@ -68,7 +68,9 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
     # one line a user needs.
     quiet_libraries()
 
+    from cocodiff.calibration.model_shapes import model_spec
     from cocodiff.models import load_object
+    from cocodiff.plan.file import Generation
     from cocodiff.quality import compare
     from cocodiff.runtime.baseline import BASELINES, BaselineRuntime
     from cocodiff.runtime.digits import read_agreement
@@ -108,14 +110,18 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
             if request.plan_layout:
                 parallel = _planned_parallel(pipe, grid, launch.world_size, width, height,
                                              frames)
+            # The model as `cocodiff plan --model` names it, and the size: the plan built
+            # here is then the one `plan --out` writes for the same flags (same hash).
+            generation = Generation(model_spec(request.model), (width, height), frames)
             if parallel is not None and not parallel.is_pure_ulysses:
                 from cocodiff.runtime.hybrid import parallelize_hybrid
 
                 runtime = parallelize_hybrid(pipe, transport, request.schedule, parallel, grid,
-                                             options=options, run_plan=run_plan)
+                                             options=options, run_plan=run_plan,
+                                             generation=generation)
             else:
                 runtime = parallelize(pipe, transport, request.schedule, grid, options=options,
-                                      run_plan=run_plan)
+                                      run_plan=run_plan, generation=generation)
         ulysses = runtime if isinstance(runtime, UlyssesRuntime) else None
         guard = NumericsGuard(launch.rank).install(pipe.transformer) if request.guards else None
         step_times: list[float] = []
@@ -181,7 +187,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
                 "model": request.model,
                 "num_ranks": launch.world_size,
                 "schedule": request.schedule,
-                "layout": list(grid.shape) if grid else None,
+                "grid": list(grid.shape) if grid else None,
                 "parallel": parallel.name if parallel is not None else None,
                 "transport": transport.name if transport else "none",
                 "steps": request.steps,

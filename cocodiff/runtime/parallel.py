@@ -27,7 +27,14 @@ import torch
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec, ModelSpecError, spec_from_config
 from cocodiff.plan.executor import PlanError
-from cocodiff.plan.file import RunPlan, build_run_plan, check_plan_fits_call, check_plan_fits_model
+from cocodiff.plan.file import (
+    Generation,
+    RunPlan,
+    build_run_plan,
+    check_plan_fits_call,
+    check_plan_fits_model,
+    check_same_shape,
+)
 from cocodiff.plan.steps import Exchange, LayerPlan, Plan
 from cocodiff.runtime.backend import LEVEL_TIERS, StepRecord, TensorBackend
 from cocodiff.runtime.families import runtime_family
@@ -51,7 +58,7 @@ class UlyssesRuntime:
     def __init__(
         self, transformer: torch.nn.Module, transport: Transport, family: Family, schedule: str,
         grid: RankGrid | None = None, options: PlanOptions | None = None,
-        run_plan: RunPlan | None = None,
+        run_plan: RunPlan | None = None, generation: Generation | None = None,
     ) -> None:
         self.transformer = transformer
         self.transport = transport
@@ -59,6 +66,12 @@ class UlyssesRuntime:
         # An in-memory config lacks the "_class_name" a saved config.json has.
         config = {"_class_name": type(transformer).__name__, **dict(transformer.config)}
         self.spec: ModelSpec = spec_from_config(config, name=type(transformer).__name__)
+        # What the run generates, recorded in the plans it builds (None: the spec above,
+        # no image size).
+        self.generation = generation
+        if generation is not None:
+            check_same_shape(generation.spec, self.spec, "the run's model spec")
+            self.spec = generation.spec
         if run_plan is not None:
             check_plan_fits_model(run_plan, self.spec, transport.world_size, self.parallel)
             schedule, grid, options = run_plan.schedule, run_plan.grid, run_plan.options
@@ -207,7 +220,8 @@ class UlyssesRuntime:
             else:
                 options = replace(self.options, dtype=dtype_name, batch=self.plan_batch(batch))
                 run_plan = build_run_plan(self.schedule, self.spec, self.grid, stream_tokens,
-                                          self.num_steps or 1, options, parallel=self.parallel)
+                                          self.num_steps or 1, options, parallel=self.parallel,
+                                          **self._size())
             for plan in run_plan.plans:
                 self._create_groups(plan)
             self._run_plans[key] = run_plan
@@ -215,6 +229,12 @@ class UlyssesRuntime:
         # A schedule that does the same every step has one plan, whatever the step count.
         self.plan = run_plan.plan_at(self.step if self.entry.step_dependent else 0)
         return self.plan.program(self.transport.rank).layers[layer_index]
+
+    def _size(self) -> dict[str, Any]:
+        """The image size a plan built here records (as ``cocodiff plan`` does), when known."""
+        if self.generation is None:
+            return {}
+        return {"resolution": self.generation.resolution, "frames": self.generation.frames}
 
     def count_sent(self, tier: str, num_bytes: int) -> None:
         self.bytes_by_tier[tier] += num_bytes
@@ -259,7 +279,8 @@ def family_of(transformer: torch.nn.Module) -> Family:
 
 def parallelize(model: Any, transport: Transport, schedule: str = "flat",
                 grid: RankGrid | None = None, *, options: PlanOptions | None = None,
-                run_plan: RunPlan | None = None) -> UlyssesRuntime:
+                run_plan: RunPlan | None = None,
+                generation: Generation | None = None) -> UlyssesRuntime:
     """Make a diffusers pipeline (or its transformer) run Ulysses-parallel over
     ``transport``. Every rank calls this and then runs the pipeline as usual, with the
     same inputs; every rank gets the full output.
@@ -280,6 +301,9 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat",
         run_plan: a plan file's plan (:mod:`cocodiff.plan.file`) to execute instead; it
             fixes the schedule, the grid and the options, and the first call checks that
             the model's tokens, batch and dtype are the plan's.
+        generation: what the run generates (:class:`~cocodiff.plan.file.Generation`):
+            the model's spec and image size the plans record; None: the spec the
+            transformer's config gives, named after its class, and no image size.
 
     Returns:
         The runtime state (its ``plan`` and, when ``records`` is set to a list, what
@@ -287,7 +311,8 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat",
     """
     transformer = getattr(model, "transformer", model)
     family = family_of(transformer)
-    runtime = UlyssesRuntime(transformer, transport, family, schedule, grid, options, run_plan)
+    runtime = UlyssesRuntime(transformer, transport, family, schedule, grid, options, run_plan,
+                             generation)
     install_splits(runtime)
     install_processors(runtime)
     return runtime

@@ -20,6 +20,8 @@ RUN_KEYS = {
     "model",
     "num_ranks",
     "schedule",
+    "grid",
+    "parallel",
     "transport",
     "steps",
     "step_times_s",
@@ -60,6 +62,7 @@ def test_run_writes_image_json_and_latents(tmp_path):
     assert image.read_bytes()[:4] == b"\x89PNG"
     data = json.loads(record.read_text())
     assert RUN_KEYS <= data.keys()
+    assert "layout" not in data  # the rank grid is "grid", as in validate --json
     assert data["num_ranks"] == 1 and data["steps"] == 2 and len(data["step_times_s"]) == 2
     assert torch.isfinite(torch.load(latents, weights_only=True)).all()
 

@@ -323,6 +323,6 @@ def test_cocodiff_run_across_namespaces_matches_one_process(tmp_path, transport,
         )
         crossed = cluster.link_bytes()
     assert result.num_ranks == 4
-    assert json.loads(record.read_text())["layout"] == [2, 2, 1]
+    assert json.loads(record.read_text())["grid"] == [2, 2, 1]
     assert all(out > 10_000 and into > 10_000 for out, into in crossed.values())
     torch.testing.assert_close(torch.load(latents), torch.load(reference), rtol=0, atol=1e-5)

@@ -8,7 +8,7 @@ import pytest
 from launching import launcher_prefix, needs_mpi, needs_torchrun, run_job
 
 from cocodiff.commands.cli import main
-from cocodiff.layout import ParallelLayout
+from cocodiff.layout import RING_INNER_ORDER, LayoutError, ParallelLayout
 from cocodiff.models import REGISTRY
 from cocodiff.plan.file import (
     PlanFileError,
@@ -54,6 +54,20 @@ def test_a_file_from_before_the_head_split_rename_still_loads():
     again = RunPlan.from_json(json.dumps(data))
     assert again.plans == run_plan.plans
     assert again.to_json() == run_plan.to_json()  # written again under the new key
+
+
+def test_a_pure_ulysses_layout_is_recorded_as_none_and_the_machine_is_not_hashed():
+    """A plan names pure Ulysses one way, whether a layout said so or none was given,
+    and where it was made for is a note beside the plan, not part of its hash."""
+    pure = build_run_plan("tapa", FLUX, GRID, STREAMS, 2, PlanOptions(),
+                          parallel=ParallelLayout(8, order=RING_INNER_ORDER),
+                          machine={"topology": "cluster", "nodes": 2})
+    unnamed = build_run_plan("tapa", FLUX, GRID, STREAMS, 2, PlanOptions())
+    assert pure.parallel is None and pure.plans == unnamed.plans
+    assert pure.to_json() != unnamed.to_json()  # the machine is written...
+    assert pure.sha256 == unnamed.sha256  # ...but not hashed
+    with pytest.raises(LayoutError, match="= 4 ranks, but the run has 8"):
+        build_run_plan("tapa", FLUX, GRID, STREAMS, 2, PlanOptions(), parallel=ParallelLayout(4))
 
 
 def test_a_step_dependent_schedule_has_one_plan_per_planned_ratio():
@@ -133,6 +147,10 @@ def test_plan_writes_what_simulate_executes(tmp_path, capsys):
 @pytest.mark.parametrize(("args", "message"), [
     (["--model", "sd35-large"], r"--plan fixes --model: drop it"),
     (["--steps", "5", "--schedule", "tapa"], r"--plan fixes --steps, --schedule: drop them"),
+    # given at their default values: still what the plan fixes
+    (["--schedule", "flat,tapa,vfirst,cocodiff"], r"--plan fixes --schedule: drop it"),
+    (["--steps", "28", "--batch-size", "1"], r"--plan fixes --steps, --batch-size: drop them"),
+    (["--layout", "pure"], r"--plan fixes --parallel-layout: drop it"),
     (["--topology", "aurora"], r"the plan has 4 ranks, the machine aurora .* 12"),
 ])
 def test_simulate_refuses_what_contradicts_the_plan(tmp_path, capsys, args, message):
@@ -148,7 +166,15 @@ def test_simulate_refuses_what_contradicts_the_plan(tmp_path, capsys, args, mess
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--schedule", "tapa"], r"--plan fixes --schedule: drop it"),
+    # given at their default values (or falsy ones): still what the plan fixes
+    (["--schedule", "flat", "--steps", "4"], r"--plan fixes --schedule, --steps: drop them"),
+    (["--dtype", "float32"], r"--plan fixes --dtype: drop it"),
+    (["--vmajor-warmup", "0"], r"--plan fixes --vmajor-warmup: drop it"),
+    (["--ring-inner"], r"--plan fixes --ring-inner: drop it"),
+    (["--layout", "1x4x1"], r"--plan fixes --layout: drop it"),
+    # nothing the plan fixes: accepted, up to the launch's rank count
     ([], r"is for 4 ranks, the launch has 1"),
+    (["--model", "tiny-flux", "--seed", "3"], r"is for 4 ranks, the launch has 1"),
 ])
 def test_run_refuses_a_plan_that_does_not_fit(tmp_path, capsys, args, message):
     plan = tmp_path / "p.json"
@@ -187,6 +213,24 @@ def test_one_plan_file_moves_the_same_bytes_in_simulate_and_run(tmp_path, launch
     assert measured["exchanges_per_step"] == predicted["exchanges_per_step"]
     assert measured["bytes_by_tier"] == predicted["bytes_by_tier"]
     assert predicted["bytes_by_tier"]["inter-node"] > 0
+
+
+@pytest.mark.multiprocess
+@needs_torchrun
+def test_run_builds_and_hashes_the_plan_that_plan_writes_for_the_same_flags(tmp_path):
+    """`run` without --plan (2 ranks, one node) and `plan --out` for the same model, size,
+    schedule, layout, steps and dtype on a machine of 2 ranks on one node: one plan, one
+    sha256 (the model's name and text length, the image size and the pure-Ulysses layout
+    are recorded alike)."""
+    plan, ran = tmp_path / "p.json", tmp_path / "r.json"
+    same = ["--model", "tiny-flux", "--resolution", "128", "--steps", "2", "--dtype", "float32",
+            "--schedule", "vfirst", "--ulysses", "2"]
+    assert main(["plan", "--topology", "cluster", "--nodes", "1", *same, "--out", str(plan)]) == 0
+    cmd = launcher_prefix("torchrun", 2) + ["-m", "cocodiff", "run", *same, "--transport",
+                                            "torch", "--quiet", "--json", str(ran)]
+    result = run_job(cmd, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert json.loads(ran.read_text())["plan_sha256"] == load_run_plan(plan).sha256
 
 
 @pytest.mark.parametrize(("path", "value", "message"), [
