@@ -14,6 +14,7 @@ import sys
 
 import torch
 from diffusers.models import attention_dispatch
+from fast_exit import exit_now
 
 from cocodiff.runtime.baseline import enable_diffusers_ulysses
 from cocodiff.runtime.pipelines import run_pipeline
@@ -79,4 +80,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

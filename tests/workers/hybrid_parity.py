@@ -18,9 +18,8 @@ the largest differences; exits 0 when everything matches, prints each mismatch a
 exits 1 otherwise.
 """
 
-import sys
-
 import torch
+from fast_exit import exit_now
 from parity import STEPS, expected_records, main, pipeline_latents, report  # same dir
 from probe import transformer_inputs
 
@@ -76,4 +75,4 @@ def check(transport, grid, cases, model):
 
 
 if __name__ == "__main__":
-    sys.exit(main(check))
+    exit_now(main(check))

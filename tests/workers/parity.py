@@ -21,6 +21,7 @@ import sys
 
 import torch
 from diffusers import DiffusionPipeline
+from fast_exit import exit_now
 from probe import transformer_inputs
 
 from cocodiff.commands.run import rank_grid
@@ -125,4 +126,4 @@ def main(check=check):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
