@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 TORCHRUN = "torchrun"
 MPIEXEC = "mpiexec"
@@ -174,6 +174,24 @@ def _from_mpi4py(env: Mapping[str, str]) -> LaunchInfo | None:
     return LaunchInfo(
         rank=comm.Get_rank(), world_size=comm.Get_size(), local_rank=local_rank, launcher=MPIEXEC
     )
+
+
+def exit_rank(code: int) -> NoReturn:
+    """Ends this rank's process with ``code`` now, without the interpreter's teardown.
+
+    A rank that imported torch, diffusers and transformers holds ~3,500 modules and
+    ~430,000 objects; freeing them one by one at exit costs about a CPU-second per rank, and
+    a job pays it once per rank on the same cores. Only for a rank whose work is over and
+    whose transport is closed: stdout and stderr are flushed and MPI is finalised when this
+    process initialised it (as mpi4py would at exit, so that mpiexec sees a clean MPI exit);
+    atexit handlers and object finalisers do not run.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    os._exit(code)
 
 
 def mpi4py_available() -> bool:

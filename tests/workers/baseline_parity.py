@@ -14,11 +14,11 @@ import sys
 
 import torch
 from diffusers.models import attention_dispatch
-from fast_exit import exit_now
 
 from cocodiff.runtime.baseline import enable_diffusers_ulysses
 from cocodiff.runtime.pipelines import run_pipeline
 from cocodiff.runtime.tiny import TINY_DEFAULTS, build_tiny
+from transports.launch import exit_rank
 from transports.registry import create_transport
 
 STEPS = 2
@@ -80,4 +80,4 @@ def main():
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    exit_rank(main())

@@ -19,13 +19,13 @@ exits 1 otherwise.
 """
 
 import torch
-from fast_exit import exit_now
 from parity import STEPS, expected_records, main, pipeline_latents, report  # same dir
 from probe import transformer_inputs
 
 from cocodiff.layout import RING_INNER_ORDER, ParallelLayout
 from cocodiff.runtime.hybrid import parallelize_hybrid
 from cocodiff.runtime.tiny import build_tiny
+from transports.launch import exit_rank
 
 
 def parse_case(text: str) -> tuple[ParallelLayout, str]:
@@ -75,4 +75,4 @@ def check(transport, grid, cases, model):
 
 
 if __name__ == "__main__":
-    exit_now(main(check))
+    exit_rank(main(check))
