@@ -18,6 +18,7 @@ from diffusers.models import attention_dispatch
 from cocodiff.runtime.baseline import enable_diffusers_ulysses
 from cocodiff.runtime.pipelines import run_pipeline
 from cocodiff.runtime.tiny import TINY_DEFAULTS, build_tiny
+from transports.launch import exit_rank
 from transports.registry import create_transport
 
 STEPS = 2
@@ -79,4 +80,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())

@@ -18,8 +18,6 @@ the largest differences; exits 0 when everything matches, prints each mismatch a
 exits 1 otherwise.
 """
 
-import sys
-
 import torch
 from parity import STEPS, expected_records, main, pipeline_latents, report  # same dir
 from probe import transformer_inputs
@@ -27,6 +25,7 @@ from probe import transformer_inputs
 from cocodiff.layout import RING_INNER_ORDER, ParallelLayout
 from cocodiff.runtime.hybrid import parallelize_hybrid
 from cocodiff.runtime.tiny import build_tiny
+from transports.launch import exit_rank
 
 
 def parse_case(text: str) -> tuple[ParallelLayout, str]:
@@ -76,4 +75,4 @@ def check(transport, grid, cases, model):
 
 
 if __name__ == "__main__":
-    sys.exit(main(check))
+    exit_rank(main(check))

@@ -30,6 +30,7 @@ from cocodiff.runtime.parallel import parallelize
 from cocodiff.runtime.pipelines import run_pipeline
 from cocodiff.runtime.tiny import SEED, TINY_DEFAULTS, build_tiny
 from cocodiff.schedules import PlanOptions
+from transports.launch import exit_rank
 from transports.registry import create_transport
 
 STEPS = 2
@@ -125,4 +126,4 @@ def main(check=check):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())
