@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 TORCHRUN = "torchrun"
 MPIEXEC = "mpiexec"
@@ -174,26 +174,6 @@ def _from_mpi4py(env: Mapping[str, str]) -> LaunchInfo | None:
     return LaunchInfo(
         rank=comm.Get_rank(), world_size=comm.Get_size(), local_rank=local_rank, launcher=MPIEXEC
     )
-
-
-def exit_rank(code: int) -> NoReturn:
-    """Ends this rank's process with ``code``; without the interpreter's teardown when MPI
-    is not in use.
-
-    A rank that imported torch, diffusers and transformers holds ~3,500 modules and
-    ~430,000 objects; freeing them one by one at exit costs about a CPU-second per rank, and
-    a job pays it once per rank on the same cores. Only for a rank whose work is over and
-    whose transport is closed: stdout and stderr are flushed, then the process ends at once
-    (atexit handlers and object finalisers do not run). A process that initialised MPI
-    exits as usual: hydra's proxies failed now and then ("assert (!closed) failed", the job
-    reported as a bad termination) when ranks ended right after ``MPI_Finalize``.
-    """
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized():
-        sys.exit(code)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def mpi4py_available() -> bool:

@@ -227,26 +227,6 @@ def test_import_transports_does_not_import_torch_or_mpi4py() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=JOB_TIMEOUT_S)
 
 
-@pytest.mark.parametrize("use_mpi", [False, pytest.param(True, marks=needs_mpi)])
-def test_exit_rank_flushes_and_exits_with_the_code(use_mpi: bool) -> None:
-    """Without MPI the process skips the teardown (an atexit handler does not run); a
-    process that initialised MPI exits as usual (the handler runs)."""
-    code = (
-        "import atexit, sys\n"
-        + ("from mpi4py import MPI\n" if use_mpi else "")
-        + "from transports.launch import exit_rank\n"
-        "atexit.register(lambda: print('teardown', flush=True))\n"
-        "print('out', end='')\n"
-        "print('err', end='', file=sys.stderr)\n"
-        "exit_rank(3)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=JOB_TIMEOUT_S)
-    assert done.returncode == 3, done.stderr
-    assert done.stdout == ("outteardown\n" if use_mpi else "out")
-    assert done.stderr == "err"
-
-
 def test_single_process_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a launcher, "auto" is torch over gloo in a world of one."""
     torch = pytest.importorskip("torch")

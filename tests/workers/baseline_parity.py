@@ -14,11 +14,11 @@ import sys
 
 import torch
 from diffusers.models import attention_dispatch
+from ending import exit_rank
 
 from cocodiff.runtime.baseline import enable_diffusers_ulysses
 from cocodiff.runtime.pipelines import run_pipeline
 from cocodiff.runtime.tiny import TINY_DEFAULTS, build_tiny
-from transports.launch import exit_rank
 from transports.registry import create_transport
 
 STEPS = 2

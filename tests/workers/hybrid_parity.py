@@ -19,13 +19,13 @@ exits 1 otherwise.
 """
 
 import torch
+from ending import exit_rank
 from parity import STEPS, expected_records, main, pipeline_latents, report  # same dir
 from probe import transformer_inputs
 
 from cocodiff.layout import RING_INNER_ORDER, ParallelLayout
 from cocodiff.runtime.hybrid import parallelize_hybrid
 from cocodiff.runtime.tiny import build_tiny
-from transports.launch import exit_rank
 
 
 def parse_case(text: str) -> tuple[ParallelLayout, str]:

@@ -21,6 +21,7 @@ import sys
 
 import torch
 from diffusers import DiffusionPipeline
+from ending import exit_rank
 from probe import transformer_inputs
 
 from cocodiff.commands.run import rank_grid
@@ -30,7 +31,6 @@ from cocodiff.runtime.parallel import parallelize
 from cocodiff.runtime.pipelines import run_pipeline
 from cocodiff.runtime.tiny import SEED, TINY_DEFAULTS, build_tiny
 from cocodiff.schedules import PlanOptions
-from transports.launch import exit_rank
 from transports.registry import create_transport
 
 STEPS = 2
