@@ -81,11 +81,16 @@ TCP_PAYLOAD_PER_FRAME = 1448 / 1514
 # two 64 KiB GSO packets as the floor (21 ms of traffic at 0.05 Gbit/s), 4 x 2 at
 # 0.05 Gbit/s stepped in 190 ms where the simulator predicted 327 (+72%); with this floor,
 # 291 ms against 332 (+14%) (docs/validate.md, "The emulated link burst past its rate").
-# Its queue: 20 ms of traffic, so that a few ranks' concurrent TCP windows queue rather
-# than drop.
+# Its queue: 20 ms of traffic and at least 4 MiB, so that every rank's concurrent TCP
+# windows queue rather than drop: the simulator's links share their rate and lose nothing.
+# Measured: with 20 ms alone (125 KB at 0.05 Gbit/s), a flat step on 4 x 2 dropped 810
+# packets at the shaper (gloo posts every transfer at once), retransmission timeouts made
+# steps 0.25-0.55 s apart, and diffusers' own Ulysses (no drops) measured 1.70x faster
+# on the same exchanges.
 _MIN_BURST_BYTES = 2 * 1514
 _BURST_S = 1e-3
 _QUEUE_S = 20e-3
+_MIN_QUEUE_BYTES = 4 * 2**20
 _NETEM_LIMIT_PACKETS = 100_000
 
 
@@ -93,7 +98,7 @@ def tbf_bucket(inter_gbit: float) -> tuple[int, int]:
     """``(burst, limit)`` bytes of the tbf that shapes a link to ``inter_gbit`` Gbit/s."""
     rate_bytes = inter_gbit * 1e9 / 8
     burst = int(max(_MIN_BURST_BYTES, rate_bytes * _BURST_S))
-    return burst, int(burst + rate_bytes * _QUEUE_S)
+    return burst, int(burst + max(_MIN_QUEUE_BYTES, rate_bytes * _QUEUE_S))
 
 
 # What the topology file says for the parts the shaping does not set (documented

@@ -1,7 +1,9 @@
 """The emulated link's shaper: its bucket holds about 1 ms of traffic, so a link that
 idled (while the ranks computed) cannot burst far past its rate afterwards, as the
 simulator's links cannot (a 128 KiB bucket made a 0.05 Gbit/s step 1.7x faster than its
-link: docs/validate.md). No root needed: the numbers only."""
+link: docs/validate.md); its queue holds at least 4 MiB, so that concurrent TCP windows
+queue instead of dropping (the simulator's links lose nothing). No root needed: the
+numbers only."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ def test_the_bucket_holds_one_millisecond_of_traffic_and_passes_a_frame(gbit):
     one_ms = gbit * 1e9 / 8 * 1e-3
     assert burst >= 2 * FRAME_BYTES  # a bucket smaller than a frame passes nothing
     assert burst <= max(2 * FRAME_BYTES, one_ms) + 1
-    assert limit >= burst + 20 * one_ms - 1  # the queue: 20 ms of traffic beyond it
+    assert limit >= burst + 20 * one_ms - 1  # the queue: 20 ms of traffic beyond it,
+    assert limit >= burst + 4 * 2**20  # and room for every rank's TCP window: no drops
 
 
 def test_at_a_slow_rate_the_bucket_is_far_below_the_old_128_kib():
