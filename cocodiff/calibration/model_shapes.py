@@ -68,16 +68,13 @@ def model_spec(model: str):
     from cocodiff.models import load_model_spec, spec_from_config
 
     tiny = _tiny_name(model)
-    if tiny is not None and Path(model).is_dir():
+    if tiny is None or Path(model).is_dir():
         spec = load_model_spec(model)
-    elif tiny is not None:
-        spec = spec_from_config(_tiny_transformer_config(tiny), name=tiny)
-    else:
-        spec = load_model_spec(model)
-    if tiny is not None and not Path(model).is_dir():
+    else:  # a built-in tiny model by name: its config, its pipeline's VAE
         from cocodiff.runtime.tiny import TINY_DEFAULTS
 
-        spec = dataclasses.replace(spec, vae_scale=TINY_DEFAULTS[tiny].vae_scale)
+        spec = dataclasses.replace(spec_from_config(_tiny_transformer_config(tiny), name=tiny),
+                                   vae_scale=TINY_DEFAULTS[tiny].vae_scale)
     if tiny is not None and spec.text_tokens:
         from cocodiff.runtime.tiny import TINY_DEFAULTS
 
