@@ -89,11 +89,12 @@ def test_compute_rates_are_positive_and_quick():
     assert set(op_seconds) == {"projection", "mlp_up", "mlp_down", "attention", "norm"}
 
 
-def test_real_blocks_are_timed_on_the_local_shard_and_become_an_effective_rate():
+def test_real_blocks_are_timed_as_the_runtime_runs_them_and_become_an_effective_rate():
     """The model's own diffusers blocks, on one of 2 ranks' shards: every block timed,
-    attention corrected to the Ulysses shape, and the effective rate is the one at which
-    the simulator's charge for a layer (every cost-model operation at its roofline) is
-    the measured layer time. No wall-clock bounds: structure and consistency only."""
+    the runtime's own forward of one of 2 ranks (its hooks and attention processors, over a
+    stand-in transport that moves nothing), and the effective rate is the one at which the
+    simulator's charge for a layer (every cost-model operation at its roofline) is the
+    measured layer time. No wall-clock bounds: structure and consistency only."""
     from cocodiff.schedules.ulysses import head_split, layer_shape
 
     world = 2
@@ -101,15 +102,11 @@ def test_real_blocks_are_timed_on_the_local_shard_and_become_an_effective_rate()
     spec, tokens, image = model_tokens("tiny-flux", None, None)
     assert tokens == shapes.total_tokens and 0 < image < tokens
     transformer = build_transformer(tiny_transformer_config("tiny-flux"))
-    timing = time_blocks(transformer, shapes, (image, tokens - image), world, rounds=2,
+    timing = time_blocks(transformer, (image, tokens - image), world, rank=1, rounds=2,
                          round_s=0.02)
     assert timing.blocks == spec.num_layers
-    assert min(timing.local_forward_s, timing.attention_local_s,
-               timing.attention_ulysses_s, timing.layer_s) > 0
-    assert timing.layer_s == pytest.approx(
-        (timing.local_forward_s
-         + timing.blocks * (timing.attention_ulysses_s - timing.attention_local_s))
-        / timing.blocks)
+    assert min(timing.blocks_s, timing.layer_s) > 0
+    assert timing.layer_s == pytest.approx(timing.blocks_s / timing.blocks)
     # The rest of the forward and a scheduler step: what a step costs outside the blocks.
     assert min(timing.outside_blocks_s, timing.scheduler_step_s, timing.layer_wall_s) > 0
     assert timing.step_overhead_s == timing.outside_blocks_s + timing.scheduler_step_s
@@ -271,3 +268,23 @@ def test_calibrate_across_an_emulated_cluster_finds_its_nodes_and_shaped_link(tm
     measured = data["inter"]["bandwidth_gbps"]
     assert spec.inter_payload_gbps / 3 < measured < spec.inter_payload_gbps * 1.3
     assert load_topology(output).num_nodes == 2
+
+
+def test_the_pair_sweep_spans_the_messages_a_step_sends():
+    """The link is one line over the sizes swept: the sweep stops at 4 x the model's
+    largest step message (at least 256 KiB), and at --max-kib."""
+    from cocodiff.calibration.measure import largest_step_message, sweep_sizes
+    from cocodiff.calibration.options import CalibrateOptions
+
+    small = layer_shapes("tiny-flux", None, None, 4)
+    # 20 tokens x 1 head x 16 channels x 4 bytes a block; TAPA gathers 2 blocks a peer.
+    assert largest_step_message(small, 2, 2, "float32") == 2 * 20 * 1 * 16 * 4
+    assert largest_step_message(small, 2, 2, "bfloat16") == 2 * 20 * 16 * 2
+    kib = [n // 1024 for n in sweep_sizes(CalibrateOptions(), small, 2, 2)]
+    assert kib == [1, 4, 16, 64, 256]
+    large = layer_shapes("flux1-dev", None, "2048", 4)
+    assert [n // 1024 for n in sweep_sizes(CalibrateOptions(), large, 2, 2)][-1] == 4096
+    assert [n // 1024 for n in sweep_sizes(CalibrateOptions(max_kib=16), large, 2, 2)] == [
+        1, 4, 16]
+    assert [n // 1024 for n in sweep_sizes(CalibrateOptions(quick=True), small, 2, 2)] == [
+        1, 16, 256]

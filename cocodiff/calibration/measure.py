@@ -29,7 +29,7 @@ from cocodiff.calibration.loaded import (
     fit_call_cpu,
     measure_loaded,
 )
-from cocodiff.calibration.model_shapes import layer_shapes
+from cocodiff.calibration.model_shapes import LayerShapes, layer_shapes
 from cocodiff.calibration.options import (
     ALL_TO_ALL_KIB,
     DEFAULT_SIZES_KIB,
@@ -79,11 +79,10 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
         per_rank_memory_gbps=tuple(r[1] for r in rates),
         op_seconds=op_seconds if rank == 0 else {},
     )
-    compute = dataclasses.replace(compute, block=measure_blocks(transport, options, shapes,
-                                                                 compute, world))
+    compute = dataclasses.replace(compute, block=measure_blocks(transport, options, compute,
+                                                                 world))
 
-    sizes = [kib * 1024 for kib in (QUICK_SIZES_KIB if options.quick else DEFAULT_SIZES_KIB)
-             if kib * 1024 <= options.max_kib * 1024]
+    sizes = sweep_sizes(options, shapes, num_nodes, ranks_per_node)
     # Medians over this many: two calibrations one after the other must agree (5 let one
     # burst of a neighbour's work move a size's median).
     repeats = 5 if options.quick else 9
@@ -191,6 +190,41 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
 
 # The reference work: this many products of two 128 x 128 float32 matrices (a few ms).
 REFERENCE_PRODUCTS = 200
+
+
+# The pair sweep spans the messages a step of the model sends, this many times over, and at
+# least SWEEP_FLOOR_KIB (where a link's rate, not its start-up, sets the time).
+SWEEP_MARGIN = 4
+SWEEP_FLOOR_KIB = 256
+
+
+def largest_step_message(shapes: LayerShapes, num_nodes: int, ranks_per_node: int,
+                         dtype: str) -> int:
+    """Bytes of the largest message a step of the model sends one peer: a flat exchange's
+    block (a rank's tokens x a peer's heads), as many blocks as a TAPA phase gathers for
+    one peer (the larger level's ranks)."""
+    block = shapes.local_tokens * shapes.local_heads * shapes.head_dim * (
+        2 if dtype == "bfloat16" else 4)
+    return block * max(num_nodes, ranks_per_node)
+
+
+def sweep_sizes(options: CalibrateOptions, shapes: LayerShapes, num_nodes: int,
+                ranks_per_node: int) -> list[int]:
+    """The message sizes of the pair sweep: the standard sizes up to ``--max-kib`` and up to
+    :data:`SWEEP_MARGIN` x the model's largest step message (at least
+    :data:`SWEEP_FLOOR_KIB`).
+
+    Why a cap from the model: the link is fitted as start-up + bytes / rate, one line over
+    the sizes swept, and a line holds over a range. Under gloo, a pair's exchange of
+    1-4 MiB each way runs at times one direction after the other (0.2 Gbit/s link, 1 MiB:
+    44 or 86 ms, alternating run to run; 4 MiB: 181 or 350 ms), which pulled the fitted
+    rate to 0.108-0.14 Gbit/s where the 16-256 KiB messages of the models measured moved at
+    0.19; the world all-to-all's check was 45% slower in the fit than measured
+    (docs/validate.md, 2026-11-25)."""
+    cap_kib = max(SWEEP_FLOOR_KIB, SWEEP_MARGIN * largest_step_message(
+        shapes, num_nodes, ranks_per_node, options.dtype) / 1024)
+    standard = QUICK_SIZES_KIB if options.quick else DEFAULT_SIZES_KIB
+    return [kib * 1024 for kib in standard if kib <= min(options.max_kib, cap_kib)]
 
 
 def _reference_cpu_s(transport) -> float:

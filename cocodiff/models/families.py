@@ -92,8 +92,9 @@ class ModelFamily:
             for the family, so ``run --schedule diffusers`` can run it.
         tiny_models: the family's built-in tiny models.
         block_inputs: ``"module:attribute"`` of ``(config, image_tokens, text_tokens,
-            dtype) -> keyword arguments`` for one rank's local shard, by which ``cocodiff
-            calibrate`` times the family's real blocks; None: it cannot.
+            dtype) -> keyword arguments`` of the whole transformer, by which ``cocodiff
+            calibrate`` times the family's real blocks as the runtime runs them; None: it
+            cannot.
         timed_blocks: the transformer's block lists that calibration times.
     """
 
@@ -128,7 +129,7 @@ _FAMILY_LIST = (
         runtime=_adapter("flux", "FLUX"),
         diffusers_context_parallel=True,
         tiny_models=(_tiny("tiny-flux", "build_flux", width=128, height=128),),
-        block_inputs="cocodiff.calibration.blocks:flux_local_inputs",
+        block_inputs="cocodiff.calibration.blocks:flux_inputs",
         timed_blocks=("transformer_blocks", "single_transformer_blocks"),
     ),
     ModelFamily(
