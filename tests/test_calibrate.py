@@ -272,19 +272,24 @@ def test_calibrate_across_an_emulated_cluster_finds_its_nodes_and_shaped_link(tm
 
 def test_the_pair_sweep_spans_the_messages_a_step_sends():
     """The link is one line over the sizes swept: the sweep stops at 4 x the model's
-    largest step message (at least 256 KiB), and at --max-kib."""
+    largest step message (at least 256 KiB), and at --max-kib; the larger sizes are kept
+    for a link whose rate those did not show."""
     from cocodiff.calibration.measure import largest_step_message, sweep_sizes
     from cocodiff.calibration.options import CalibrateOptions
+
+    def kib(sizes):
+        return [n // 1024 for n in sizes]
 
     small = layer_shapes("tiny-flux", None, None, 4)
     # 20 tokens x 1 head x 16 channels x 4 bytes a block; TAPA gathers 2 blocks a peer.
     assert largest_step_message(small, 2, 2, "float32") == 2 * 20 * 1 * 16 * 4
     assert largest_step_message(small, 2, 2, "bfloat16") == 2 * 20 * 16 * 2
-    kib = [n // 1024 for n in sweep_sizes(CalibrateOptions(), small, 2, 2)]
-    assert kib == [1, 4, 16, 64, 256]
+    sizes, larger = sweep_sizes(CalibrateOptions(), small, 2, 2)
+    assert (kib(sizes), kib(larger)) == ([1, 4, 16, 64, 256], [1024, 4096])
     large = layer_shapes("flux1-dev", None, "2048", 4)
-    assert [n // 1024 for n in sweep_sizes(CalibrateOptions(), large, 2, 2)][-1] == 4096
-    assert [n // 1024 for n in sweep_sizes(CalibrateOptions(max_kib=16), large, 2, 2)] == [
-        1, 4, 16]
-    assert [n // 1024 for n in sweep_sizes(CalibrateOptions(quick=True), small, 2, 2)] == [
-        1, 16, 256]
+    sizes, larger = sweep_sizes(CalibrateOptions(), large, 2, 2)
+    assert kib(sizes)[-1] == 4096 and larger == []
+    sizes, larger = sweep_sizes(CalibrateOptions(max_kib=16), large, 2, 2)
+    assert (kib(sizes), larger) == ([1, 4, 16], [])
+    sizes, larger = sweep_sizes(CalibrateOptions(quick=True), small, 2, 2)
+    assert (kib(sizes), kib(larger)) == ([1, 16, 256], [2048])

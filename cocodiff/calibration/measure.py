@@ -82,7 +82,7 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
     compute = dataclasses.replace(compute, block=measure_blocks(transport, options, compute,
                                                                  world))
 
-    sizes = sweep_sizes(options, shapes, num_nodes, ranks_per_node)
+    sizes, larger = sweep_sizes(options, shapes, num_nodes, ranks_per_node)
     # Medians over this many: two calibrations one after the other must agree (5 let one
     # burst of a neighbour's work move a size's median).
     repeats = 5 if options.quick else 9
@@ -98,15 +98,14 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
         if name == "inter" and options.inter_gbps is not None:
             continue
         transport.barrier()
-        points = (measure_exchanges_cpu(transport, group, sizes, repeats)
-                  if rank in group.ranks else [])
+        points, swept = _sweep(transport, group, sizes, larger, repeats)
         transport.barrier()
         source = "measured" if detected > 1 or name == "intra" else "measured on loopback"
         walls = [(n, wall_s) for n, wall_s, _ in points]
         fits[name] = share_fit(transport, group.ranks[0], walls, source)
         # Both members' CPU per size, averaged: each sends and receives one message.
         cpu_by_rank = gather_floats(transport, [c for _, _, c in points] if points
-                                    else [0.0] * len(sizes))
+                                    else [0.0] * swept)
         pair_cpu = fit_exchange_cpu([
             (2, 2 * n, statistics.mean(cpu_by_rank[r][i] for r in group.ranks), wall_s)
             for i, (n, wall_s) in enumerate(fits[name].points)])
@@ -193,9 +192,11 @@ REFERENCE_PRODUCTS = 200
 
 
 # The pair sweep spans the messages a step of the model sends, this many times over, and at
-# least SWEEP_FLOOR_KIB (where a link's rate, not its start-up, sets the time).
+# least SWEEP_FLOOR_KIB; past that, it goes on while the largest message takes less than
+# RATE_SHOWS x the smallest's time (the link's rate hidden under its start-up).
 SWEEP_MARGIN = 4
 SWEEP_FLOOR_KIB = 256
+RATE_SHOWS = 4.0
 
 
 def largest_step_message(shapes: LayerShapes, num_nodes: int, ranks_per_node: int,
@@ -209,22 +210,46 @@ def largest_step_message(shapes: LayerShapes, num_nodes: int, ranks_per_node: in
 
 
 def sweep_sizes(options: CalibrateOptions, shapes: LayerShapes, num_nodes: int,
-                ranks_per_node: int) -> list[int]:
-    """The message sizes of the pair sweep: the standard sizes up to ``--max-kib`` and up to
-    :data:`SWEEP_MARGIN` x the model's largest step message (at least
-    :data:`SWEEP_FLOOR_KIB`).
+                ranks_per_node: int) -> tuple[list[int], list[int]]:
+    """``(sizes, larger)``: the pair sweep's message sizes, the standard ones up to
+    ``--max-kib`` and up to :data:`SWEEP_MARGIN` x the model's largest step message (at
+    least :data:`SWEEP_FLOOR_KIB`); and the larger standard ones (up to ``--max-kib``),
+    swept one by one only until the link's rate shows (:func:`_sweep`).
 
     Why a cap from the model: the link is fitted as start-up + bytes / rate, one line over
     the sizes swept, and a line holds over a range. Under gloo, a pair's exchange of
     1-4 MiB each way runs at times one direction after the other (0.2 Gbit/s link, 1 MiB:
     44 or 86 ms, alternating run to run; 4 MiB: 181 or 350 ms), which pulled the fitted
     rate to 0.108-0.14 Gbit/s where the 16-256 KiB messages of the models measured moved at
-    0.19; the world all-to-all's check was 45% slower in the fit than measured
-    (docs/validate.md, 2026-11-25)."""
+    0.19 (docs/validate.md, 2026-11-25). Why go on past it: on a fast link, messages of
+    256 KiB are mostly start-up (0.5 ms against 0.3 at 5 Gbit/s), and a line through them
+    gave rates of 10-140 Gbit/s for a 5 Gbit/s link."""
     cap_kib = max(SWEEP_FLOOR_KIB, SWEEP_MARGIN * largest_step_message(
         shapes, num_nodes, ranks_per_node, options.dtype) / 1024)
-    standard = QUICK_SIZES_KIB if options.quick else DEFAULT_SIZES_KIB
-    return [kib * 1024 for kib in standard if kib <= min(options.max_kib, cap_kib)]
+    standard = [kib for kib in (QUICK_SIZES_KIB if options.quick else DEFAULT_SIZES_KIB)
+                if kib <= options.max_kib]
+    return ([kib * 1024 for kib in standard if kib <= cap_kib],
+            [kib * 1024 for kib in standard if kib > cap_kib])
+
+
+def _sweep(transport, group, sizes: list[int], larger: list[int], repeats: int
+           ) -> tuple[list[tuple[int, float, float]], int]:
+    """The pair exchanges of ``group`` at ``sizes``, then at each of ``larger`` in turn
+    until the largest message takes :data:`RATE_SHOWS` x the smallest's time (collective:
+    the group's first member's times decide for every rank): ``(points, sizes swept)``,
+    the points on members ([] on the others), the count on every rank."""
+    member = transport.rank in group.ranks
+    points = measure_exchanges_cpu(transport, group, sizes, repeats) if member else []
+    swept = len(sizes)
+    for num_bytes in larger:
+        first_last = [points[0][1], points[-1][1]] if member else [0.0, 0.0]
+        smallest, largest = gather_floats(transport, first_last)[group.ranks[0]]
+        if largest >= RATE_SHOWS * smallest:
+            break
+        if member:
+            points += measure_exchanges_cpu(transport, group, [num_bytes], repeats)
+        swept += 1
+    return points, swept
 
 
 def _reference_cpu_s(transport) -> float:
