@@ -178,6 +178,10 @@ def main() -> None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                              "ranks": everyone}, indent=2))
+    # Every rank past the report before any closes: a rank that tore its groups down while
+    # rank 0 still wrote was aborted by gloo at exit ("terminate called without an active
+    # exception").
+    transport.barrier()
     transport.close()
 
 

@@ -162,7 +162,7 @@ def round_order(cases: Sequence[T], round_index: int) -> list[T]:
 
 
 @dataclass(slots=True)
-class Generation:
+class RunResult:
     """What one run on one rank gives back.
 
     Attributes:
@@ -202,7 +202,7 @@ class RunSetup:
 
 
 def generate(setup: RunSetup, transport, case: Case,
-             on_step: Callable[[], None] | None = None) -> Generation:
+             on_step: Callable[[], None] | None = None) -> RunResult:
     """Run ``case`` once on this rank (every rank calls it with the same case), as
     ``cocodiff run`` would: a fresh pipeline, parallelised, one generation.
 
@@ -212,19 +212,27 @@ def generate(setup: RunSetup, transport, case: Case,
     """
     import torch
 
+    from cocodiff.calibration.model_shapes import model_spec
+    from cocodiff.plan.file import Generation
     from cocodiff.runtime.baseline import BASELINES
     from cocodiff.runtime.parallel import parallelize
     from cocodiff.runtime.pipelines import load_pipeline, run_pipeline
 
     pipe = load_pipeline(setup.model, setup.dtype)
+    width, height, frames = setup.size
+    # The model as `cocodiff plan` names it, and the size: the plans are `run`'s and
+    # `plan --out`'s for the same flags (the same hashes).
+    generation = Generation(model_spec(setup.model), (width, height), frames)
     if case.schedule in BASELINES:
         runtime = BASELINES[case.schedule](pipe, transport)
     elif case.layout is not None and not case.layout.is_pure_ulysses:
         from cocodiff.runtime.hybrid import parallelize_hybrid
 
-        runtime = parallelize_hybrid(pipe, transport, case.schedule, case.layout, setup.grid)
+        runtime = parallelize_hybrid(pipe, transport, case.schedule, case.layout, setup.grid,
+                                     generation=generation)
     else:
-        runtime = parallelize(pipe, transport, case.schedule, setup.grid)
+        runtime = parallelize(pipe, transport, case.schedule, setup.grid,
+                              generation=generation)
     step_times: list[float] = []
     transport.barrier()  # every rank starts the run together
     last = time.perf_counter()
@@ -240,15 +248,14 @@ def generate(setup: RunSetup, transport, case: Case,
     start_generation = getattr(runtime, "start_generation", None)
     if start_generation is not None:  # V-Major's ratio schedule spans the steps
         start_generation(setup.steps)
-    width, height, frames = setup.size
     with torch.no_grad():
         latents = run_pipeline(pipe, PROMPT, setup.steps, width, height, frames, setup.seed,
                                step_done, max_sequence_length=setup.text_tokens)
-    generation = Generation(step_times, runtime.comm_s, getattr(runtime, "run_plan", None),
-                            latents.detach().cpu())
+    result = RunResult(step_times, runtime.comm_s, getattr(runtime, "run_plan", None),
+                       latents.detach().cpu())
     del pipe, runtime
     gc.collect()
-    return generation
+    return result
 
 
 def reference_latents(setup: RunSetup):
@@ -275,7 +282,7 @@ class Measurements:
     plans: dict[Case, Any] = field(default_factory=dict)  # the plan each case executed
     first_latents: dict[Case, Any] = field(default_factory=dict)  # round 1's
 
-    def add(self, case: Case, round_index: int, generation: Generation) -> None:
+    def add(self, case: Case, round_index: int, generation: RunResult) -> None:
         self.runs.append({"schedule": case.schedule, "layout": case.layout_name,
                           "round": round_index, "step_times_s": generation.step_times_s,
                           "comm_s": generation.comm_s})

@@ -12,6 +12,7 @@ from launching import launcher_prefix, needs_mpi, needs_torchrun, run_job
 
 from cocodiff.commands.cli import main
 from cocodiff.layout import ParallelLayout
+from cocodiff.plan.file import load_run_plan
 from cocodiff.util.errors import CocodiffError
 from cocodiff.validation import (
     Case,
@@ -75,6 +76,12 @@ def test_validate_measures_predicts_and_compares_every_schedule(launcher, tmp_pa
     if "diffusers" in rows:
         assert rows["diffusers"]["predicted_with_plan"] == "flat"
         assert rows["diffusers"]["plan_sha256"] == rows["flat"]["plan_sha256"]
+    # Each run executes the plan `plan --out` writes for the same flags: one sha256.
+    planned = tmp_path / "tapa.json"
+    assert main(["plan", "--topology", "cluster", "--nodes", "1", "--model", "tiny-flux",
+                 "--steps", "2", "--dtype", "float32", "--schedule", "tapa", "--ulysses", "2",
+                 "--out", str(planned)]) == 0
+    assert rows["tapa"]["plan_sha256"] == load_run_plan(planned).sha256
     # 1 round x (steps) per row, all recorded
     assert len(report["runs"]) == len(expected)
     assert all(len(run["step_times_s"]) == 2 for run in report["runs"])

@@ -125,12 +125,15 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
     with EmulatedCluster(spec) as cluster:
         n0, n1 = cluster.nodes[:2]
         inter = measure_transfer(cluster, n0, n1, num_bytes)
+        both = measure_transfer(cluster, n0, n1, num_bytes, both_ways=True)
         intra = measure_transfer(cluster, n0, n0, num_bytes)
     expected = spec.inter_payload_gbps * 8
     print(f"{cluster_label(spec)}: node 0 -> node 1 {inter.payload_gbit:.3f} Gbit/s of payload "
           f"(tbf {spec.inter_gbit:g} Gbit/s = {expected:.3f} of TCP payload, "
-          f"{inter.payload_gbit / expected:.0%}); inside node 0 {intra.payload_gbit:.3f} Gbit/s "
-          f"over loopback ({intra.link_bytes} bytes on the shaped link)")
+          f"{inter.payload_gbit / expected:.0%}); both ways at once on one connection "
+          f"{both.payload_gbit:.3f} each ({both.payload_gbit / expected:.0%}); inside node 0 "
+          f"{intra.payload_gbit:.3f} Gbit/s over loopback ({intra.link_bytes} bytes on the "
+          "shaped link)")
     return 0
 
 

@@ -2,9 +2,11 @@
 
 A receiver in the destination node's namespace accepts one connection and reads
 ``num_bytes``; a sender in the source node's namespace writes them and waits for a one-byte
-acknowledgement, so the time covers delivery, not just handing bytes to the kernel. Both
-sides give up after ``timeout_s``. Source and destination may be the same node: then the
-bytes go to the node's own address, over its loopback.
+acknowledgement, so the time covers delivery, not just handing bytes to the kernel. With
+``both_ways`` the receiver sends as many bytes back over the same connection at the same
+time (as a pair of ranks exchanging does): each direction should keep its link's rate.
+Both sides give up after ``timeout_s``. Source and destination may be the same node: then
+the bytes go to the node's own address, over its loopback.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from bench.cluster.netns import ClusterError, EmulatedCluster, Node
 _PORT = 5201
 
 _RECEIVER = r"""
-import socket, sys
+import socket, sys, threading
 host, port = sys.argv[1], int(sys.argv[2])
-num_bytes, timeout_s = int(sys.argv[3]), float(sys.argv[4])
+num_bytes, timeout_s, both = int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
 server = socket.socket()
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 server.bind((host, port))
@@ -29,19 +31,24 @@ server.listen(1)
 server.settimeout(timeout_s)
 conn, _ = server.accept()
 conn.settimeout(timeout_s)
+if both:  # the same bytes back, while receiving
+    back = threading.Thread(target=conn.sendall, args=(bytes(num_bytes),))
+    back.start()
 got = 0
 while got < num_bytes:
     chunk = conn.recv(1 << 20)
     if not chunk:
         sys.exit("receiver: connection closed after %d of %d bytes" % (got, num_bytes))
     got += len(chunk)
+if both:
+    back.join()
 conn.sendall(b"k")
 """
 
 _SENDER = r"""
-import socket, sys, time
+import socket, sys, threading, time
 host, port = sys.argv[1], int(sys.argv[2])
-num_bytes, timeout_s = int(sys.argv[3]), float(sys.argv[4])
+num_bytes, timeout_s, both = int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
 deadline = time.monotonic() + timeout_s
 while True:  # the receiver may not be listening yet
     try:
@@ -52,14 +59,27 @@ while True:  # the receiver may not be listening yet
             raise
         time.sleep(0.05)
 conn.settimeout(timeout_s)
+expected = num_bytes + 1 if both else 1  # the bytes sent back, then the acknowledgement
+received = bytearray()
+
+def receive():
+    while len(received) < expected:
+        chunk = conn.recv(1 << 20)
+        if not chunk:
+            break
+        received.extend(chunk)
+
 block = bytes(1 << 20)
 began = time.perf_counter()
+reader = threading.Thread(target=receive)
+reader.start()
 sent = 0
 while sent < num_bytes:
     view = block[: min(len(block), num_bytes - sent)]
     conn.sendall(view)
     sent += len(view)
-if conn.recv(1) != b"k":
+reader.join()
+if len(received) != expected or received[-1:] != b"k":
     sys.exit("sender: no acknowledgement")
 print(time.perf_counter() - began)
 """
@@ -87,15 +107,16 @@ class Transfer:
 
 
 def measure_transfer(cluster: EmulatedCluster, src: Node, dst: Node, num_bytes: int,
-                     timeout_s: float = 30.0) -> Transfer:
-    """Move ``num_bytes`` from ``src`` to ``dst`` over TCP and time it.
+                     timeout_s: float = 30.0, both_ways: bool = False) -> Transfer:
+    """Move ``num_bytes`` from ``src`` to ``dst`` over TCP (and, ``both_ways``, as many back
+    at the same time over the same connection) and time it.
 
     Raises:
         ClusterError: either side failed or ran past ``timeout_s``.
     """
     before = cluster.link_bytes()[src.index][0]
     python = sys.executable
-    args = [dst.address, str(_PORT), str(num_bytes), str(timeout_s)]
+    args = [dst.address, str(_PORT), str(num_bytes), str(timeout_s), "1" if both_ways else "0"]
     receiver = cluster.spawn(dst, [python, "-c", _RECEIVER, *args],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     sender = cluster.spawn(src, [python, "-c", _SENDER, *args], stdout=subprocess.PIPE,

@@ -196,7 +196,7 @@ REFERENCE_PRODUCTS = 200
 # RATE_SHOWS x the smallest's time (the link's rate hidden under its start-up).
 SWEEP_MARGIN = 4
 SWEEP_FLOOR_KIB = 256
-RATE_SHOWS = 4.0
+RATE_SHOWS = 8.0
 
 
 def largest_step_message(shapes: LayerShapes, num_nodes: int, ranks_per_node: int,

@@ -82,25 +82,36 @@ def model_spec(model: str):
     return spec
 
 
+def model_size(model: str, resolution: str | None = None, frames: int | None = None
+               ) -> tuple[int, int, int]:
+    """``(width, height, frames)`` that ``plan``, ``simulate``, ``run`` and ``validate``
+    give ``model`` where ``resolution`` (``PIXELS`` or ``WIDTHxHEIGHT``) or ``frames`` is
+    None: a tiny model's own size (tiny-flux: 128 px), else 1024 px and one frame. One
+    default for all of them: ``plan`` once assumed 1024 px for tiny-flux where ``run``
+    generated 128, and their plans differed."""
+    from cocodiff.models import parse_resolution
+
+    tiny = _tiny_name(model)
+    if tiny is not None:
+        from cocodiff.runtime.tiny import default_resolution
+
+        width, height, default_frames = default_resolution(tiny)
+    else:
+        width, height, default_frames = 1024, 1024, 1
+    if resolution is not None:
+        width, height = parse_resolution(resolution)
+    return width, height, default_frames if frames is None else frames
+
+
 def model_tokens(model: str, tokens: int | None, resolution: str | None):
     """``(spec, attention tokens, image tokens)`` of ``model`` at ``tokens`` (or its tokens at
     ``resolution``, or at its default size); with ``tokens`` given, the text stream keeps
     the model's text tokens and the image stream has the rest."""
-    from cocodiff.models import parse_resolution
-
-    tiny = _tiny_name(model)
     spec = model_spec(model)
     if tokens is None:
-        if resolution is not None:
-            width, height = parse_resolution(resolution)
-            frames = 1
-        elif tiny is not None:
-            from cocodiff.runtime.tiny import default_resolution
-
-            width, height, frames = default_resolution(tiny)
-        else:
-            width, height, frames = 1024, 1024, 1
-        tokens = spec.sequence_tokens(width, height, frames)
+        # A resolution given means one frame (calibrate has no --frames).
+        tokens = spec.sequence_tokens(*model_size(model, resolution,
+                                                  1 if resolution is not None else None))
     return spec, tokens, max(1, tokens - spec.text_tokens)
 
 

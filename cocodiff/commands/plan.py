@@ -110,10 +110,12 @@ def add_machine_arguments(parser: argparse.ArgumentParser, positive_int) -> None
     parser.add_argument("--model", default="flux1-dev",
                         help="a model name or a diffusers transformer config.json / model "
                         "directory (default: flux1-dev)")
-    parser.add_argument("--resolution", default="1024",
-                        help="image size in pixels: 1024 or WIDTHxHEIGHT (default: 1024)")
-    parser.add_argument("--frames", type=positive_int, default=1,
-                        help="video frames (video models only; default: 1)")
+    parser.add_argument("--resolution", default=None,
+                        help="image size in pixels: 1024 or WIDTHxHEIGHT (default: 1024; a "
+                        "tiny model's own, as run gives it: 128 for tiny-flux)")
+    parser.add_argument("--frames", type=positive_int, default=None,
+                        help="video frames (video models only; default: 1, a tiny video "
+                        "model's own)")
     parser.add_argument("--collective", default=AUTO,
                         help="collective model: auto (the preset's), ideal (links only), "
                         "aurora, dgx-h100, cluster")
@@ -186,8 +188,7 @@ def collective_arg(name: str):
 def plan_command(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from cocodiff.calibration.model_shapes import model_spec
-    from cocodiff.models import parse_resolution
+    from cocodiff.calibration.model_shapes import model_size, model_spec
     from cocodiff.plan.file import build_run_plan
     from cocodiff.schedules import RankGrid
     from cocodiff.simulator import budget
@@ -207,7 +208,7 @@ def plan_command(args: argparse.Namespace) -> int:
     options = plan_options(args)
     described = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
     model = model_spec(args.model)
-    width, height = parse_resolution(args.resolution)
+    width, height, args.frames = model_size(args.model, args.resolution, args.frames)
     model.check_resolution(width, height)
     budget.check_estimate(
         budget.estimate_planner(described, model.num_layers, model.num_heads, names,

@@ -148,14 +148,13 @@ def _from_plan_file(args) -> int:
 
 
 def _single(args, names, options, collective) -> int:
-    from cocodiff.calibration.model_shapes import model_spec
-    from cocodiff.models import parse_resolution
+    from cocodiff.calibration.model_shapes import model_size, model_spec
     from cocodiff.schedules import get_schedule
     from topology import Placement, build_topology, resolve_topology
 
     machine = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
     model = model_spec(args.model)
-    width, height = parse_resolution(args.resolution)
+    width, height, args.frames = model_size(args.model, args.resolution, args.frames)
     model.check_resolution(width, height)
     estimate = _check_resources(args, names, options, machine, model)
     topology = build_topology(machine)

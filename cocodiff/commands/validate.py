@@ -158,12 +158,13 @@ def _validate(args: argparse.Namespace, launch) -> int:
     quiet_libraries()  # before torch and diffusers, which warn as they load
     import torch
 
-    from cocodiff.models import parse_resolution, spec_from_config
+    from cocodiff.calibration.model_shapes import model_size
+    from cocodiff.models import spec_from_config
     from cocodiff.runtime.faults import fault_from_env, install_faults
     from cocodiff.runtime.job import StepProgress, agree_on_arguments
     from cocodiff.runtime.nodes import launched_grid
     from cocodiff.runtime.pipelines import load_pipeline, tiny_name_of
-    from cocodiff.runtime.tiny import TINY_DEFAULTS, default_resolution
+    from cocodiff.runtime.tiny import TINY_DEFAULTS
     from cocodiff.schedules import RankGrid
     from cocodiff.validation import (
         Measurements,
@@ -210,9 +211,7 @@ def _validate(args: argparse.Namespace, launch) -> int:
         del pipe, transformer
         cases = make_cases(checked["schedules"], checked["layouts"], launch.world_size,
                            spec.num_heads)
-        width, height, frames = default_resolution(tiny) if tiny else (1024, 1024, 1)
-        if args.resolution is not None:
-            width, height = parse_resolution(args.resolution)
+        width, height, frames = model_size(args.model, args.resolution)
         setup = RunSetup(args.model, dtype, args.steps, (width, height, frames),
                          TINY_DEFAULTS[tiny].max_sequence_length if tiny else None, grid,
                          args.seed)

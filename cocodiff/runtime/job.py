@@ -100,7 +100,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
         tiny = tiny_name_of(request.model)
         prompt = (request.prompt if request.prompt is not None
                   else TINY_DEFAULTS[tiny].prompt if tiny else DEFAULT_PROMPT)
-        width, height, frames = _size(request, tiny)
+        width, height, frames = _size(request)
         # Tiny models use short prompts; real ones keep their pipeline's default length.
         text_tokens = TINY_DEFAULTS[tiny].max_sequence_length if tiny else None
         runtime: BaselineRuntime | UlyssesRuntime | None = None
@@ -274,16 +274,10 @@ def _exact_reference(request: RunRequest, prompt: str, pipe, runtime, guard, is_
     return latents
 
 
-def _size(request: RunRequest, tiny: str | None) -> tuple[int, int, int]:
-    from cocodiff.models import parse_resolution
-    from cocodiff.runtime.tiny import default_resolution
+def _size(request: RunRequest) -> tuple[int, int, int]:
+    from cocodiff.calibration.model_shapes import model_size
 
-    width, height, frames = default_resolution(tiny) if tiny else (1024, 1024, 1)
-    if request.resolution is not None:
-        width, height = parse_resolution(request.resolution)
-    if request.frames is not None:
-        frames = request.frames
-    return width, height, frames
+    return model_size(request.model, request.resolution, request.frames)
 
 
 def agree_on_arguments(transport, argv: list[str]) -> None:

@@ -116,8 +116,11 @@ def test_shaping_limits_the_inter_node_rate_and_intra_node_stays_on_loopback(cle
         n0, n1 = cluster.nodes
         inter = measure_transfer(cluster, n0, n1, num_bytes, timeout_s=20)
         back = measure_transfer(cluster, n1, n0, num_bytes, timeout_s=20)
+        # Both directions on one connection at once, as two ranks exchanging: each keeps
+        # the rate (the shaper queues one direction's data apart from the other's).
+        both = measure_transfer(cluster, n0, n1, num_bytes, timeout_s=20, both_ways=True)
         intra = measure_transfer(cluster, n0, n0, num_bytes, timeout_s=20)
-    for transfer in (inter, back):
+    for transfer in (inter, back, both):
         assert transfer.payload_gbit == pytest.approx(expected_gbit, rel=0.3)
         assert transfer.link_bytes >= num_bytes  # it crossed the shaped veth
     # Inside a node: the node's own address, routed over lo, unshaped, off the veth.
