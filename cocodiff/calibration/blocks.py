@@ -136,10 +136,10 @@ def time_blocks(transformer, stream_tokens: Sequence[int], world: int, rank: int
     ``rounds`` loops of about ``round_s`` each, lined up over ``lineup`` (every rank at
     once): a throughput, as ranks sharing cores run in a step (see :func:`timed_rounds`).
 
-    Why the runtime's path: the blocks alone with diffusers' own attention, corrected to
-    the Ulysses shape (how they were timed before), cost 1.31 ms per layer of the small
-    model on one core where the runtime's forward costs 1.56, and its work outside the
-    blocks 0.69 ms where the runtime's costs 0.97 (docs/validate.md, 2026-11-25)."""
+    Why the runtime's path: a step runs the blocks through the runtime's processors and
+    hooks, not diffusers' own attention (which calibrate timed before, corrected to the
+    Ulysses shape: 1.67 ms per layer of the small model and 1.00 ms outside the blocks,
+    where this gives 1.73 and 1.10; 4 ranks on loopback, docs/validate.md, 2026-11-25)."""
     import torch
 
     from cocodiff.calibration.standin import StandInTransport
