@@ -37,8 +37,8 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser, positive_int) -> No
                         help="inter-node latency (us) used with --inter-gbps (default 20)")
     parser.add_argument("--max-kib", type=positive_int, default=4096,
                         help="largest message in the sweeps, KiB (default 4096; the pair "
-                        "sweep also stops at 4 x the model's largest step message, and at "
-                        "256 KiB at least)")
+                        "sweep stops sooner, at 4 x the model's largest step message and "
+                        "256 KiB at least, once the link's rate shows)")
     parser.add_argument("--transport", default="auto", help="auto, torch or mpi")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds a rank waits for its peers (and a self-launched job may "

@@ -68,7 +68,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
     # one line a user needs.
     quiet_libraries()
 
-    from cocodiff.calibration.model_shapes import model_spec
+    from cocodiff.calibration.model_shapes import model_size, model_spec
     from cocodiff.models import load_object
     from cocodiff.plan.file import Generation
     from cocodiff.quality import compare
@@ -100,7 +100,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
         tiny = tiny_name_of(request.model)
         prompt = (request.prompt if request.prompt is not None
                   else TINY_DEFAULTS[tiny].prompt if tiny else DEFAULT_PROMPT)
-        width, height, frames = _size(request)
+        width, height, frames = model_size(request.model, request.resolution, request.frames)
         # Tiny models use short prompts; real ones keep their pipeline's default length.
         text_tokens = TINY_DEFAULTS[tiny].max_sequence_length if tiny else None
         runtime: BaselineRuntime | UlyssesRuntime | None = None
@@ -272,12 +272,6 @@ def _exact_reference(request: RunRequest, prompt: str, pipe, runtime, guard, is_
     if guard is not None:
         guard.check_latents(latents)
     return latents
-
-
-def _size(request: RunRequest) -> tuple[int, int, int]:
-    from cocodiff.calibration.model_shapes import model_size
-
-    return model_size(request.model, request.resolution, request.frames)
 
 
 def agree_on_arguments(transport, argv: list[str]) -> None:
