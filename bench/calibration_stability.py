@@ -27,10 +27,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+def _tool(name: str) -> str:
+    """``name`` beside this interpreter (a venv's launchers), else on ``PATH``."""
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = shutil.which(name, path=search)
+    if found is None:
+        sys.exit(f"calibration_stability: {name} not found beside {sys.executable} or on PATH")
+    return found
+
+
 LAUNCHERS = {
-    "mpiexec": lambda ranks: [shutil.which("mpiexec") or "mpiexec", "-n", str(ranks)],
-    "torchrun": lambda ranks: [shutil.which("torchrun") or "torchrun",
-                               "--nproc-per-node", str(ranks)],
+    "mpiexec": lambda ranks: [_tool("mpiexec"), "-n", str(ranks)],
+    "torchrun": lambda ranks: [_tool("torchrun"), "--nproc-per-node", str(ranks)],
 }
 
 
