@@ -10,8 +10,8 @@ Each size is exchanged ``--repeats`` times through the transport's all-to-all (t
 calibrate times: ``cocodiff.calibration.exchanges``), each after a 1-row exchange that
 lines the two ranks up; rank 0 prints every time and the payload rate it means (each rank
 sends the size and receives it). Measured on 2026-11-25 over gloo at 0.2 Gbit/s: from
-256 KiB up, some exchanges took twice as long as the others (one direction after the
-other), alternating run to run at 1 MiB (44 / 86 ms); a raw TCP connection carrying both
+64 KiB up, a varying share of the exchanges took twice as long as the others (one
+direction after the other; 1 MiB: 44 or 86 ms); a raw TCP connection carrying both
 directions at once kept 98% of the rate (``python -m bench.cluster selftest``). Hence
 calibrate's pair sweep stops near the sizes a step sends (docs/validate.md).
 """
@@ -40,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from cocodiff.calibration.exchanges import _exchange
+    from cocodiff.calibration.exchanges import timed_exchange
     from cocodiff.calibration.options import ROW_BYTES
     from transports.registry import create_transport
 
@@ -51,11 +51,11 @@ def main() -> None:
     rows = []
     for kib in (int(part) for part in args.sizes_kib.split(",")):
         num_bytes = kib * 1024
-        _exchange(transport, group, num_bytes, torch)  # warm-up
+        timed_exchange(transport, group, num_bytes, torch)  # warm-up
         times = []
         for _ in range(args.repeats):
-            _exchange(transport, group, ROW_BYTES, torch)  # line up
-            times.append(_exchange(transport, group, num_bytes, torch)[0])
+            timed_exchange(transport, group, ROW_BYTES, torch)  # line up
+            times.append(timed_exchange(transport, group, num_bytes, torch)[0])
         rows.append({"kib": kib, "seconds": times, "median_s": statistics.median(times),
                      "payload_gbit_at_min": num_bytes * 8 / min(times) / 1e9,
                      "payload_gbit_at_median": num_bytes * 8 / statistics.median(times) / 1e9})

@@ -211,6 +211,7 @@ def measure_blocks(transport, options: CalibrateOptions, compute: ComputeRates,
     on every rank) and give the effective rate; None when the model's transformer is not
     built here (see :func:`tiny_transformer_config`)."""
     from cocodiff.runtime.hooks import UnsupportedModelError
+    from cocodiff.schedules import DTYPE_BYTES
     from cocodiff.schedules.ulysses import head_split, layer_shape
 
     config = tiny_transformer_config(options.model)
@@ -234,7 +235,7 @@ def measure_blocks(transport, options: CalibrateOptions, compute: ComputeRates,
     layer_s = statistics.median(per_rank)
     # The layer as a plan charges it on rank 0 (padded per-stream shards, its heads).
     cost_shape = layer_shape(head_split(spec, world, streams), 0,
-                             2 if options.dtype == "bfloat16" else 4)
+                             DTYPE_BYTES[options.dtype])
     effective, effective_memory = effective_rates(spec, cost_shape, layer_s, compute.tflops,
                                                   compute.memory_gbps)
     from cocodiff.cost import MATMUL_OPS, OPS, op_cost

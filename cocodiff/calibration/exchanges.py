@@ -14,7 +14,7 @@ SMALL_BYTES = 64 * 1024
 SMALL_REPEATS_FACTOR = 3
 
 
-def _exchange(transport, group, num_bytes: int, torch) -> tuple[float, float]:
+def timed_exchange(transport, group, num_bytes: int, torch) -> tuple[float, float]:
     """One all-to-all over ``group`` sending ``num_bytes`` to every other member: (wall
     seconds, this process's CPU seconds, every thread included)."""
     rows = num_bytes // ROW_BYTES
@@ -41,13 +41,13 @@ def measure_exchanges_cpu(transport, group, sizes_bytes: Sequence[int], repeats:
 
     points = []
     for num_bytes in sizes_bytes:
-        _exchange(transport, group, num_bytes, torch)  # warm-up (connections, buffers)
+        timed_exchange(transport, group, num_bytes, torch)  # warm-up (connections, buffers)
         walls, cpus = [], []
         # Small sizes set the start-up terms and cost little: three times the repeats
         # (their medians moved most between two calibrations on a loaded machine).
         for _ in range(repeats * (SMALL_REPEATS_FACTOR if num_bytes <= SMALL_BYTES else 1)):
-            _exchange(transport, group, ROW_BYTES, torch)
-            wall_s, cpu_s = _exchange(transport, group, num_bytes, torch)
+            timed_exchange(transport, group, ROW_BYTES, torch)
+            wall_s, cpu_s = timed_exchange(transport, group, num_bytes, torch)
             walls.append(wall_s)
             cpus.append(cpu_s)
         walls.sort()
@@ -72,13 +72,13 @@ def measure_wait_spin(transport, group, delay_s: float = 0.02, repeats: int = 3)
     me = group.group_rank(transport.rank)
     fractions = []
     for _ in range(repeats):
-        _exchange(transport, group, ROW_BYTES, torch)  # line the members up
+        timed_exchange(transport, group, ROW_BYTES, torch)  # line the members up
         if me == 0:
-            wall_s, cpu_s = _exchange(transport, group, ROW_BYTES, torch)
+            wall_s, cpu_s = timed_exchange(transport, group, ROW_BYTES, torch)
             fractions.append(cpu_s / wall_s if wall_s > 0 else 0.0)
         else:
             time.sleep(delay_s)
-            _exchange(transport, group, ROW_BYTES, torch)
+            timed_exchange(transport, group, ROW_BYTES, torch)
     return statistics.median(fractions) if me == 0 else 0.0
 
 

@@ -40,6 +40,7 @@ from cocodiff.calibration.options import (
 )
 from cocodiff.calibration.result import UNCONSTRAINED_FACTOR, Calibration, HostMeasurement
 from cocodiff.runtime.nodes import detect_nodes, node_major_shape
+from cocodiff.schedules import DTYPE_BYTES
 from topology.presets import machine_cores
 
 
@@ -212,8 +213,7 @@ def largest_step_message(shapes: LayerShapes, num_nodes: int, ranks_per_node: in
     """Bytes of the largest message a step of the model sends one peer: a flat exchange's
     block (a rank's tokens x a peer's heads), as many blocks as a TAPA phase gathers for
     one peer (the larger level's ranks)."""
-    block = shapes.local_tokens * shapes.local_heads * shapes.head_dim * (
-        2 if dtype == "bfloat16" else 4)
+    block = shapes.local_tokens * shapes.local_heads * shapes.head_dim * DTYPE_BYTES[dtype]
     return block * max(num_nodes, ranks_per_node)
 
 
