@@ -187,7 +187,9 @@ def specs(draw) -> TopologySpec:
     gpus = draw(st.integers(1, 8))
     tiles = draw(st.integers(1, 4))
     return TopologySpec(
-        name=draw(st.text(min_size=1, max_size=12)),
+        # A valid spec's name has a visible character (a blank one is refused: see
+        # the 'blank name' case below).
+        name=draw(st.text(min_size=1, max_size=12).filter(str.strip)),
         num_nodes=num_nodes,
         gpus_per_node=gpus,
         tiles_per_gpu=tiles,
