@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -30,7 +31,8 @@ sys.path.insert(0, str(REPO))
 # What the timers accumulate (process CPU seconds), and what a step reports.
 METERED = ("forward_cpu", "blocks_cpu", "plan_compute_cpu", "exchange_start_cpu",
            "exchange_wait_cpu", "exchange_finish_cpu")
-PARTS = ("wall", "cpu", *METERED[1:], "outside_blocks_cpu", "comm_wait_wall", "runqueue_wait")
+PARTS = ("wall", "cpu", *METERED[1:], "outside_blocks_cpu", "comm_wait_wall", "runqueue_wait",
+         "machine_idle")
 
 
 def runqueue_wait_s() -> float:
@@ -43,6 +45,17 @@ def runqueue_wait_s() -> float:
         except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
             continue
     return total_ns * 1e-9
+
+
+def machine_idle_s() -> float:
+    """Core-seconds this machine's cores have idled since boot, every core summed (Linux
+    ``/proc/stat``: idle and iowait); 0 where it cannot be read. Per step it says whether
+    the ranks left the cores idle or queued for them."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+        return (int(fields[3]) + int(fields[4])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 class CpuMeter:
@@ -101,20 +114,25 @@ def generation(transport, args, schedule: str, grid, meter: CpuMeter) -> list[di
     from cocodiff.runtime.pipelines import load_pipeline, run_pipeline
 
     pipe = load_pipeline(args.model, torch.float32)
+    if args.standin:
+        from cocodiff.calibration.standin import StandInTransport
+
+        transport = StandInTransport(transport.rank, transport.world_size)
     runtime = parallelize(pipe, transport, schedule, grid)
     meter.cpu_s["forward_cpu"] = 0.0
     hook_blocks(pipe.transformer, meter)
     steps: list[dict[str, float]] = []
     last = {"wall": time.perf_counter(), "cpu": time.process_time(), "comm": 0.0,
-            "runqueue": runqueue_wait_s(), **dict(meter.cpu_s)}
+            "runqueue": runqueue_wait_s(), "idle": machine_idle_s(), **dict(meter.cpu_s)}
 
     def step_done(_done: int, _total: int) -> None:
         now = {"wall": time.perf_counter(), "cpu": time.process_time(), "comm": runtime.comm_s,
-               "runqueue": runqueue_wait_s(), **dict(meter.cpu_s)}
+               "runqueue": runqueue_wait_s(), "idle": machine_idle_s(), **dict(meter.cpu_s)}
         row = {part: now[part] - last[part] for part in METERED}
         row["wall"], row["cpu"] = now["wall"] - last["wall"], now["cpu"] - last["cpu"]
         row["comm_wait_wall"] = now["comm"] - last["comm"]
         row["runqueue_wait"] = now["runqueue"] - last["runqueue"]
+        row["machine_idle"] = now["idle"] - last["idle"]
         row["outside_blocks_cpu"] = (now["forward_cpu"] - last["forward_cpu"]
                                      - row["blocks_cpu"])
         steps.append(row)
@@ -125,7 +143,7 @@ def generation(transport, args, schedule: str, grid, meter: CpuMeter) -> list[di
         start(args.steps)
     transport.barrier()
     last["wall"], last["cpu"] = time.perf_counter(), time.process_time()
-    last["runqueue"] = runqueue_wait_s()
+    last["runqueue"], last["idle"] = runqueue_wait_s(), machine_idle_s()
     size = int(args.resolution)
     with torch.no_grad():
         run_pipeline(pipe, "a lighthouse", args.steps, size, size, 1, 0, step_done,
@@ -142,6 +160,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--text-tokens", type=int, default=16)
+    parser.add_argument("--standin", action="store_true",
+                        help="run the steps over calibrate's stand-in transport (nothing is "
+                             "communicated; every rank computes alone, all at once)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -160,7 +181,9 @@ def main() -> None:
     for _ in range(args.rounds):
         for schedule in schedules:
             rows[schedule] += generation(transport, args, schedule, grid, meter)
-    mine = {s: {part: statistics.median(r[part] for r in steps) for part in PARTS}
+    # /proc/stat counts in clock ticks (10 ms): its per-step figure is a mean, not a median.
+    mine = {s: {part: (statistics.fmean if part == "machine_idle" else statistics.median)(
+                    [r[part] for r in steps]) for part in PARTS}
             for s, steps in rows.items()}
     import torch.distributed as dist
 

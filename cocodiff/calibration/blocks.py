@@ -23,6 +23,7 @@ from cocodiff.calibration.model_shapes import model_tokens, tiny_transformer_con
 from cocodiff.calibration.options import CalibrateOptions, CalibrationError
 
 if TYPE_CHECKING:
+    from cocodiff.calibration.standin import StandInTransport
     from cocodiff.models.families import ModelFamily
 
 
@@ -125,6 +126,44 @@ def build_transformer(config: dict[str, Any]):
         return cls.from_config(config).eval()
 
 
+def standin_forward(transformer, stream_tokens: Sequence[int], world: int, rank: int = 0,
+                    dtype_name: str = "float32") -> tuple[Callable[[], Any], StandInTransport]:
+    """``(forward, stand-in)``: ``transformer`` parallelised in place as rank ``rank`` of
+    ``world`` Ulysses ranks over a :class:`StandInTransport` (nothing communicated), and a
+    callable that runs one forward of a step of ``stream_tokens`` (image, text) tokens.
+    Call it under ``torch.inference_mode()``, as the runtime runs a step."""
+    import torch
+
+    from cocodiff.calibration.standin import StandInTransport
+    from cocodiff.runtime.parallel import parallelize
+
+    build_inputs, _lists = block_timing(type(transformer).__name__)
+    dtype = getattr(torch, dtype_name)
+    transformer.to(dtype)
+    standin = StandInTransport(rank, world)
+    parallelize(transformer, standin, "flat")
+    image, text = stream_tokens
+    inputs = build_inputs(transformer.config, image, text, dtype)
+    return (lambda: transformer(**inputs, return_dict=False)), standin
+
+
+def model_standin(options: CalibrateOptions, world: int, rank: int
+                  ) -> tuple[Callable[[], Any], StandInTransport] | None:
+    """:func:`standin_forward` of ``options.model``'s transformer at its calibration size;
+    None when that transformer is not built here (the same answer on every rank)."""
+    from cocodiff.runtime.hooks import UnsupportedModelError
+
+    config = tiny_transformer_config(options.model)
+    if config is None or config.get("_class_name") not in _timed_classes():
+        return None
+    _spec, tokens, image = model_tokens(options.model, options.tokens, options.resolution)
+    try:
+        return standin_forward(build_transformer(config), (image, tokens - image), world, rank,
+                               options.dtype)
+    except UnsupportedModelError:
+        return None
+
+
 def time_blocks(transformer, stream_tokens: Sequence[int], world: int, rank: int = 0,
                 dtype_name: str = "float32", rounds: int = 5, round_s: float = 0.3,
                 lineup: Lineup | None = None) -> BlockTiming:
@@ -142,15 +181,8 @@ def time_blocks(transformer, stream_tokens: Sequence[int], world: int, rank: int
     where this gives 1.73 and 1.10; 4 ranks on loopback, docs/validate.md, 2026-11-25)."""
     import torch
 
-    from cocodiff.calibration.standin import StandInTransport
-    from cocodiff.runtime.parallel import parallelize
-
-    build_inputs, lists = block_timing(type(transformer).__name__)
-    dtype = getattr(torch, dtype_name)
-    transformer = transformer.to(dtype)
-    parallelize(transformer, StandInTransport(rank, world), "flat")
-    image, text = stream_tokens
-    inputs = build_inputs(transformer.config, image, text, dtype)
+    forward, _standin = standin_forward(transformer, stream_tokens, world, rank, dtype_name)
+    _build_inputs, lists = block_timing(type(transformer).__name__)
     blocks = [block for attr in lists for block in getattr(transformer, attr)]
     began: list[tuple[float, float]] = []
     in_blocks = [0.0, 0.0]  # cumulative (wall, CPU) seconds inside the blocks
@@ -168,12 +200,13 @@ def time_blocks(transformer, stream_tokens: Sequence[int], world: int, rank: int
         block.register_forward_hook(after, with_kwargs=True))]
     try:
         with torch.inference_mode():
-            timed = timed_rounds(lambda: transformer(**inputs, return_dict=False), rounds,
-                                 round_s, lineup, inside=lambda: (in_blocks[0], in_blocks[1]))
+            timed = timed_rounds(forward, rounds, round_s, lineup,
+                                 inside=lambda: (in_blocks[0], in_blocks[1]))
     finally:
         for handle in handles:
             handle.remove()
-    scheduler = _scheduler_step_s(transformer.config, image, dtype, lineup)
+    scheduler = _scheduler_step_s(transformer.config, stream_tokens[0],
+                                  getattr(torch, dtype_name), lineup)
 
     def outside(clock: str) -> float:
         return statistics.median(

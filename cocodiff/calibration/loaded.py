@@ -11,12 +11,19 @@ is per *call* (the collective's set-up, handing it to the transport's threads an
 waking a descheduled process), not per message, which is why every extra exchange the
 mechanisms issue costs so much here.
 
-So each rank runs loops of ``compute burst, exchange calls`` back to back, every rank at
-once, for a few call shapes (the world all-to-all; disjoint pairs; TAPA's two phases when
-the grid has both levels) and sizes, beside a loop of the bursts alone. A loop's CPU less
-the bursts' CPU is what the calls cost; means over the loop (a step is a sum of calls, so
-the mean, not the median, is what it pays), the median of several rounds (rounds
-interleave the loops, so a slow minute of the machine moves every shape alike).
+So each rank runs loops of compute and exchange calls back to back, every rank at once,
+for a few call shapes (the world all-to-all; disjoint pairs; TAPA's two phases when the
+grid has both levels) and sizes, beside a loop of the compute alone. The compute is the
+model's own forward as the runtime runs it over the stand-in transport
+(:func:`model_work`), the loop's calls made at each of its exchanges, so the calls meet
+the cores, the caches and the ranks' wake-ups where a step meets them (a world call of
+4 ranks on 2 cores fitted 750 us of CPU among the small model's blocks, 623 us between
+repeated projections: docs/validate.md, 2026-11-25, night); without a model whose blocks
+can run here, a burst of one layer's Q/K/V projection before each call
+(:func:`compute_burst`). A loop's CPU less the compute's CPU is what the calls cost;
+means over the loop (a step is a sum of calls, so the mean, not the median, is what it
+pays), the median of several rounds (rounds interleave the loops, so a slow minute of the
+machine moves every shape alike).
 :func:`fit_call_cpu` fits ``calls x call_cpu_us + messages x message_cpu_us`` to them,
 both at least 0, once each byte's CPU is taken out at the pair sweep's copy rate (the
 loops move small messages: timing large ones across a 0.2 Gbit/s emulated link would take
@@ -68,8 +75,10 @@ class LoadedPoint:
         calls: exchange calls per iteration.
         messages: messages a rank sends and receives per iteration.
         bytes: bytes a rank sends and receives per iteration.
-        cpu_s: process CPU per iteration beyond the burst's (mean over ranks).
-        wall_s: wall time per iteration, bursts included (the slowest rank).
+        cpu_s: process CPU per iteration beyond the compute's (mean over ranks).
+        wall_s: wall time per iteration, compute included (the slowest rank).
+        pieces: places per iteration where the shape's calls are made, the compute cut
+            in as many pieces before them (the forward's exchanges; 1 for a burst).
     """
 
     shape: str
@@ -79,11 +88,28 @@ class LoadedPoint:
     bytes: int
     cpu_s: float
     wall_s: float
+    pieces: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return {"shape": self.shape, "bytes_per_peer": self.bytes_per_peer, "calls": self.calls,
                 "messages": self.messages, "bytes": self.bytes, "cpu_s": self.cpu_s,
-                "wall_s": self.wall_s}
+                "wall_s": self.wall_s, "pieces": self.pieces}
+
+
+@dataclass(frozen=True, slots=True)
+class LoopWork:
+    """A loop iteration's compute, which makes the loop's exchange calls at ``pieces``
+    places along it.
+
+    Attributes:
+        run: runs one iteration, calling its argument at each of the places.
+        pieces: how many places an iteration has.
+        source: what the compute is, in words (for the calibration's record).
+    """
+
+    run: Callable[[Callable[[], None]], None]
+    pieces: int
+    source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +121,11 @@ class CallCpuFit:
         message_cpu_us: CPU per message sent or received, microseconds.
         copy_gbps: GB/s one core moves (the pair sweep's, taken out before the fit); None:
             bytes cost no CPU.
-        burst_cpu_s: the compute burst's CPU per iteration (the loops' baseline).
-        burst_wall_s: the burst loop's wall time per iteration.
+        burst_cpu_s: the compute's CPU per iteration (the loops' baseline).
+        burst_wall_s: the compute-only loop's wall time per iteration.
         points: the loops fitted.
         max_error: the fit's largest relative miss over the points.
+        compute: what the loops computed around the calls (:attr:`LoopWork.source`).
     """
 
     call_cpu_us: float
@@ -108,6 +135,7 @@ class CallCpuFit:
     burst_wall_s: float
     points: tuple[LoadedPoint, ...]
     max_error: float
+    compute: str = ""
 
     def cpu_s(self, calls: int, messages: int, num_bytes: float) -> float:
         """CPU seconds of ``calls`` calls moving ``messages`` messages of ``num_bytes``."""
@@ -118,6 +146,7 @@ class CallCpuFit:
         return {"call_cpu_us": self.call_cpu_us, "message_cpu_us": self.message_cpu_us,
                 "copy_gbps": self.copy_gbps, "burst_cpu_s": self.burst_cpu_s,
                 "burst_wall_s": self.burst_wall_s, "max_error": self.max_error,
+                "compute": self.compute,
                 "points": [p.to_json() for p in self.points]}
 
 
@@ -171,7 +200,8 @@ def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: 
                    per_node: int, collective=None) -> float:
     """The simulator's time for one iteration of ``point``'s loop on ``topology`` (a
     calibrated one, with its ``[host]``): every rank computes the burst (its CPU seconds
-    at one core), then makes the shape's calls one after the other. What calibrate
+    at one core) in ``point.pieces`` equal pieces, each followed by the shape's calls one
+    after the other. What calibrate
     reports beside each loop, so a reader sees whether the host model reproduces the
     very microbenchmarks it was fitted on before trusting it on a step."""
     from cocodiff.cost import Cost
@@ -188,7 +218,7 @@ def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: 
 
     world = num_nodes * per_node
     rows = max(1, point.bytes_per_peer // ROW_BYTES)
-    flops = burst_cpu_s * topology.spec.tile_tflops * 1e12
+    flops = burst_cpu_s * topology.spec.tile_tflops * 1e12 / point.pieces
     tensors = ("q", "k", "v", "out")
     programs = []
     for rank in range(world):
@@ -199,19 +229,19 @@ def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: 
             tensor = tensors[call % len(tensors)]
             steps += [Exchange(tensor, group, splits, splits, ROW_BYTES, "scatter_heads"),
                       Wait(tensor)]
-        programs.append(RankProgram(rank, (LayerPlan((Compute("mlp", Cost(flops, 0.0)),),
-                                                     tuple(steps), ()),)))
+        piece = LayerPlan((Compute("mlp", Cost(flops, 0.0)),), tuple(steps), ())
+        programs.append(RankProgram(rank, (piece,) * point.pieces))
     plan = Plan("flat", "calibration-loop", HeadSplit(world, world, (1,) * world, 8),
                 tuple(programs), shift_period=None)
     return simulate_plan(plan, topology, fold=False, collective=collective).step_time_s
 
 
-def compute_burst(transport, shapes: LayerShapes, dtype: str, target_s: float
-                  ) -> Callable[[], None]:
-    """A step's compute between two exchanges: the layer's Q/K/V projection on the rank's
-    local tokens (what precedes the first exchange of every layer), repeated to take about
-    ``target_s`` of CPU. Every rank repeats it the same number of times (the median of
-    what each measured), so every rank brings the same work to each call."""
+def compute_burst(transport, shapes: LayerShapes, dtype: str, target_s: float) -> LoopWork:
+    """A step's compute between two exchanges, where the model's forward cannot run here:
+    the layer's Q/K/V projection on the rank's local tokens (what precedes the first
+    exchange of every layer), repeated to take about ``target_s`` of CPU, then the calls.
+    Every rank repeats it the same number of times (the median of what each measured), so
+    every rank brings the same work to each call."""
     import torch
 
     torch_dtype = getattr(torch, dtype)
@@ -227,21 +257,48 @@ def compute_burst(transport, shapes: LayerShapes, dtype: str, target_s: float
     wanted = target_s / max(statistics.median(cpu_s), 1e-7)
     repeats = max(1, round(WorldLineup(transport).agree(wanted)))
 
-    def burst() -> None:
+    def run(calls: Callable[[], None]) -> None:
         for _ in range(repeats):
             x @ w
+        calls()
 
-    return burst
+    return LoopWork(run, 1, f"{repeats} x one layer's Q/K/V projection, then the calls")
+
+
+def model_work(forward: Callable[[], Any], standin) -> LoopWork:
+    """The model's forward as the runtime runs it over ``standin`` (a
+    :class:`~cocodiff.calibration.standin.StandInTransport`), the loop's calls made at
+    each of its exchanges: the calls among the real blocks, as in a step."""
+    import torch
+
+    places = [0]
+
+    def count() -> None:
+        places[0] += 1
+
+    def run(calls: Callable[[], None]) -> None:
+        standin.on_exchange = calls
+        try:
+            with torch.inference_mode():
+                forward()
+        finally:
+            standin.on_exchange = None
+
+    run(count)  # warm-up, counting the forward's exchanges
+    return LoopWork(run, max(1, places[0]),
+                    f"the model's forward over the stand-in transport, the calls at each "
+                    f"of its {places[0]} exchanges")
 
 
 def measure_loaded(transport, shapes_of_calls: Sequence[CallShape], sizes_bytes: Sequence[int],
-                   burst: Callable[[], None], iterations: int, rounds: int
+                   work: LoopWork, iterations: int, rounds: int
                    ) -> tuple[float, float, list[LoadedPoint]]:
-    """``(burst CPU s, burst wall s, points)``: every loop on every rank at once (collective).
+    """``(compute CPU s, compute wall s, points)``: every loop on every rank at once
+    (collective).
 
-    Each round runs the burst-only loop and every (shape, size) loop once, lined up by a
-    barrier; a point is the median over rounds of the ranks' mean CPU (less that round's
-    burst CPU) and of the slowest rank's wall time.
+    Each round runs the compute-only loop and every (shape, size) loop once, lined up by a
+    barrier; a point is the median over rounds of the ranks' mean CPU (less the
+    compute-only loop's median CPU) and of the slowest rank's wall time.
     """
     import torch
 
@@ -253,14 +310,16 @@ def measure_loaded(transport, shapes_of_calls: Sequence[CallShape], sizes_bytes:
         for _name, num_bytes, shape in loops:
             calls = [] if shape is None else [_call(transport, g, num_bytes, torch)
                                               for g in shape.groups]
-            for call in calls:  # warm-up: connections and buffers
-                call()
+
+            def make_calls(calls=calls) -> None:
+                for call in calls:
+                    call()
+
+            make_calls()  # warm-up: connections and buffers
             transport.barrier()
             cpu_began, began = time.process_time(), time.perf_counter()
             for _ in range(iterations):
-                burst()
-                for call in calls:
-                    call()
+                work.run(make_calls)
             wall_s = time.perf_counter() - began
             cpu_s = time.process_time() - cpu_began
             round_values += [cpu_s / iterations, wall_s / iterations]
@@ -277,11 +336,11 @@ def measure_loaded(transport, shapes_of_calls: Sequence[CallShape], sizes_bytes:
     for _name, num_bytes, shape in loops[1:]:
         assert shape is not None
         values = samples[(shape.name, num_bytes)]
-        messages = shape.messages()
+        messages = work.pieces * shape.messages()
         points.append(LoadedPoint(
-            shape.name, num_bytes, len(shape.groups), messages, messages * num_bytes,
-            max(0.0, statistics.median(c for c, _ in values) - burst_cpu),
-            statistics.median(w for _, w in values)))
+            shape.name, num_bytes, work.pieces * len(shape.groups), messages,
+            messages * num_bytes, max(0.0, statistics.median(c for c, _ in values) - burst_cpu),
+            statistics.median(w for _, w in values), work.pieces))
     return burst_cpu, burst_wall, points
 
 
@@ -295,7 +354,8 @@ def _call(transport, group, num_bytes: int, torch) -> Callable[[], None]:
 
 
 def fit_call_cpu(points: Sequence[LoadedPoint], copy_gbps: float | None,
-                 burst_cpu_s: float = 0.0, burst_wall_s: float = 0.0) -> CallCpuFit:
+                 burst_cpu_s: float = 0.0, burst_wall_s: float = 0.0,
+                 compute: str = "") -> CallCpuFit:
     """Fit ``cpu - bytes / copy_gbps = calls x c + messages x m`` (both >= 0) to ``points``,
     least squares on relative error (cheap and costly loops count alike).
 
@@ -337,4 +397,4 @@ def fit_call_cpu(points: Sequence[LoadedPoint], copy_gbps: float | None,
     fitted = columns @ best[1]
     max_error = float(np.max(np.abs(fitted / target - 1.0)))
     return CallCpuFit(call_s * 1e6, message_s * 1e6, copy_gbps, burst_cpu_s, burst_wall_s,
-                      tuple(points), max_error)
+                      tuple(points), max_error, compute)

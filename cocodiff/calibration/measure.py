@@ -11,7 +11,7 @@ import statistics
 import time
 import zlib
 
-from cocodiff.calibration.blocks import measure_blocks
+from cocodiff.calibration.blocks import measure_blocks, model_standin
 from cocodiff.calibration.collect import WorldLineup, gather_floats, share_fit
 from cocodiff.calibration.compute import ComputeRates, measure_compute
 from cocodiff.calibration.exchanges import (
@@ -28,6 +28,7 @@ from cocodiff.calibration.loaded import (
     compute_burst,
     fit_call_cpu,
     measure_loaded,
+    model_work,
 )
 from cocodiff.calibration.model_shapes import LayerShapes, layer_shapes
 from cocodiff.calibration.options import (
@@ -167,6 +168,10 @@ def _compute_per_exchange_s(compute: ComputeRates) -> float:
     return layer_s / EXCHANGES_PER_LAYER
 
 
+# The CPU a rank computes in one loaded loop, when the compute is the model's forward.
+LOOP_CPU_S = 0.1
+
+
 def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int],
                 cpu: CpuFit | None, compute: ComputeRates) -> tuple[CallCpuFit | None, str]:
     """What exchange calls cost a rank's CPU with every rank computing and exchanging
@@ -178,12 +183,22 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
     if cpu.busy_poll:
         return None, "not measured: waits spin, the spinning is the cost"
     sizes = [kib * 1024 for kib in LOADED_KIB if kib <= options.max_kib]
-    burst = compute_burst(transport, shapes, options.dtype, _compute_per_exchange_s(compute))
+    iterations = 10 if options.quick else 20
+    standin = (model_standin(options, transport.world_size, transport.rank)
+               if compute.block else None)
+    if standin is not None:
+        work = model_work(*standin)
+        # Forwards of an enlarged model take tens of ms: a loop of about LOOP_CPU_S of
+        # compute per rank, at least 3 forwards.
+        forward_s = compute.block["rank0"]["blocks_s"] + compute.block["rank0"][
+            "outside_blocks_s"]
+        iterations = max(3, min(iterations, round(LOOP_CPU_S / max(forward_s, 1e-6))))
+    else:
+        work = compute_burst(transport, shapes, options.dtype, _compute_per_exchange_s(compute))
     burst_cpu, burst_wall, points = measure_loaded(
-        transport, call_shapes(transport, node_of), sizes, burst,
-        iterations=10 if options.quick else 20, rounds=3)
+        transport, call_shapes(transport, node_of), sizes, work, iterations, rounds=3)
     try:
-        return fit_call_cpu(points, cpu.copy_gbps, burst_cpu, burst_wall), ""
+        return fit_call_cpu(points, cpu.copy_gbps, burst_cpu, burst_wall, work.source), ""
     except CalibrationError as exc:
         return None, f"not fitted: {exc}"
 

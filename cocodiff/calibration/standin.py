@@ -5,12 +5,14 @@ With it the runtime runs a forward on one rank as a step runs it (the sharding h
 attention processors packing and unpacking each exchange, attention at the Ulysses shape,
 the output's gather), less the communication itself, which calibrate prices on its own
 (the pair sweep, the loaded loops). The values received are wrong, their shapes right:
-enough to time the work, not to check it.
+enough to time the work, not to check it. ``on_exchange``, when set, runs at each
+exchange: the loaded loops (:mod:`cocodiff.calibration.loaded`) make their real calls
+there, so the calls meet the cores where a step meets them, between the real blocks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from transports.base import CompletedHandle, Group, check_all_to_all, check_group_ranks
@@ -26,6 +28,7 @@ class StandInTransport:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         self.rank, self.world_size = rank, world_size
         self.world = Group(tuple(range(world_size)))
+        self.on_exchange: Callable[[], None] | None = None
 
     def new_group(self, ranks: Sequence[int]) -> Group:
         check_group_ranks(tuple(ranks), self.world_size)
@@ -37,6 +40,8 @@ class StandInTransport:
 
         group = group or self.world
         check_all_to_all(self.rank, group, tuple(send.shape), send_splits, recv_splits)
+        if self.on_exchange is not None:
+            self.on_exchange()
         rows = sum(recv_splits)
         # The rows sent, cut or repeated to the rows expected: no copy when they match (a
         # Ulysses exchange sends as many rows as it receives), as a transport that
