@@ -10,9 +10,12 @@ For each schedule (rounds interleave them), one generation per round; per step (
 left out, medians over the rest and the rounds) each rank reports its wall time and
 process CPU (every thread), and how the CPU splits: the transformer blocks, the plan's
 compute steps inside the attention processor, each exchange's start (packing, posting),
-wait and finish (unpacking), the forward's work outside the blocks, and how long its
-threads waited runnable for a core (Linux schedstat, every thread). Timers wrap the
-runtime's backend methods and forward hooks; they cost a few microseconds per call.
+wait and finish (unpacking), the forward's work outside the blocks, how long its
+threads waited runnable for a core (Linux schedstat, every thread), and the core-seconds
+the whole machine left idle (``/proc/stat``: a step that is a queue for the cores leaves
+none). Timers wrap the runtime's backend methods and forward hooks; they cost a few
+microseconds per call. With ``--standin`` the same steps run over calibrate's stand-in
+transport (nothing communicated, every rank computing at once): what calibrate times.
 """
 
 from __future__ import annotations

@@ -156,6 +156,49 @@ def test_simulated_loop_is_the_burst_and_the_calls_cpu_over_the_cores() -> None:
                                                                            rel=1e-3)
 
 
+def test_a_loop_in_pieces_charges_the_same_cpu_with_the_calls_between_them() -> None:
+    # The model's forward as a loop's compute: its CPU in 9 pieces, the shape's calls
+    # after each. On wires that cost nothing the iteration is still all ranks' CPU over
+    # the cores: the burst once, the calls 9 times.
+    from cocodiff.calibration.loaded import predict_loop_s
+    from topology import HostSpec, build_topology
+    from topology.presets import cluster
+
+    host = HostSpec(cores=2, call_cpu_us=500.0, message_cpu_us=50.0)
+    spec = cluster(num_nodes=2, ranks_per_node=2, intra_gbps=1e8, intra_latency_us=0.0,
+                   inter_gbps=1e8, inter_latency_us=0.0, tile_tflops=1.0,
+                   tile_memory_gbps=1e8)
+    topology = build_topology(dataclasses.replace(spec, name="pieces-test", host=host))
+    loop = LoadedPoint("world", 2048, 9, 9 * 6, 9 * 6 * 2048, 0.0, 0.0, pieces=9)
+    cpu_s = 4e-3 + 9 * (500 + 6 * 50) * 1e-6
+    assert predict_loop_s(topology, loop, 4e-3, 2, 2) == pytest.approx(4 * cpu_s / 2, rel=1e-3)
+    assert loop.to_json()["pieces"] == 9
+
+
+def test_model_work_makes_the_calls_at_each_of_the_forwards_exchanges() -> None:
+    # A tiny FLUX over the stand-in: the work counts the forward's exchanges (4 per layer
+    # and the output's gather) and makes the loop's calls exactly there.
+    import torch
+
+    from cocodiff.calibration.blocks import build_transformer, standin_forward
+    from cocodiff.calibration.loaded import model_work
+    from cocodiff.calibration.model_shapes import model_tokens, tiny_transformer_config
+
+    _spec, tokens, image = model_tokens("tiny-flux", None, None)
+    forward, standin = standin_forward(build_transformer(tiny_transformer_config("tiny-flux")),
+                                       (image, tokens - image), world=4, rank=1)
+    counted = []
+    standin.on_exchange = lambda: counted.append(1)
+    with torch.inference_mode():
+        forward()
+    standin.on_exchange = None
+    work = model_work(forward, standin)
+    assert work.pieces == len(counted) > 1 and "exchanges" in work.source
+    calls = []
+    work.run(lambda: calls.append(1))
+    assert len(calls) == work.pieces and standin.on_exchange is None
+
+
 def test_call_wait_is_what_the_loops_leave_once_the_cpu_is_charged() -> None:
     # Loops "measured" on a host whose calls wait 700 us on busy cores: the fit, starting
     # from no wait, finds 700 us again; loops the simulator already matches give 0.

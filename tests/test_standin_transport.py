@@ -30,3 +30,16 @@ def test_misuse_is_refused_as_a_real_transport_refuses_it():
         transport.all_to_all(torch.zeros(2, 1), [1, 1], [1, 1], transport.new_group([1]))
     with pytest.raises(ValueError, match="not in a world"):
         StandInTransport(2, 2)
+
+
+def test_on_exchange_runs_once_at_every_exchange_before_it_completes():
+    # The loaded loops make their real calls there: once per exchange, in order.
+    transport = StandInTransport(1, 2)
+    seen = []
+    transport.on_exchange = lambda: seen.append(len(seen))
+    for _ in range(3):
+        transport.all_to_all(torch.zeros(2, 1), [1, 1], [1, 1]).wait()
+    assert seen == [0, 1, 2]
+    transport.on_exchange = None
+    transport.all_to_all(torch.zeros(2, 1), [1, 1], [1, 1])
+    assert seen == [0, 1, 2]

@@ -418,6 +418,7 @@ class SimTransport:
         self._world = world
         self._rank = rank
         self._world_group = Group(tuple(range(world.placement.num_ranks)))
+        self._last_call_done_s: float | None = None  # when this rank's last call finished
 
     @property
     def name(self) -> str:
@@ -476,24 +477,33 @@ class SimTransport:
         send_cpu_s = host.exchange_cpu_s(*_messages(send_bytes, me), calls=1)
         recv_cpu_s = host.exchange_cpu_s(*_messages(recv_bytes, me))
         sequence = self._world.reserve(self._rank, group, tag)
+        follows_call = self._last_call_done_s == self.simulation.env.now
         process = self.simulation.env.process(
-            self._with_cpu(group, send_bytes, tag, sequence, send_cpu_s, recv_cpu_s))
+            self._with_cpu(group, send_bytes, tag, sequence, send_cpu_s, recv_cpu_s,
+                           follows_call))
         return SimHandle(process, received)
 
     def _with_cpu(self, group: Group, send_bytes: tuple[int, ...], tag: Hashable,
-                  sequence: int, send_cpu_s: float, recv_cpu_s: float):
+                  sequence: int, send_cpu_s: float, recv_cpu_s: float, follows_call: bool):
         """An exchange on a host: the sending side's CPU work (posting, copying out) before
         the bytes can leave, the receiving side's after they arrive, both on the rank's
         host's cores; between them, when the host's cores are all taken as the data
-        arrives, the call's wait to be scheduled again."""
+        arrives, the call's wait to be scheduled again, unless the call was made the
+        moment the rank's previous call finished (``follows_call``)."""
         host = self.simulation.host
         yield self.simulation.cpu_task(self._rank, send_cpu_s)
         yield self._world.post_all_to_all(self._rank, group, send_bytes, tag, sequence)
-        if host is not None and host.call_wait_us > 0 and self.simulation.host_busy(self._rank):
+        if (host is not None and host.call_wait_us > 0 and not follows_call
+                and self.simulation.host_busy(self._rank)):
             # Its data arrived while every core of the host was taken: the rank waits to be
-            # scheduled again before it can finish the call (no CPU spent).
+            # scheduled again before it can finish the call (no CPU spent). A call made
+            # straight after another (TAPA's second phase) does not: its members have
+            # just been woken by the call before. Calibrate's loops of TAPA's two phases,
+            # 4 ranks on 2 cores, took as long as the world's one call, and were simulated
+            # 27-58% slow when each phase waited (docs/validate.md, 2026-11-25, night).
             yield self.simulation.env.timeout(host.call_wait_us * 1e-6)
         yield self.simulation.cpu_task(self._rank, recv_cpu_s)
+        self._last_call_done_s = self.simulation.env.now
 
     def barrier(self) -> None:
         """A no-op: simulated ranks only synchronise through their collectives."""

@@ -159,3 +159,25 @@ def test_a_call_completing_on_busy_cores_waits_to_be_scheduled() -> None:
     plan = plan_of([(compute(),), (pair, Wait("v")), (peer, Wait("v"))])
     assert step_s(plan, host) == pytest.approx(15e-3, rel=1e-6)
     assert step_s(plan, dataclasses.replace(host, cores=2)) == pytest.approx(COMPUTE_S, rel=1e-6)
+
+
+def test_a_call_made_as_the_previous_one_finishes_does_not_wait_again() -> None:
+    # Rank 0 computes 10 ms on the one core; ranks 1 and 2 make two calls, the second the
+    # moment the first finishes (as TAPA's second phase follows its first). The first
+    # waits 6 ms to be scheduled; the second does not (its members were just woken by the
+    # first), so they are done at 6 ms and the step is rank 0's 10 ms. Were it to wait as
+    # well, it would end at 12 ms: what a little compute between the two calls gives.
+    host = HostSpec(cores=1, call_wait_us=6000.0)
+    first = Exchange("v", (1, 2), (0, 1), (0, 1), 8, "scatter_heads")
+    first_peer = Exchange("v", (1, 2), (1, 0), (1, 0), 8, "scatter_heads")
+    second = Exchange("k", (1, 2), (0, 1), (0, 1), 8, "scatter_heads")
+    second_peer = Exchange("k", (1, 2), (1, 0), (1, 0), 8, "scatter_heads")
+    back_to_back = plan_of([(compute(),),
+                            (first, Wait("v"), second, Wait("k")),
+                            (first_peer, Wait("v"), second_peer, Wait("k"))])
+    assert step_s(back_to_back, host) == pytest.approx(COMPUTE_S, rel=1e-6)
+    tiny = Compute("mlp", Cost(flops=1e-9 * TFLOPS * 1e12, memory_bytes=0.0))
+    apart = plan_of([(compute(),),
+                     (first, Wait("v"), tiny, second, Wait("k")),
+                     (first_peer, Wait("v"), tiny, second_peer, Wait("k"))])
+    assert step_s(apart, host) == pytest.approx(12e-3, rel=1e-3)
