@@ -168,9 +168,10 @@ class Calibration:
         cpu = self.host.cpu
         charged = ("nothing per message: waits spin (busy_poll)" if cpu and cpu.busy_poll
                    else "none measured" if cpu is None else
-                   "process CPU time of loops of compute and exchange calls, every rank at "
-                   "once, fitted as calls x call_cpu_us + messages x message_cpu_us; bytes / "
-                   "copy_gbps from the pair exchanges" if self.host.loaded is not None else
+                   "process CPU time of loops of compute (the model's forward where it "
+                   "runs here) and exchange calls, every rank at once, fitted as calls x "
+                   "call_cpu_us + messages x message_cpu_us; bytes / copy_gbps from the "
+                   "pair exchanges" if self.host.loaded is not None else
                    "process CPU time per pair exchange, fitted as messages x message_cpu_us "
                    "+ bytes / copy_gbps")
         return [
@@ -395,7 +396,8 @@ def summary(result: Calibration, output: Path) -> str:
         loaded = host.loaded
         if loaded is not None:
             lines.append(
-                f"  exchanges under load (every rank computing and exchanging): "
+                f"  exchanges under load (every rank computing and exchanging; "
+                f"{loaded.compute or 'a compute burst, then the calls'}): "
                 f"{loaded.call_cpu_us:.0f} us CPU per call + {loaded.message_cpu_us:.0f} us per "
                 f"message (max fit error {loaded.max_error:.0%}); a call completing on busy "
                 f"cores waits {host.call_wait_us:.0f} us more (the loops' median): written to "

@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))
 
 from test_emulated_cluster import _REASON  # noqa: E402
 
-from bench import emulated_speedup  # noqa: E402
+from bench import emulated_speedup, resimulate  # noqa: E402
 
 SCHEDULES = ["flat", "tapa", "vfirst", "cocodiff", "diffusers"]
 
@@ -54,6 +54,16 @@ def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, cap
     assert all(row["max_abs_diff"] <= 1e-5 for row in summary.values() if row["exact"])
     assert report["rows"] == len(SCHEDULES)
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+    # bench/resimulate.py simulates the report's rows again: on the topology as calibrated
+    # it gives validate's predictions; without the calls' wait, none slower.
+    again = tmp_path / "again.json"
+    assert resimulate.main([str(report_path), "--set", "call_wait_us=0",
+                            "--json", str(again)]) == 0
+    (resimulated,) = json.loads(again.read_text())["configs"]
+    for row in resimulated["rows"]:
+        assert row["calibrated_error"] == pytest.approx(row["report_error"], rel=1e-6), row
+        assert row["replaced_step_s"] <= row["calibrated_step_s"] * (1 + 1e-9), row
 
 
 @pytest.mark.parametrize(

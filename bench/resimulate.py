@@ -1,0 +1,133 @@
+"""Re-simulate a ``bench/emulated_speedup.py`` report with ``[host]`` keys of every
+configuration's calibrated topology replaced: how much of the predictions rests on one
+calibrated term (nothing is measured).
+
+    python bench/resimulate.py docs/validate_emulated.json --set call_wait_us=0 \\
+        --json docs/calibration_sweep/run6_no_call_wait.json
+
+Per configuration, the report's models are exported again from their shapes and every
+schedule is simulated twice with ``cocodiff simulate``: on the topology as calibrated (it
+must give the report's predictions again: the check that this re-simulation is the
+validate one) and with the keys replaced. Prints each row's error both ways, the planner's
+pick both ways, and the overall figures. The topology's own collective model is used (a
+calibrated TOML's: links only), so a report whose calibration fitted a collective beyond
+the links is not reproduced: the first column says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: make `bench` importable
+    sys.path.insert(0, str(REPO))
+
+from bench.emulated_speedup import EnlargedModel, export_enlarged  # noqa: E402
+
+SCHEDULES = ("flat", "tapa", "vfirst", "cocodiff")
+
+
+def replaced_topology(calibrated: Path, changes: dict[str, float], path: Path) -> Path:
+    """The topology file ``calibrated`` with ``changes`` made to its ``[host]`` table,
+    written to ``path``."""
+    import dataclasses
+
+    from topology.toml_format import dump_topology, load_topology
+
+    spec = load_topology(calibrated)
+    if spec.host is None:
+        raise SystemExit(f"{calibrated}: the calibrated topology has no [host] table")
+    path.write_text(dump_topology(dataclasses.replace(
+        spec, host=dataclasses.replace(spec.host, **changes))))
+    return path
+
+
+def simulate(topology: Path, model_dir: Path, resolution: int, steps: int) -> dict[str, float]:
+    """Step seconds per schedule, ``cocodiff simulate`` on ``topology``: the mean over the
+    steps but the first, which validate leaves out as it leaves out the measured one."""
+    out = topology.with_suffix(".json")
+    subprocess.run([sys.executable, "-m", "cocodiff", "simulate", "--topology", str(topology),
+                    "--model", str(model_dir), "--resolution", str(resolution), "--dtype",
+                    "float32", "--steps", str(steps), "--schedule", ",".join(SCHEDULES),
+                    "--json", str(out)], check=True, capture_output=True, cwd=REPO)
+    times = {}
+    for row in json.loads(out.read_text())["results"]:
+        per_step = row["step_times_s"]
+        times[row["schedule"]] = statistics.fmean(per_step[1:] if len(per_step) > 1
+                                                  else per_step)
+    return times
+
+
+def summary(errors: list[float]) -> str:
+    magnitudes = [abs(e) for e in errors]
+    return (f"median |error| {statistics.median(magnitudes):.1%}, "
+            f"{sum(m <= 0.15 for m in magnitudes)} within 15%, "
+            f"{sum(m <= 0.20 for m in magnitudes)} within 20% of {len(magnitudes)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report", type=Path, help="a bench/emulated_speedup.py JSON report")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a [host] key and its new value (repeatable), e.g. call_wait_us=0")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    args = parser.parse_args(argv)
+    try:
+        changes = {key: float(value) for key, value in (s.split("=", 1) for s in args.set)}
+    except ValueError:
+        parser.error("--set takes KEY=VALUE with a number, e.g. call_wait_us=0")
+    report = json.loads(args.report.read_text())
+    work = Path(tempfile.mkdtemp(prefix="cocodiff-resimulate-"))
+    models: dict[str, Path] = {}
+    configs: list[dict[str, Any]] = []
+    errors: dict[str, list[float]] = {"calibrated": [], "replaced": []}
+    print("| cluster | schedule | measured ms | error: report / calibrated / replaced |")
+    print("|---|---|---|---|")
+    for index, config in enumerate(report["configs"]):
+        shape = config["config"]["model"]
+        key = json.dumps(shape, sort_keys=True)
+        if key not in models:
+            models[key] = export_enlarged(EnlargedModel(**shape), work / f"model-{len(models)}")
+        calibrated = work / f"calibrated-{index}.toml"
+        calibrated.write_text(config["calibration"]["topology"])
+        replaced = replaced_topology(calibrated, changes, work / f"replaced-{index}.toml")
+        steps = config["validate"]["steps"]
+        times = {name: simulate(path, models[key], shape["resolution"], steps)
+                 for name, path in (("calibrated", calibrated), ("replaced", replaced))}
+        picks = {name: min(SCHEDULES, key=times[name].get) for name in times}
+        rows = []
+        for schedule, row in config["summary"].items():
+            simulated = "flat" if schedule == "diffusers" else schedule  # diffusers: flat's plan
+            if simulated not in SCHEDULES:
+                continue
+            measured = row["measured_step_s"]
+            error = {name: times[name][simulated] / measured - 1 for name in times}
+            for name in times:
+                errors[name].append(error[name])
+            rows.append({"schedule": schedule, "measured_step_s": measured,
+                         "report_error": row.get("error"),
+                         **{f"{name}_step_s": times[name][simulated] for name in times},
+                         **{f"{name}_error": error[name] for name in times}})
+            print(f"| {config['label']} | {schedule} | {measured * 1e3:.1f} | "
+                  f"{row.get('error', float('nan')):+.0%} / {error['calibrated']:+.0%} / "
+                  f"{error['replaced']:+.0%} |")
+        print(f"| {config['label']} | pick | | {picks['calibrated']} / {picks['replaced']} |")
+        configs.append({"label": config["label"], "picks": picks, "rows": rows})
+    print(f"calibrated: {summary(errors['calibrated'])}")
+    print(f"with {', '.join(args.set) or 'nothing'} replaced: {summary(errors['replaced'])}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"report": str(args.report), "set": changes,
+                                         "configs": configs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
