@@ -201,9 +201,9 @@ def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: 
     """The simulator's time for one iteration of ``point``'s loop on ``topology`` (a
     calibrated one, with its ``[host]``): every rank computes the burst (its CPU seconds
     at one core) in ``point.pieces`` equal pieces, each followed by the shape's calls one
-    after the other. What calibrate
-    reports beside each loop, so a reader sees whether the host model reproduces the
-    very microbenchmarks it was fitted on before trusting it on a step."""
+    after the other. What calibrate reports beside each loop, so a reader sees whether the
+    host model reproduces the very microbenchmarks it was fitted on before trusting it on
+    a step."""
     from cocodiff.cost import Cost
     from cocodiff.plan.steps import (
         Compute,
