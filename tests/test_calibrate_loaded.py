@@ -251,3 +251,25 @@ def test_calibrate_warns_when_the_machines_speed_moved_during_it() -> None:
     assert speed_drift(slowed) == pytest.approx(0.5)
     assert "took +50% CPU time at the end than at the start" in summary(slowed, Path("t.toml"))
     assert speed_drift(_calibration(HostMeasurement(2.0, None, cpu))) is None  # not timed
+
+
+def test_every_rank_runs_the_loops_the_same_number_of_times() -> None:
+    # The loops' calls are collective: the count comes from what the ranks agree on, not
+    # from this rank's own forward (ranks at 7.6 and 7.8 ms per forward wanted 13 and 12
+    # loops, and gloo aborted on the mismatched calls).
+    from cocodiff.calibration.measure import model_loop_iterations
+
+    class Median:
+        def __init__(self, agreed: float) -> None:
+            self.agreed, self.asked = agreed, []
+
+        def agree(self, value: float) -> float:
+            self.asked.append(value)
+            return self.agreed
+
+    for forward_s in (0.0076, 0.0078):
+        lineup = Median(12.6)
+        assert model_loop_iterations(lineup, forward_s, 20) == 13
+        assert lineup.asked == [pytest.approx(0.1 / forward_s)]
+    assert model_loop_iterations(Median(40.0), 0.002, 20) == 20  # at most `most`
+    assert model_loop_iterations(Median(1.4), 0.07, 20) == 3  # at least 3 forwards

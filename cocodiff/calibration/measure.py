@@ -172,6 +172,15 @@ def _compute_per_exchange_s(compute: ComputeRates) -> float:
 LOOP_CPU_S = 0.1
 
 
+def model_loop_iterations(lineup: WorldLineup, forward_s: float, most: int) -> int:
+    """Forwards per loaded loop: about LOOP_CPU_S of compute per rank (an enlarged model's
+    forward takes tens of ms), at least 3, at most ``most``. Every rank must loop as many
+    times, the calls being collective (a rank whose own forward was a little faster made
+    more calls, and gloo aborted on the mismatch): the ranks' median of what each wants."""
+    wanted = lineup.agree(LOOP_CPU_S / max(forward_s, 1e-6))
+    return max(3, min(most, round(wanted)))
+
+
 def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int],
                 cpu: CpuFit | None, compute: ComputeRates) -> tuple[CallCpuFit | None, str]:
     """What exchange calls cost a rank's CPU with every rank computing and exchanging
@@ -188,11 +197,9 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
                if compute.block else None)
     if standin is not None:
         work = model_work(*standin)
-        # Forwards of an enlarged model take tens of ms: a loop of about LOOP_CPU_S of
-        # compute per rank, at least 3 forwards.
         forward_s = compute.block["rank0"]["blocks_s"] + compute.block["rank0"][
             "outside_blocks_s"]
-        iterations = max(3, min(iterations, round(LOOP_CPU_S / max(forward_s, 1e-6))))
+        iterations = model_loop_iterations(WorldLineup(transport), forward_s, iterations)
     else:
         work = compute_burst(transport, shapes, options.dtype, _compute_per_exchange_s(compute))
     burst_cpu, burst_wall, points = measure_loaded(
