@@ -125,12 +125,16 @@ def generation(transport, args, schedule: str, grid, meter: CpuMeter) -> list[di
     meter.cpu_s["forward_cpu"] = 0.0
     hook_blocks(pipe.transformer, meter)
     steps: list[dict[str, float]] = []
-    last = {"wall": time.perf_counter(), "cpu": time.process_time(), "comm": 0.0,
-            "runqueue": runqueue_wait_s(), "idle": machine_idle_s(), **dict(meter.cpu_s)}
+
+    def reading() -> dict[str, float]:
+        """Every counter a step's row is the difference of."""
+        return {"wall": time.perf_counter(), "cpu": time.process_time(), "comm": runtime.comm_s,
+                "runqueue": runqueue_wait_s(), "idle": machine_idle_s(), **dict(meter.cpu_s)}
+
+    last = reading()
 
     def step_done(_done: int, _total: int) -> None:
-        now = {"wall": time.perf_counter(), "cpu": time.process_time(), "comm": runtime.comm_s,
-               "runqueue": runqueue_wait_s(), "idle": machine_idle_s(), **dict(meter.cpu_s)}
+        now = reading()
         row = {part: now[part] - last[part] for part in METERED}
         row["wall"], row["cpu"] = now["wall"] - last["wall"], now["cpu"] - last["cpu"]
         row["comm_wait_wall"] = now["comm"] - last["comm"]
@@ -145,8 +149,7 @@ def generation(transport, args, schedule: str, grid, meter: CpuMeter) -> list[di
     if start is not None:
         start(args.steps)
     transport.barrier()
-    last["wall"], last["cpu"] = time.perf_counter(), time.process_time()
-    last["runqueue"], last["idle"] = runqueue_wait_s(), machine_idle_s()
+    last.update(reading())
     size = int(args.resolution)
     with torch.no_grad():
         run_pipeline(pipe, "a lighthouse", args.steps, size, size, 1, 0, step_done,

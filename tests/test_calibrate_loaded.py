@@ -137,10 +137,9 @@ def test_call_shapes_of_a_two_by_two_grid() -> None:
     assert [s.name for s in call_shapes(_Ranks(0, 2), [0, 1])] == ["world"]
 
 
-def test_simulated_loop_is_the_burst_and_the_calls_cpu_over_the_cores() -> None:
-    # 4 ranks on 2 cores, wires that cost nothing: a loop iteration is every rank's burst
-    # and calls' CPU shared over the cores, the simulator's reading of one loop.
-    from cocodiff.calibration.loaded import predict_loop_s
+def free_wires_on_two_cores():
+    """2 x 2 ranks on one host of 2 cores, calls at 500 us + 50 us per message, wires
+    that cost nothing: only the ranks' CPU takes time."""
     from topology import HostSpec, build_topology
     from topology.presets import cluster
 
@@ -148,7 +147,15 @@ def test_simulated_loop_is_the_burst_and_the_calls_cpu_over_the_cores() -> None:
     spec = cluster(num_nodes=2, ranks_per_node=2, intra_gbps=1e8, intra_latency_us=0.0,
                    inter_gbps=1e8, inter_latency_us=0.0, tile_tflops=1.0,
                    tile_memory_gbps=1e8)
-    topology = build_topology(dataclasses.replace(spec, name="loop-test", host=host))
+    return build_topology(dataclasses.replace(spec, name="loop-test", host=host))
+
+
+def test_simulated_loop_is_the_burst_and_the_calls_cpu_over_the_cores() -> None:
+    # 4 ranks on 2 cores, wires that cost nothing: a loop iteration is every rank's burst
+    # and calls' CPU shared over the cores, the simulator's reading of one loop.
+    from cocodiff.calibration.loaded import predict_loop_s
+
+    topology = free_wires_on_two_cores()
     for shape, calls, messages in (("world", 1, 6), ("phases", 2, 4)):
         loop = LoadedPoint(shape, 2048, calls, messages, messages * 2048, 0.0, 0.0)
         cpu_s = 1e-3 + (calls * 500 + messages * 50) * 1e-6  # burst + calls, one rank
@@ -161,14 +168,8 @@ def test_a_loop_in_pieces_charges_the_same_cpu_with_the_calls_between_them() -> 
     # after each. On wires that cost nothing the iteration is still all ranks' CPU over
     # the cores: the burst once, the calls 9 times.
     from cocodiff.calibration.loaded import predict_loop_s
-    from topology import HostSpec, build_topology
-    from topology.presets import cluster
 
-    host = HostSpec(cores=2, call_cpu_us=500.0, message_cpu_us=50.0)
-    spec = cluster(num_nodes=2, ranks_per_node=2, intra_gbps=1e8, intra_latency_us=0.0,
-                   inter_gbps=1e8, inter_latency_us=0.0, tile_tflops=1.0,
-                   tile_memory_gbps=1e8)
-    topology = build_topology(dataclasses.replace(spec, name="pieces-test", host=host))
+    topology = free_wires_on_two_cores()
     loop = LoadedPoint("world", 2048, 9, 9 * 6, 9 * 6 * 2048, 0.0, 0.0, pieces=9)
     cpu_s = 4e-3 + 9 * (500 + 6 * 50) * 1e-6
     assert predict_loop_s(topology, loop, 4e-3, 2, 2) == pytest.approx(4 * cpu_s / 2, rel=1e-3)

@@ -147,19 +147,29 @@ def standin_forward(transformer, stream_tokens: Sequence[int], world: int, rank:
     return (lambda: transformer(**inputs, return_dict=False)), standin
 
 
+def timed_model(options: CalibrateOptions) -> tuple[dict[str, Any], Any, tuple[int, int]] | None:
+    """``(transformer config, model spec, (image, text) tokens)`` of ``options.model`` at
+    its calibration size, when its transformer is built and timed here (see
+    :func:`tiny_transformer_config`); None otherwise (the same answer on every rank)."""
+    config = tiny_transformer_config(options.model)
+    if config is None or config.get("_class_name") not in _timed_classes():
+        return None
+    spec, tokens, image = model_tokens(options.model, options.tokens, options.resolution)
+    return config, spec, (image, tokens - image)
+
+
 def model_standin(options: CalibrateOptions, world: int, rank: int
                   ) -> tuple[Callable[[], Any], StandInTransport] | None:
     """:func:`standin_forward` of ``options.model``'s transformer at its calibration size;
     None when that transformer is not built here (the same answer on every rank)."""
     from cocodiff.runtime.hooks import UnsupportedModelError
 
-    config = tiny_transformer_config(options.model)
-    if config is None or config.get("_class_name") not in _timed_classes():
+    model = timed_model(options)
+    if model is None:
         return None
-    _spec, tokens, image = model_tokens(options.model, options.tokens, options.resolution)
+    config, _spec, streams = model
     try:
-        return standin_forward(build_transformer(config), (image, tokens - image), world, rank,
-                               options.dtype)
+        return standin_forward(build_transformer(config), streams, world, rank, options.dtype)
     except UnsupportedModelError:
         return None
 
@@ -247,11 +257,10 @@ def measure_blocks(transport, options: CalibrateOptions, compute: ComputeRates,
     from cocodiff.schedules import DTYPE_BYTES
     from cocodiff.schedules.ulysses import head_split, layer_shape
 
-    config = tiny_transformer_config(options.model)
-    if config is None or config.get("_class_name") not in _timed_classes():
+    model = timed_model(options)
+    if model is None:
         return None
-    spec, tokens, image = model_tokens(options.model, options.tokens, options.resolution)
-    streams = (image, tokens - image)
+    config, spec, streams = model
     transformer = build_transformer(config)
     # Rounds of ~0.3 s: dozens of forwards of a tiny model, many time slices of the OS.
     rounds, round_s = (3, 0.1) if options.quick else (7, 0.3)
