@@ -12,6 +12,13 @@ validate one) and with the keys replaced. Prints each row's error both ways, the
 pick both ways, and the overall figures. The topology's own collective model is used (a
 calibrated TOML's: links only), so a report whose calibration fitted a collective beyond
 the links is not reproduced: the first column says so.
+
+``--refit-call-wait`` fits ``call_wait_us`` again as calibrate would now, on the loops the
+report's calibrations measured (microbenchmarks, never a step), and prints how the
+simulator meets those loops before and after: a change to the simulator judged on a
+report's measurements without running the cluster again.
+
+    python bench/resimulate.py docs/validate_emulated.json --refit-call-wait
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ if str(REPO) not in sys.path:  # run as a script: make `bench` importable
     sys.path.insert(0, str(REPO))
 
 from bench.emulated_speedup import EnlargedModel, export_enlarged  # noqa: E402
+from cocodiff.validation import PICK_TOLERANCE  # noqa: E402
 
 SCHEDULES = ("flat", "tapa", "vfirst", "cocodiff")
 
@@ -49,6 +57,26 @@ def replaced_topology(calibrated: Path, changes: dict[str, float], path: Path) -
     return path
 
 
+def refit_call_wait(config: dict[str, Any], calibrated: Path) -> tuple[float, list[float]]:
+    """The call wait calibrate fits now on ``config``'s measured loops, and each loop's
+    simulated error with it."""
+    from cocodiff.calibration.loaded import LoadedPoint
+    from cocodiff.calibration.result import Loops
+    from topology.toml_format import load_topology
+    from transports.sim import CollectiveModel
+
+    measured = config["calibration"]["measured"]
+    loaded = measured["host"]["loaded"]
+    collective = measured.get("collective")
+    loops = Loops(load_topology(calibrated),
+                  tuple(LoadedPoint(**point) for point in loaded["points"]),
+                  loaded["burst_cpu_s"], measured["num_nodes"], measured["ranks_per_node"],
+                  CollectiveModel.from_json(collective) if collective else None)
+    wait_us = loops.fitted_call_wait_us()
+    return wait_us, [simulated / point.wall_s - 1 for point, simulated in
+                     zip(loops.points, loops.simulated_s(wait_us), strict=True)]
+
+
 def simulate(topology: Path, model_dir: Path, resolution: int, steps: int) -> dict[str, float]:
     """Step seconds per schedule, ``cocodiff simulate`` on ``topology``: the mean over the
     steps but the first, which validate leaves out as it leaves out the measured one."""
@@ -65,11 +93,12 @@ def simulate(topology: Path, model_dir: Path, resolution: int, steps: int) -> di
     return times
 
 
-def summary(errors: list[float]) -> str:
+def summary(errors: list[float], picked: list[bool]) -> str:
     magnitudes = [abs(e) for e in errors]
     return (f"median |error| {statistics.median(magnitudes):.1%}, "
             f"{sum(m <= 0.15 for m in magnitudes)} within 15%, "
-            f"{sum(m <= 0.20 for m in magnitudes)} within 20% of {len(magnitudes)}")
+            f"{sum(m <= 0.20 for m in magnitudes)} within 20% of {len(magnitudes)}; "
+            f"pick within 5% of the measured best in {sum(picked)} of {len(picked)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("report", type=Path, help="a bench/emulated_speedup.py JSON report")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a [host] key and its new value (repeatable), e.g. call_wait_us=0")
+    parser.add_argument("--refit-call-wait", action="store_true",
+                        help="fit call_wait_us again on each calibration's loops, as "
+                        "calibrate would now")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args(argv)
     try:
@@ -88,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     models: dict[str, Path] = {}
     configs: list[dict[str, Any]] = []
     errors: dict[str, list[float]] = {"calibrated": [], "replaced": []}
+    picked: dict[str, list[bool]] = {"calibrated": [], "replaced": []}
     print("| cluster | schedule | measured ms | error: report / calibrated / replaced |")
     print("|---|---|---|---|")
     for index, config in enumerate(report["configs"]):
@@ -97,7 +130,19 @@ def main(argv: list[str] | None = None) -> int:
             models[key] = export_enlarged(EnlargedModel(**shape), work / f"model-{len(models)}")
         calibrated = work / f"calibrated-{index}.toml"
         calibrated.write_text(config["calibration"]["topology"])
-        replaced = replaced_topology(calibrated, changes, work / f"replaced-{index}.toml")
+        config_changes = dict(changes)
+        loops = None
+        if args.refit_call_wait:
+            config_changes["call_wait_us"], errors_now = refit_call_wait(config, calibrated)
+            before = [row["error"] for row in config["calibration"]["measured"]["loops_check"]]
+            loops = {"call_wait_us": config_changes["call_wait_us"],
+                     "loops_error_report": before, "loops_error_now": errors_now}
+            print(f"| {config['label']} | loops | | call wait "
+                  f"{config['calibration']['measured']['host']['call_wait_us']:.0f} -> "
+                  f"{config_changes['call_wait_us']:.0f} us; loops "
+                  f"{' '.join(f'{e:+.0%}' for e in before)} -> "
+                  f"{' '.join(f'{e:+.0%}' for e in errors_now)} |")
+        replaced = replaced_topology(calibrated, config_changes, work / f"replaced-{index}.toml")
         steps = config["validate"]["steps"]
         times = {name: simulate(path, models[key], shape["resolution"], steps)
                  for name, path in (("calibrated", calibrated), ("replaced", replaced))}
@@ -118,13 +163,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {config['label']} | {schedule} | {measured * 1e3:.1f} | "
                   f"{row.get('error', float('nan')):+.0%} / {error['calibrated']:+.0%} / "
                   f"{error['replaced']:+.0%} |")
-        print(f"| {config['label']} | pick | | {picks['calibrated']} / {picks['replaced']} |")
-        configs.append({"label": config["label"], "picks": picks, "rows": rows})
-    print(f"calibrated: {summary(errors['calibrated'])}")
-    print(f"with {', '.join(args.set) or 'nothing'} replaced: {summary(errors['replaced'])}")
+        measured = {schedule: row["measured_step_s"] for schedule, row in config["summary"].items()}
+        best = min(measured.values())
+        slower = {name: measured[pick] / best - 1 for name, pick in picks.items()}
+        for name in times:
+            picked[name].append(slower[name] <= PICK_TOLERANCE)
+        print(f"| {config['label']} | pick | | {picks['calibrated']} / {picks['replaced']} "
+              f"(measured {slower['calibrated']:+.0%} / {slower['replaced']:+.0%} over the "
+              f"best, {min(measured, key=measured.get)}) |")
+        configs.append({"label": config["label"], "picks": picks, "rows": rows,
+                        **({"loops": loops} if loops else {})})
+    print(f"calibrated: {summary(errors['calibrated'], picked['calibrated'])}")
+    what = ", ".join([*args.set, *(["call_wait_us refitted"] if args.refit_call_wait else [])])
+    print(f"with {what or 'nothing'} replaced: {summary(errors['replaced'], picked['replaced'])}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"report": str(args.report), "set": changes,
+                                         "refit_call_wait": args.refit_call_wait,
                                          "configs": configs}, indent=1))
     return 0
 

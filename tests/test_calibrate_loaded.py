@@ -204,7 +204,7 @@ def test_call_wait_is_what_the_loops_leave_once_the_cpu_is_charged() -> None:
     # Loops "measured" on a host whose calls wait 700 us on busy cores: the fit, starting
     # from no wait, finds 700 us again; loops the simulator already matches give 0.
     from cocodiff.calibration.loaded import predict_loop_s
-    from cocodiff.calibration.result import fit_call_wait
+    from cocodiff.calibration.result import Loops
     from topology import build_topology
 
     cpu = CpuFit(message_cpu_us=90.0, copy_gbps=3.0, busy_fraction=0.8, wait_spin=0.02)
@@ -215,12 +215,12 @@ def test_call_wait_is_what_the_loops_leave_once_the_cpu_is_charged() -> None:
                 for p in fit.points]
     loaded = dataclasses.replace(fit, points=tuple(measured))
     fresh = _calibration(HostMeasurement(2.0, None, cpu, loaded))
-    assert fit_call_wait(fresh) == pytest.approx(700.0, abs=2.0)
+    assert Loops.of(fresh).fitted_call_wait_us() == pytest.approx(700.0, abs=2.0)
     assert waited.topology().host.call_wait_us == 700.0
     unwaited = [dataclasses.replace(p, wall_s=p.wall_s / 2) for p in measured]
     fast = _calibration(HostMeasurement(2.0, None, cpu, dataclasses.replace(
         fit, points=tuple(unwaited))))
-    assert fit_call_wait(fast) == 0.0
+    assert Loops.of(fast).fitted_call_wait_us() == 0.0
 
 
 def test_simulate_and_plan_say_what_a_call_costs_on_the_host() -> None:

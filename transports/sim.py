@@ -29,7 +29,7 @@ import simpy
 
 from sim import Simulation
 from sim.network import FlowBatch
-from topology import TIERS, Placement
+from topology import TIERS, HostSpec, Placement
 from transports.base import Group, TransportError, VirtualBuffer
 
 # How far a collective reaches, the key of its costs: a two-member exchange
@@ -386,6 +386,27 @@ def _messages(bytes_per_member: Sequence[int], me: int) -> tuple[int, int]:
     return len(others), sum(others)
 
 
+@dataclass(frozen=True, slots=True)
+class _ExchangeCpu:
+    """One rank's CPU for one exchange call (core-seconds), split where it falls: before
+    the first byte leaves, while the bytes are on the wire, after the last arrives."""
+
+    before_s: float
+    during_s: float
+    after_s: float
+
+    @staticmethod
+    def of(host: HostSpec, sent: tuple[int, int], received: tuple[int, int]) -> _ExchangeCpu:
+        """From ``(messages, bytes)`` sent and received (:func:`_messages`): the call and
+        the first message sent before, the last message received after (a message of the
+        mean size each), the rest during. Its sum is what ``host`` charges the call, so a
+        wire that takes no time gives the call its whole CPU in a row."""
+        total = host.exchange_cpu_s(sent[0] + received[0], sent[1] + received[1], calls=1)
+        before = host.exchange_cpu_s(min(sent[0], 1), sent[1] / max(sent[0], 1), calls=1)
+        after = host.exchange_cpu_s(min(received[0], 1), received[1] / max(received[0], 1))
+        return _ExchangeCpu(before, max(0.0, total - before - after), after)
+
+
 class SimHandle:
     """A simulated operation. A SimPy process yields ``handle.event``; ``wait()`` then
     returns the result (it cannot block: simulated time only moves by yielding)."""
@@ -473,26 +494,30 @@ class SimTransport:
             return SimHandle(event, received)
         me = group.group_rank(self._rank)
         recv_bytes = [rows * send.row_bytes for rows in recv_splits]
-        # The call's own work is charged where it starts, before anything is posted.
-        send_cpu_s = host.exchange_cpu_s(*_messages(send_bytes, me), calls=1)
-        recv_cpu_s = host.exchange_cpu_s(*_messages(recv_bytes, me))
+        cpu = _ExchangeCpu.of(host, _messages(send_bytes, me), _messages(recv_bytes, me))
         sequence = self._world.reserve(self._rank, group, tag)
         follows_call = self._last_call_done_s == self.simulation.env.now
         process = self.simulation.env.process(
-            self._with_cpu(group, send_bytes, tag, sequence, send_cpu_s, recv_cpu_s,
-                           follows_call))
+            self._with_cpu(group, send_bytes, tag, sequence, cpu, follows_call))
         return SimHandle(process, received)
 
     def _with_cpu(self, group: Group, send_bytes: tuple[int, ...], tag: Hashable,
-                  sequence: int, send_cpu_s: float, recv_cpu_s: float, follows_call: bool):
-        """An exchange on a host: the sending side's CPU work (posting, copying out) before
-        the bytes can leave, the receiving side's after they arrive, both on the rank's
-        host's cores; between them, when the host's cores are all taken as the data
+                  sequence: int, cpu: _ExchangeCpu, follows_call: bool):
+        """An exchange on a host, its CPU work on the rank's host's cores as LogGP lays a
+        message train out: the call and the first message's sending before any byte
+        leaves; the other messages' sending and receiving while the bytes are on the wire
+        (the exchange ends when both are done); the last message's receiving after the
+        bytes arrived. Between those two, when the host's cores are all taken as the data
         arrives, the call's wait to be scheduled again, unless the call was made the
         moment the rank's previous call finished (``follows_call``)."""
         host = self.simulation.host
-        yield self.simulation.cpu_task(self._rank, send_cpu_s)
-        yield self._world.post_all_to_all(self._rank, group, send_bytes, tag, sequence)
+        env = self.simulation.env
+        yield self.simulation.cpu_task(self._rank, cpu.before_s)
+        wire = self._world.post_all_to_all(self._rank, group, send_bytes, tag, sequence)
+        if cpu.during_s > 0:
+            yield env.all_of([wire, self.simulation.cpu_task(self._rank, cpu.during_s)])
+        else:
+            yield wire
         if (host is not None and host.call_wait_us > 0 and not follows_call
                 and self.simulation.host_busy(self._rank)):
             # Its data arrived while every core of the host was taken: the rank waits to be
@@ -501,9 +526,9 @@ class SimTransport:
             # just been woken by the call before. Calibrate's loops of TAPA's two phases,
             # 4 ranks on 2 cores, took as long as the world's one call, and were simulated
             # 27-58% slow when each phase waited (docs/validate.md, 2026-11-25, night).
-            yield self.simulation.env.timeout(host.call_wait_us * 1e-6)
-        yield self.simulation.cpu_task(self._rank, recv_cpu_s)
-        self._last_call_done_s = self.simulation.env.now
+            yield env.timeout(host.call_wait_us * 1e-6)
+        yield self.simulation.cpu_task(self._rank, cpu.after_s)
+        self._last_call_done_s = env.now
 
     def barrier(self) -> None:
         """A no-op: simulated ranks only synchronise through their collectives."""

@@ -233,7 +233,8 @@ def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: 
         programs.append(RankProgram(rank, (piece,) * point.pieces))
     plan = Plan("flat", "calibration-loop", HeadSplit(world, world, (1,) * world, 8),
                 tuple(programs), shift_period=None)
-    return simulate_plan(plan, topology, fold=False, collective=collective).step_time_s
+    return simulate_plan(plan, topology, fold=False, collective=collective,
+                         denoising_step=False).step_time_s
 
 
 def compute_burst(transport, shapes: LayerShapes, dtype: str, target_s: float) -> LoopWork:

@@ -29,7 +29,7 @@ class HostMeasurement:
             (the host's per-call and per-message CPU); None: see ``loaded_note``.
         loaded_note: why ``loaded`` is None.
         call_wait_us: the wall time a call waits to be scheduled when it completes on a
-            busy host (:func:`fit_call_wait`, from the same loops).
+            busy host (:meth:`Loops.fitted_call_wait_us`, from the same loops).
     """
 
     cores: float
@@ -257,77 +257,83 @@ def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
         for fit in fits for m, fitted in fit.rows]}
 
 
-# The longest wait per call fit_call_wait considers (a scheduler's slice is a few ms).
+# The longest wait per call Loops.fitted_call_wait_us considers (a scheduler's slice is a few ms).
 MAX_CALL_WAIT_US = 20_000.0
 
 
-def fit_call_wait(result: Calibration) -> float:
-    """The wait per call (``[host] call_wait_us``) that makes the simulator's time of the
-    loaded loops right in the median: what is left of their wall time once every rank's
-    CPU and the wires are charged, because on shared cores a call's members are
-    time-sliced and a call that completes while every core is taken waits to be scheduled.
-    The loops are microbenchmarks (compute and exchange calls), never a step. 0 when the
-    simulator is already at or above the loops' median; found by bisection (the loops'
-    simulated times grow with the wait)."""
-    import statistics
+@dataclass(frozen=True, slots=True)
+class Loops:
+    """The loaded loops of a calibration, as the simulator replays them: the calibrated
+    topology (a :class:`topology.TopologySpec` with its ``[host]``), the loops measured
+    on it, the cluster's shape and the collective model fitted there (None: links only)."""
 
-    host = result.host
-    if host is None or host.loaded is None:
-        return 0.0
-    from transports.sim import CollectiveModel
+    spec: Any
+    points: tuple[Any, ...]
+    burst_cpu_s: float
+    num_nodes: int
+    ranks_per_node: int
+    collective: Any = None
 
-    collective = (CollectiveModel.from_json(result.collective) if result.collective
-                  else None)
-    loaded = host.loaded
+    @staticmethod
+    def of(result: Calibration) -> Loops | None:
+        """``result``'s loops; None when it has no host or ran none."""
+        host = result.host
+        if host is None or host.loaded is None:
+            return None
+        from transports.sim import CollectiveModel
 
-    def median_error(wait_us: float) -> float:
-        trial = dataclasses.replace(result, host=dataclasses.replace(host, call_wait_us=wait_us))
-        topology = _loops_topology(trial)
-        return statistics.median(
-            predict_loop_s(topology, point, loaded.burst_cpu_s, result.num_nodes,
-                           result.ranks_per_node, collective) / point.wall_s - 1
-            for point in loaded.points if point.wall_s > 0)
+        return Loops(result.topology(), tuple(host.loaded.points), host.loaded.burst_cpu_s,
+                     result.num_nodes, result.ranks_per_node,
+                     CollectiveModel.from_json(result.collective) if result.collective
+                     else None)
 
-    if median_error(0.0) >= 0:
-        return 0.0
-    low, high = 0.0, MAX_CALL_WAIT_US
-    if median_error(high) < 0:
-        return high
-    while high - low > 1.0:  # to the microsecond
-        middle = (low + high) / 2
-        low, high = (middle, high) if median_error(middle) < 0 else (low, middle)
-    return (low + high) / 2
+    def simulated_s(self, call_wait_us: float | None = None) -> list[float]:
+        """Each loop's simulated time per iteration (with ``call_wait_us`` in place of the
+        spec's)."""
+        from topology import build_topology
 
+        spec = self.spec
+        if call_wait_us is not None:
+            spec = dataclasses.replace(spec, host=dataclasses.replace(
+                spec.host, call_wait_us=call_wait_us))
+        topology = build_topology(spec)
+        return [predict_loop_s(topology, point, self.burst_cpu_s, self.num_nodes,
+                               self.ranks_per_node, self.collective) for point in self.points]
 
-def _loops_topology(result: Calibration):
-    """The calibrated machine the loaded loops are simulated on: a loop is no denoising
-    step, so no step overhead."""
-    from topology import build_topology
+    def fitted_call_wait_us(self) -> float:
+        """The wait per call (``[host] call_wait_us``) that makes the simulator's time of
+        the loops right in the median: what is left of their wall time once every rank's
+        CPU and the wires are charged, because on shared cores a call's members are
+        time-sliced and a call that completes while every core is taken waits to be
+        scheduled. The loops are microbenchmarks (compute and exchange calls), never a
+        step. 0 when the simulator is already at or above the loops' median; found by
+        bisection (the loops' simulated times grow with the wait)."""
+        import statistics
 
-    return build_topology(dataclasses.replace(result.topology(), tile_step_overhead_us=0.0))
+        def median_error(wait_us: float) -> float:
+            return statistics.median(
+                simulated / point.wall_s - 1
+                for point, simulated in zip(self.points, self.simulated_s(wait_us), strict=True)
+                if point.wall_s > 0)
 
+        if median_error(0.0) >= 0:
+            return 0.0
+        low, high = 0.0, MAX_CALL_WAIT_US
+        if median_error(high) < 0:
+            return high
+        while high - low > 1.0:  # to the microsecond
+            middle = (low + high) / 2
+            low, high = (middle, high) if median_error(middle) < 0 else (low, middle)
+        return (low + high) / 2
 
-def check_loops(result: Calibration) -> list[dict[str, Any]]:
-    """Each loaded loop (:mod:`cocodiff.calibration.loaded`) beside what the simulator
-    takes for it on the calibrated topology and collective model: whether the host model
-    reproduces the microbenchmarks it was fitted on (the CPU) and those it was not (the
-    wall time of every rank computing and exchanging at once)."""
-    host = result.host
-    if host is None or host.loaded is None:
-        return []
-    from transports.sim import CollectiveModel
-
-    topology = _loops_topology(result)
-    collective = (CollectiveModel.from_json(result.collective) if result.collective
-                  else None)
-    rows = []
-    for point in host.loaded.points:
-        predicted = predict_loop_s(topology, point, host.loaded.burst_cpu_s, result.num_nodes,
-                                   result.ranks_per_node, collective)
-        rows.append({"shape": point.shape, "bytes_per_peer": point.bytes_per_peer,
-                     "measured_s": point.wall_s, "predicted_s": predicted,
-                     "error": predicted / point.wall_s - 1 if point.wall_s > 0 else None})
-    return rows
+    def check(self) -> list[dict[str, Any]]:
+        """Each loop beside what the simulator takes for it: whether the host model
+        reproduces the microbenchmarks it was fitted on (the CPU) and those it was not
+        (the wall time of every rank computing and exchanging at once)."""
+        return [{"shape": point.shape, "bytes_per_peer": point.bytes_per_peer,
+                 "measured_s": point.wall_s, "predicted_s": predicted,
+                 "error": predicted / point.wall_s - 1 if point.wall_s > 0 else None}
+                for point, predicted in zip(self.points, self.simulated_s(), strict=True)]
 
 
 # Past this relative change of the reference work's CPU time, calibrate warns.
@@ -429,12 +435,13 @@ def write_outputs(result: Calibration, options: CalibrateOptions) -> None:
     from cocodiff.util.atomic import atomic_write_text
     from topology import dump_topology
 
-    spec = result.topology()
     result.collective = fit_calibrated_collective(result)
-    if result.host is not None:
-        result.host = dataclasses.replace(result.host, call_wait_us=fit_call_wait(result))
-        spec = result.topology()
-    result.loops_check = check_loops(result)
+    loops = Loops.of(result)
+    if loops is not None:
+        result.host = dataclasses.replace(result.host, call_wait_us=loops.fitted_call_wait_us())
+        loops = Loops.of(result)  # with the wait just fitted
+    result.loops_check = loops.check() if loops is not None else []
+    spec = result.topology()
     header = "".join(f"# {line}\n" for line in result.notes())
     atomic_write_text(options.output, header + dump_topology(spec))
     if options.json is not None:

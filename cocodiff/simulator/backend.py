@@ -168,8 +168,8 @@ class SimBackend:
 
 
 def rank_process(simulation: Simulation, execution: Execution, rank: int,
-                 finish_s: dict[int, float], backend: SimBackend):
-    overhead = backend.step_overhead()
+                 finish_s: dict[int, float], backend: SimBackend, denoising_step: bool = True):
+    overhead = backend.step_overhead() if denoising_step else None
     if overhead is not None:
         yield overhead.event
     for handle in execution:

@@ -105,6 +105,8 @@ def simulate_all_to_all(topology: Topology, bytes_per_rank: int, schedule: str =
                          f"{ranks} ranks")
     grid = RankGrid.from_placement(topology, placement)
     plan = all_to_all_plan(grid, block_bytes, schedule)
-    result = simulate_plan(plan, topology, placement, collective=collective)
+    # An all-to-all microbenchmark, not a denoising step: no step overhead.
+    result = simulate_plan(plan, topology, placement, collective=collective,
+                           denoising_step=False)
     return AllToAllResult(topology.num_nodes, ranks, block_bytes * ranks, schedule,
                           result.step_time_s)

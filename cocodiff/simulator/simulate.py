@@ -50,8 +50,10 @@ def simulate_plan(
     fold: bool | None = None,
     record_spans: bool = False,
     collective: CollectiveModel | None = None,
+    denoising_step: bool = True,
 ) -> SimResult:
-    """Run one denoising step of ``plan`` on ``topology``.
+    """Run one denoising step of ``plan`` on ``topology`` (or, ``denoising_step`` False,
+    the plan alone: a microbenchmark's exchanges, without the topology's step overhead).
 
     Args:
         plan: the plan (all ranks).
@@ -64,6 +66,8 @@ def simulate_plan(
             timeline (for traces and plots).
         collective: how collectives are carried out beyond the wire; by default the
             model of the topology's preset (``transports.sim.COLLECTIVE_MODELS``).
+        denoising_step: charge the topology's ``tile_step_overhead_us`` (the pipeline's
+            work outside the blocks, once per step) before the plan.
     """
     wall_start = time.perf_counter()
     placement = placement or Placement.node_major(topology, plan.num_ranks)
@@ -87,7 +91,7 @@ def simulate_plan(
         backends[rank] = backend
         simulation.env.process(
             rank_process(simulation, run_program(plan.program(rank), backend), rank, finish_s,
-                         backend)
+                         backend, denoising_step)
         )
     simulation.run()
     missing = [rank for rank in world.simulated_ranks if rank not in finish_s]

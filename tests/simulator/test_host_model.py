@@ -181,3 +181,48 @@ def test_a_call_made_as_the_previous_one_finishes_does_not_wait_again() -> None:
                      (first, Wait("v"), tiny, second, Wait("k")),
                      (first_peer, Wait("v"), tiny, second_peer, Wait("k"))])
     assert step_s(apart, host) == pytest.approx(12e-3, rel=1e-3)
+
+
+def test_an_exchange_handles_its_messages_while_its_bytes_are_on_the_wire() -> None:
+    # Four ranks, a core each, one all-to-all: three messages out and three in per rank.
+    # As LogGP lays a message train out, the call and the first message sent are paid
+    # before any byte leaves, the last message received after the bytes arrived, and
+    # the four messages between while the wire carries the bytes: the exchange takes
+    # call + m + max(wire, 4 m) + m, where serialising CPU and wire would give
+    # call + 6 m + wire.
+    ranks, row_bytes = 4, 250_000
+    rows = (1,) * ranks
+    plan = plan_of([(Exchange("v", tuple(range(ranks)), rows, rows, row_bytes,
+                              "scatter_heads"), Wait("v"))] * ranks)
+    spec = cluster(num_nodes=1, ranks_per_node=ranks, intra_gbps=1.0, intra_latency_us=0.0,
+                   tile_tflops=TFLOPS, tile_memory_gbps=1e8)
+    slow_link = build_topology(dataclasses.replace(spec, name="host-test"))
+    wire_s = simulate_plan(plan, slow_link, fold=False).step_time_s
+    assert wire_s == pytest.approx(0.75e-3, rel=1e-6)  # 750 kB each way at 1 GB/s
+
+    def on_host(message_cpu_us: float) -> float:
+        host = HostSpec(cores=ranks, call_cpu_us=100.0, message_cpu_us=message_cpu_us)
+        topology = build_topology(dataclasses.replace(spec, name="host-test", host=host))
+        return simulate_plan(plan, topology, fold=False).step_time_s
+
+    hidden_us = wire_s * 1e6 / 8  # 4 of them fit in half the wire time
+    assert on_host(hidden_us) == pytest.approx(100e-6 + wire_s + 2 * hidden_us * 1e-6, rel=1e-6)
+    exposed_us = wire_s * 1e6  # 4 of them take four times the wire time
+    assert on_host(exposed_us) == pytest.approx(100e-6 + 6 * exposed_us * 1e-6, rel=1e-6)
+
+
+def test_a_microbenchmark_pays_no_step_overhead() -> None:
+    # The step overhead is the pipeline's work outside the blocks, once per denoising
+    # step: an all-to-all microbenchmark (calibrate's collective fit, `cocodiff
+    # collective`) simulated on a topology that has one does not pay it.
+    from cocodiff.simulator.collective import simulate_all_to_all
+
+    spec = cluster(num_nodes=2, ranks_per_node=2)
+    with_overhead = dataclasses.replace(spec, tile_step_overhead_us=5000.0)
+    times = [simulate_all_to_all(build_topology(s), 1 << 20).time_s
+             for s in (spec, with_overhead)]
+    assert times[0] == times[1]
+    plan = computing(2)
+    assert simulate_plan(plan, build_topology(dataclasses.replace(
+        with_overhead, name="host-test"))).step_time_s > simulate_plan(
+        plan, build_topology(dataclasses.replace(spec, name="host-test"))).step_time_s
