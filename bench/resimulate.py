@@ -57,16 +57,19 @@ def replaced_topology(calibrated: Path, changes: dict[str, float], path: Path) -
     return path
 
 
-def refit_call_wait(config: dict[str, Any], calibrated: Path) -> tuple[float, list[float]]:
+def refit_call_wait(config: dict[str, Any], calibrated: Path
+                    ) -> tuple[float, list[float]] | None:
     """The call wait calibrate fits now on ``config``'s measured loops, and each loop's
-    simulated error with it."""
+    simulated error with it; None when its calibration ran no loops."""
     from cocodiff.calibration.loaded import LoadedPoint
     from cocodiff.calibration.result import Loops
     from topology.toml_format import load_topology
     from transports.sim import CollectiveModel
 
     measured = config["calibration"]["measured"]
-    loaded = measured["host"]["loaded"]
+    loaded = (measured.get("host") or {}).get("loaded")
+    if not loaded:
+        return None
     collective = measured.get("collective")
     loops = Loops(load_topology(calibrated),
                   tuple(LoadedPoint(**point) for point in loaded["points"]),
@@ -132,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         calibrated.write_text(config["calibration"]["topology"])
         config_changes = dict(changes)
         loops = None
-        if args.refit_call_wait:
-            config_changes["call_wait_us"], errors_now = refit_call_wait(config, calibrated)
+        refit = refit_call_wait(config, calibrated) if args.refit_call_wait else None
+        if refit is not None:
+            config_changes["call_wait_us"], errors_now = refit
             before = [row["error"] for row in config["calibration"]["measured"]["loops_check"]]
             loops = {"call_wait_us": config_changes["call_wait_us"],
                      "loops_error_report": before, "loops_error_now": errors_now}
@@ -142,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{config_changes['call_wait_us']:.0f} us; loops "
                   f"{' '.join(f'{e:+.0%}' for e in before)} -> "
                   f"{' '.join(f'{e:+.0%}' for e in errors_now)} |")
+        elif args.refit_call_wait:
+            print(f"| {config['label']} | loops | | none measured: call wait as calibrated |")
         replaced = replaced_topology(calibrated, config_changes, work / f"replaced-{index}.toml")
         steps = config["validate"]["steps"]
         times = {name: simulate(path, models[key], shape["resolution"], steps)

@@ -64,6 +64,14 @@ def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, cap
     for row in resimulated["rows"]:
         assert row["calibrated_error"] == pytest.approx(row["report_error"], rel=1e-6), row
         assert row["replaced_step_s"] <= row["calibrated_step_s"] * (1 + 1e-9), row
+    # Refitting the call wait on the report's own loops, with the simulator that
+    # calibrated them, gives calibrate's wait again.
+    refitted = tmp_path / "refitted.json"
+    assert resimulate.main([str(report_path), "--refit-call-wait",
+                            "--json", str(refitted)]) == 0
+    (refit,) = json.loads(refitted.read_text())["configs"]
+    calibrated_wait = config["calibration"]["measured"]["host"]["call_wait_us"]
+    assert refit["loops"]["call_wait_us"] == pytest.approx(calibrated_wait, abs=1.0)
 
 
 @pytest.mark.parametrize(
