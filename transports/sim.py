@@ -507,9 +507,9 @@ class SimTransport:
         message train out: the call and the first message's sending before any byte
         leaves; the other messages' sending and receiving while the bytes are on the wire
         (the exchange ends when both are done); the last message's receiving after the
-        bytes arrived. Between those two, when the host's cores are all taken as the data
-        arrives, the call's wait to be scheduled again, unless the call was made the
-        moment the rank's previous call finished (``follows_call``)."""
+        bytes arrived. Before that last part, when the host's cores are all taken as the
+        data arrives, the call waits to be scheduled again, unless it was made the moment
+        the rank's previous call finished (``follows_call``)."""
         host = self.simulation.host
         env = self.simulation.env
         yield self.simulation.cpu_task(self._rank, cpu.before_s)

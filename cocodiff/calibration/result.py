@@ -7,13 +7,17 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cocodiff.calibration.compute import ComputeRates
 from cocodiff.calibration.fits import CpuFit, LinkFit
-from cocodiff.calibration.loaded import CallCpuFit, predict_loop_s
+from cocodiff.calibration.loaded import CallCpuFit, LoadedPoint, predict_loop_s
 from cocodiff.calibration.model_shapes import LayerShapes
 from cocodiff.calibration.options import CalibrateOptions
+
+if TYPE_CHECKING:
+    from topology import TopologySpec
+    from transports.sim import CollectiveModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,12 +271,12 @@ class Loops:
     topology (a :class:`topology.TopologySpec` with its ``[host]``), the loops measured
     on it, the cluster's shape and the collective model fitted there (None: links only)."""
 
-    spec: Any
-    points: tuple[Any, ...]
+    spec: TopologySpec
+    points: tuple[LoadedPoint, ...]
     burst_cpu_s: float
     num_nodes: int
     ranks_per_node: int
-    collective: Any = None
+    collective: CollectiveModel | None = None
 
     @staticmethod
     def of(result: Calibration) -> Loops | None:
