@@ -43,11 +43,13 @@ ROW_FLOATS = 256  # 1 KiB rows
 
 
 def groups(num_nodes: int, per_node: int, rank: int) -> dict[str, tuple[int, ...]]:
-    """The rank's node, its column and the world (node-major ranks)."""
-    node = rank // per_node
-    return {"world": tuple(range(num_nodes * per_node)),
-            "node": tuple(range(node * per_node, (node + 1) * per_node)),
-            "column": tuple(n * per_node + rank % per_node for n in range(num_nodes))}
+    """The rank's node, its column and the world (node-major ranks): TAPA's phases as
+    calibrate's loops make them (``loaded.shape_groups``)."""
+    from cocodiff.calibration.loaded import shape_groups
+
+    node, column = (next(g for g in phase if rank in g)
+                    for phase in shape_groups("phases", num_nodes, per_node))
+    return {"world": tuple(range(num_nodes * per_node)), "node": node, "column": column}
 
 
 def calls(pattern: str) -> list[tuple[str, bool]]:

@@ -37,7 +37,7 @@ if str(REPO) not in sys.path:  # run as a script: make `bench` importable
     sys.path.insert(0, str(REPO))
 
 from bench.emulated_speedup import EnlargedModel, export_enlarged  # noqa: E402
-from cocodiff.validation import PICK_TOLERANCE  # noqa: E402
+from cocodiff.validation import pick_against_best  # noqa: E402
 
 SCHEDULES = ("flat", "tapa", "vfirst", "cocodiff")
 
@@ -152,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         steps = config["validate"]["steps"]
         times = {name: simulate(path, models[key], shape["resolution"], steps)
                  for name, path in (("calibrated", calibrated), ("replaced", replaced))}
-        picks = {name: min(SCHEDULES, key=times[name].get) for name in times}
         rows = []
         for schedule, row in config["summary"].items():
             simulated = "flat" if schedule == "diffusers" else schedule  # diffusers: flat's plan
@@ -169,14 +168,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {config['label']} | {schedule} | {measured * 1e3:.1f} | "
                   f"{row.get('error', float('nan')):+.0%} / {error['calibrated']:+.0%} / "
                   f"{error['replaced']:+.0%} |")
-        measured = {schedule: row["measured_step_s"] for schedule, row in config["summary"].items()}
-        best = min(measured.values())
-        slower = {name: measured[pick] / best - 1 for name, pick in picks.items()}
+        # validate's own rule: the least predicted plan schedule against the least measured
+        judged = {name: pick_against_best([
+            {**row, "predicted_step_s": times[name].get(row["schedule"])
+             if row["layout"] == "pure" else None} for row in config["summary"].values()])
+            for name in times}
+        picks = {name: verdict["planner_pick"]["schedule"] for name, verdict in judged.items()}
+        slower = {name: verdict["pick_slower_than_best"] for name, verdict in judged.items()}
         for name in times:
-            picked[name].append(slower[name] <= PICK_TOLERANCE)
+            picked[name].append(judged[name]["pick_within_5pct"])
         print(f"| {config['label']} | pick | | {picks['calibrated']} / {picks['replaced']} "
               f"(measured {slower['calibrated']:+.0%} / {slower['replaced']:+.0%} over the "
-              f"best, {min(measured, key=measured.get)}) |")
+              f"best, {judged['calibrated']['measured_best']['schedule']}) |")
         configs.append({"label": config["label"], "picks": picks, "rows": rows,
                         **({"loops": loops} if loops else {})})
     print(f"calibrated: {summary(errors['calibrated'], picked['calibrated'])}")
