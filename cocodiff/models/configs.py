@@ -17,6 +17,10 @@ Facts that are not in the transformer config and come from the diffusers pipelin
   tokens, which is the pipeline's cap: it does not pad, so a short prompt gives fewer;
   Wan 512 UMT5 tokens (padded) and PixArt-Sigma 300 T5 tokens, both attended through
   cross-attention; DiT is class-conditional (no text).
+- Output width. ``proj_out`` gives ``out_channels`` (``in_channels`` when null) times the
+  config's patch area per token, in every family here (FLUX's config patch is 1: its
+  packing happens outside). PixArt's and DiT's ``out_channels`` of 8 carry the learned
+  variance, which their pipelines drop only after the transformer.
 - MLP width. ``mlp_ratio`` is the hidden width, in units of the model width, of a two-GEMM
   ``d -> r*d -> d`` MLP with the same FLOPs. FLUX.2's SwiGLU MLP of ratio 3 has three
   ``d x 3d`` matrices (gate, up, down), so it counts as 4.5. Wan's is ``ffn_dim / dim``.
@@ -26,6 +30,7 @@ This module must stay importable without torch or diffusers: the simulator CLI u
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,6 +49,7 @@ def flux(config: Mapping[str, Any], name: str) -> ModelSpec:
     # Double-stream and single-stream blocks both run one joint attention over text + image.
     return ModelSpec(
         name=name,
+        output_channels=_output_channels(config),
         family="flux",
         num_layers=_positive_int(config, "num_layers") + _positive_int(config, "num_single_layers"),
         num_heads=_positive_int(config, "num_attention_heads"),
@@ -58,6 +64,7 @@ def flux2(config: Mapping[str, Any], name: str) -> ModelSpec:
     swiglu_ratio = _positive_number(config, "mlp_ratio", default=3.0)  # diffusers' default
     return ModelSpec(
         name=name,
+        output_channels=_output_channels(config),
         family="flux2",
         num_layers=_positive_int(config, "num_layers") + _positive_int(config, "num_single_layers"),
         num_heads=_positive_int(config, "num_attention_heads"),
@@ -74,6 +81,7 @@ def sd3(config: Mapping[str, Any], name: str) -> ModelSpec:
     # blocks) are not modelled; SD3.5-large has none.
     return ModelSpec(
         name=name,
+        output_channels=_output_channels(config),
         family="sd3",
         num_layers=_positive_int(config, "num_layers"),
         num_heads=_positive_int(config, "num_attention_heads"),
@@ -89,6 +97,7 @@ def sd3(config: Mapping[str, Any], name: str) -> ModelSpec:
 def qwen_image(config: Mapping[str, Any], name: str) -> ModelSpec:
     return ModelSpec(
         name=name,
+        output_channels=_output_channels(config),
         family="qwen-image",
         num_layers=_positive_int(config, "num_layers"),
         num_heads=_positive_int(config, "num_attention_heads"),
@@ -123,6 +132,7 @@ def wan(config: Mapping[str, Any], name: str) -> ModelSpec:
     image_context = 0 if config.get("added_kv_proj_dim") is None else _WAN_I2V_IMAGE_TOKENS
     return ModelSpec(
         name=name,
+        output_channels=_output_channels(config),
         family="wan",
         num_layers=_positive_int(config, "num_layers"),
         num_heads=num_heads,
@@ -144,6 +154,7 @@ def _plain_dit(config: Mapping[str, Any], name: str, family: str,
     added once to the patch embedding), optionally cross-attention to text."""
     return ModelSpec(
         name=name,
+        output_channels=_output_channels(config),
         family=family,
         num_layers=_positive_int(config, "num_layers"),
         num_heads=_positive_int(config, "num_attention_heads"),
@@ -172,6 +183,23 @@ def _positive_int(config: Mapping[str, Any], key: str) -> int:
     if not _is_int(value) or value < 1:
         raise ModelSpecError(f"config field {key!r} must be a positive integer, got {value!r}")
     return value
+
+
+def _output_channels(config: Mapping[str, Any]) -> int:
+    """``proj_out``'s width (module docstring); 0 when the config has no ``in_channels``."""
+    channels = config.get("out_channels") or config.get("in_channels")
+    if channels is None:
+        return 0
+    if not _is_int(channels) or channels < 1:
+        raise ModelSpecError(f"config field 'out_channels' / 'in_channels' must be a positive "
+                             f"integer, got {channels!r}")
+    patch = config.get("patch_size") or 1
+    sides = list(patch) if isinstance(patch, list | tuple) else [patch]
+    if not sides or not all(_is_int(side) and side > 0 for side in sides):
+        raise ModelSpecError(f"config field 'patch_size' must be a positive integer or a list "
+                             f"of them, got {patch!r}")
+    area = math.prod(sides) if isinstance(patch, list | tuple) else patch * patch
+    return channels * area
 
 
 def _positive_number(config: Mapping[str, Any], key: str, default: float) -> float:

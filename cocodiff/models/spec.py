@@ -26,6 +26,7 @@ MAX_SPEC = {
     "temporal_vae_scale": 64,
     "text_tokens": 1 << 20,
     "cross_attention_tokens": 1 << 20,
+    "output_channels": 1 << 16,
 }
 MAX_MLP_RATIO = 64.0
 MAX_PIXELS = 1 << 16  # per side of an image or video frame
@@ -62,6 +63,10 @@ class ModelSpec:
         has_qk_norm: Q and K are RMS/layer-normalised per head before attention.
         has_rope: Q and K get rotary position embeddings (else positions are added to the
             patch embedding once, before the first layer).
+        output_channels: values the transformer's output projection gives per image token
+            (``proj_out``'s width: latent channels x the config's patch area), what the
+            runtime's output gather moves; 0: not known (a spec written by hand, or read
+            from a plan file older than the field), and no gather is simulated.
     """
 
     name: str
@@ -77,6 +82,7 @@ class ModelSpec:
     mlp_ratio: float = 4.0
     has_qk_norm: bool = True
     has_rope: bool = True
+    output_channels: int = 0
 
     def __post_init__(self) -> None:
         # Imported here: the family records build specs, so they import this module.
@@ -100,7 +106,7 @@ class ModelSpec:
                 raise ModelSpecError(
                     f"{field_name} of {self.name!r} must be a positive integer, got {value!r}"
                 )
-        for field_name in ("text_tokens", "cross_attention_tokens"):
+        for field_name in ("text_tokens", "cross_attention_tokens", "output_channels"):
             value = getattr(self, field_name)
             if not _is_int(value) or value < 0:
                 raise ModelSpecError(

@@ -141,6 +141,7 @@ def install_splits(runtime: UlyssesRuntime) -> None:
             start = time.perf_counter()
             chunks = all_gather_rows(transport, output.contiguous(), runtime.sequence_group)
             runtime.comm_s += time.perf_counter() - start
+            runtime.count_gathered(runtime.sequence_group, output.numel() * output.element_size())
             # (P, ..., chunk, ...) -> (..., P*chunk, ...) -> drop the padding
             return shard.unsplit(torch.cat(list(chunks), dim=gather.dim), gather.dim)
 

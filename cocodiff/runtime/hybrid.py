@@ -287,6 +287,7 @@ def _install_batch_split(runtime: HybridRuntime) -> None:
         # (parts, B/parts, ...) -> (B, ...)
         whole = all_gather_rows(runtime.transport, first.contiguous(),
                                 runtime.batch_group).flatten(0, 1)
+        runtime.count_gathered(runtime.batch_group, first.numel() * first.element_size())
         if isinstance(output, tuple):
             return (whole, *output[1:])
         output.sample = whole

@@ -239,6 +239,13 @@ class UlyssesRuntime:
     def count_sent(self, tier: str, num_bytes: int) -> None:
         self.bytes_by_tier[tier] += num_bytes
 
+    def count_gathered(self, group: Group, num_bytes: int) -> None:
+        """Count an all-gather's traffic: ``num_bytes`` to every other member of ``group``
+        (the output gathers, which the simulator charges too: cocodiff.plan.gather)."""
+        for member in group.ranks:
+            if member != self.transport.rank:
+                self.count_sent(self.tier_to(member), num_bytes)
+
     def tier_to(self, rank: int) -> str:
         """The tier between this rank and ``rank`` (the slowest coordinate they differ in)."""
         mine, theirs = self.grid.coords(self.transport.rank), self.grid.coords(rank)

@@ -206,7 +206,8 @@ class VMajorReport:
     Args:
         blocks_sent: slow-tier V blocks sent, over ranks, steps and layers.
         blocks_total: slow-tier V blocks an exact run sends.
-        bytes_by_tier: bytes the attention exchanges sent between ranks, by tier.
+        bytes_by_tier: bytes the attention exchanges and the output gathers sent between
+            ranks, by tier.
         cache_bytes: the largest V cache (mirrors + held copies) of one rank.
         cache_bound_bytes: the largest per-rank cache the plan allows
             (:func:`cache_bytes_bound`).

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, cast
 
 from cocodiff.cost import roofline_seconds
 from cocodiff.plan.executor import Execution
+from cocodiff.plan.gather import GatherStage
 from cocodiff.plan.phasing import ChunkPipeline, member_bytes
 from cocodiff.plan.steps import Compute, Exchange, Phase
 from sim import Simulation
@@ -115,6 +116,10 @@ class SimBackend:
             send = VirtualBuffer(sum(step.send_rows), step.row_bytes)
             handle = self.transport.all_to_all(send, step.send_rows, step.recv_rows,
                                                self._group(step.group), tag=step.tensor)
+        return self._pollable(handle)
+
+    def _pollable(self, handle: SimHandle) -> SimHandle:
+        """``handle``, which :meth:`blocked_on` spins on when the host busy-polls."""
         if self.simulation.host is not None and self.simulation.host.busy_poll:
             self._exchange_handles.add(id(handle))
         return handle
@@ -158,6 +163,21 @@ class SimBackend:
             env.process(carry(*posting))
         yield done
 
+    def gather(self, stage: GatherStage, index: int) -> SimHandle:
+        """The rank's part of one output gather (the runtime's ``all_gather_rows``: its
+        chunk to every member of its group)."""
+        group = stage.group_of(self.transport.rank)
+        ones = [1] * len(group)
+        self._started["output"] = self.simulation.now
+        return self._pollable(self.transport.all_to_all(
+            VirtualBuffer(len(group), stage.bytes_per_member), ones, ones, self._group(group),
+            tag=("output", index)))
+
+    def finish_gather(self) -> None:
+        if self._record:
+            self.simulation.timeline.add(self._track, "output gather", "comm",
+                                         self._started["output"], self.simulation.now)
+
     def finish_exchange(self, step: Exchange, received: VirtualBuffer) -> None:
         start = self._started[step.tensor]
         self.exchange_intervals.append((start, self.simulation.now))
@@ -168,10 +188,16 @@ class SimBackend:
 
 
 def rank_process(simulation: Simulation, execution: Execution, rank: int,
-                 finish_s: dict[int, float], backend: SimBackend, denoising_step: bool = True):
+                 finish_s: dict[int, float], backend: SimBackend, denoising_step: bool = True,
+                 gathers: tuple[GatherStage, ...] = ()):
+    """One rank's step: the step overhead (``denoising_step``), the plan, the output
+    gathers."""
     overhead = backend.step_overhead() if denoising_step else None
     if overhead is not None:
         yield overhead.event
     for handle in execution:
         yield backend.blocked_on(cast(SimHandle, handle))  # the simulated transport's handles
+    for index, stage in enumerate(gathers):
+        yield backend.blocked_on(backend.gather(stage, index))
+        backend.finish_gather()
     finish_s[rank] = simulation.now

@@ -114,8 +114,9 @@ def _phase_sizes(spec, group: int) -> list[int]:
 def estimate_simulation(spec, num_layers: int, num_heads: int, schedules: dict[str, int],
                         chunks: int, group: int | None = None) -> Estimate:
     """The cost of simulating ``schedules`` on the machine ``spec``, every layer counted:
-    exact for a full simulation (a recorded timeline), an upper bound when the simulator
-    extrapolates a step from one and two layers
+    exact for a full simulation (a recorded timeline) of a model whose output gather is
+    simulated (``ModelSpec.output_channels``), an upper bound otherwise and when the
+    simulator extrapolates a step from one and two layers
     (:func:`cocodiff.simulator.simulate.simulate_layers`).
 
     Args:
@@ -152,6 +153,12 @@ def estimate_simulation(spec, num_layers: int, num_heads: int, schedules: dict[s
             messages += per_rank * (group - 1)
             # Ranks with equal head counts share one layer: two kinds at most.
             plan_entries = max(plan_entries, 2 * EXCHANGES_PER_LAYER * 2 * group)
+        # The output gather that ends the step (cocodiff.plan.gather): one over the
+        # sequence, and one over the batch groups of a hybrid layout (counted whenever
+        # the layout is hybrid: an upper bound). Its messages: at most one to every rank.
+        gathers = 1 if group == num_ranks else 2
+        collectives += simulated * plans * gathers
+        messages += simulated * plans * (num_ranks - 1)
     elements = graph_elements(spec)
     sizes = _phase_sizes(spec, group)
     cached_messages = simulated * EXCHANGES_PER_LAYER * max(

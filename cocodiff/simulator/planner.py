@@ -24,6 +24,7 @@ from itertools import permutations
 
 from cocodiff.layout import AXES, ParallelLayout
 from cocodiff.models import ModelSpec
+from cocodiff.plan.gather import GatherStage, output_gather
 from cocodiff.plan.steps import Plan
 from cocodiff.schedules import (
     DEFAULT_OPTIONS,
@@ -107,10 +108,12 @@ def candidate_layouts(num_ranks: int, num_heads: int, batch_size: int = 1
 
 def simulate_step(plan: Plan, topology: Topology, placement: Placement,
                   collective: CollectiveModel | None = None,
-                  num_layers: int | None = None) -> tuple[float, float]:
+                  num_layers: int | None = None,
+                  gathers: tuple[GatherStage, ...] = ()) -> tuple[float, float]:
     """(step time, compute of the slowest rank) of ``plan``, by layer extrapolation
-    (:func:`cocodiff.simulator.simulate.simulate_layers`; ``num_layers`` as there)."""
-    result = simulate_layers(plan, topology, placement, collective, num_layers)
+    (:func:`cocodiff.simulator.simulate.simulate_layers`; ``num_layers`` and ``gathers``
+    as there)."""
+    result = simulate_layers(plan, topology, placement, collective, num_layers, gathers)
     return result.step_time_s, result.compute_s
 
 
@@ -165,13 +168,19 @@ class _Context:
     collective: CollectiveModel | None
     with_bounds: bool
 
+    def gathers(self, layout: ParallelLayout) -> tuple[GatherStage, ...]:
+        """The output gathers of a step split as ``layout`` (as a run's plan implies them:
+        pure Ulysses recorded as no layout)."""
+        return output_gather(self.spec, self.grid, self.stream_tokens,
+                             None if layout.is_pure_ulysses else layout, self.options)
+
 
 def _evaluate(context: _Context, pair: tuple[ParallelLayout, str]) -> Candidate:
     layout, name = pair
     plan = plan_hybrid(name, context.spec, context.grid, context.stream_tokens, layout,
                        context.options)
     step_s, compute_s = simulate_step(plan, context.topology, context.placement,
-                                      context.collective)
+                                      context.collective, gathers=context.gathers(layout))
     bound_s = (plan_bound_s(plan, context.topology, context.placement)
                if context.with_bounds else None)
     return Candidate(layout, name, step_s, compute_s, bound_s)
@@ -247,7 +256,7 @@ def _best_for(context: _Context, name: str) -> Choice:
         if winner is not None and floor_s > winner[0] * (1 + _FLOOR_SLACK):
             break
         result = simulate_layers(plans[index], topology, placement, context.collective,
-                                 num_layers)
+                                 num_layers, context.gathers(layouts[index]))
         if winner is None or (result.step_time_s, layout_name) < winner[:2]:
             winner = (result.step_time_s, layout_name, index, result)
     assert winner is not None, "candidate_layouts always holds pure Ulysses or pure Ring"

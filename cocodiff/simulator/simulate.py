@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec
 from cocodiff.plan.executor import run_program
+from cocodiff.plan.gather import GatherStage, output_gather
 from cocodiff.plan.steps import Plan, RankProgram
 from cocodiff.schedules import (
     BASELINE,
@@ -51,6 +52,7 @@ def simulate_plan(
     record_spans: bool = False,
     collective: CollectiveModel | None = None,
     denoising_step: bool = True,
+    gathers: tuple[GatherStage, ...] = (),
 ) -> SimResult:
     """Run one denoising step of ``plan`` on ``topology`` (or, ``denoising_step`` False,
     the plan alone: a microbenchmark's exchanges, without the topology's step overhead).
@@ -68,6 +70,8 @@ def simulate_plan(
             model of the topology's preset (``transports.sim.COLLECTIVE_MODELS``).
         denoising_step: charge the topology's ``tile_step_overhead_us`` (the pipeline's
             work outside the blocks, once per step) before the plan.
+        gathers: the output gathers that end the step, after the plan
+            (:func:`cocodiff.plan.gather.output_gather`; ``simulate_run_plan`` passes them).
     """
     wall_start = time.perf_counter()
     placement = placement or Placement.node_major(topology, plan.num_ranks)
@@ -91,7 +95,7 @@ def simulate_plan(
         backends[rank] = backend
         simulation.env.process(
             rank_process(simulation, run_program(plan.program(rank), backend), rank, finish_s,
-                         backend, denoising_step)
+                         backend, denoising_step, gathers)
         )
     simulation.run()
     missing = [rank for rank in world.simulated_ranks if rank not in finish_s]
@@ -140,9 +144,10 @@ def simulate_layers(
     placement: Placement | None = None,
     collective: CollectiveModel | None = None,
     num_layers: int | None = None,
+    gathers: tuple[GatherStage, ...] = (),
 ) -> SimResult:
     """:func:`simulate_plan`'s result for a plan whose layers are all the same, from a
-    one-layer and a two-layer simulation.
+    one-layer and a two-layer simulation (``gathers`` as there).
 
     Every layer ends with exchanges that resynchronise the ranks, so everything a step
     accumulates is affine in its number of layers ``L`` after the first:
@@ -164,8 +169,10 @@ def simulate_layers(
                          "repeats one layer at least twice")
     if num_layers <= 2 or not repeats:
         return simulate_plan(_with_layers(plan, num_layers) if held != num_layers else plan,
-                             topology, placement, collective=collective)
-    one, two = (simulate_plan(_with_layers(plan, k), topology, placement, collective=collective)
+                             topology, placement, collective=collective,
+                             gathers=gathers)
+    one, two = (simulate_plan(_with_layers(plan, k), topology, placement, collective=collective,
+                              gathers=gathers)
                 for k in (1, 2))
     extra = num_layers - 1
 
@@ -273,6 +280,8 @@ def simulate_run_plan(
     entry = get_schedule(run_plan.schedule)
     if entry.phased:
         check_chunks(run_plan.plans[0], run_plan.options.chunks)
+    gathers = output_gather(run_plan.spec, run_plan.grid, run_plan.stream_tokens,
+                            run_plan.parallel, run_plan.options)
     by_plan: dict[int, SimResult] = {}
     for index in dict.fromkeys(run_plan.step_plans):
         plan = run_plan.plans[index]
@@ -281,9 +290,10 @@ def simulate_run_plan(
             by_plan[index] = known
         elif record_spans and not by_plan:  # the trace and the plot show this one
             by_plan[index] = simulate_plan(plan, topology, placement, collective=collective,
-                                           record_spans=True)
+                                           record_spans=True, gathers=gathers)
         else:
-            by_plan[index] = simulate_layers(plan, topology, placement, collective)
+            by_plan[index] = simulate_layers(plan, topology, placement, collective,
+                                             gathers=gathers)
     per_step = [by_plan[index] for index in run_plan.step_plans]
     # A schedule that does the same every step reports (and averages) that step once, as
     # it always has.

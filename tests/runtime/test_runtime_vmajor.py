@@ -18,6 +18,7 @@ from test_runtime_tapa import heads_spec, run_ranks
 from cocodiff.commands.cli import main
 from cocodiff.models import spec_from_config
 from cocodiff.plan.executor import PlanError
+from cocodiff.plan.gather import output_gather
 from cocodiff.quality import psnr_db, ssim
 from cocodiff.runtime.families import runtime_family
 from cocodiff.runtime.tapa import PhasedHandle, plan_route
@@ -212,7 +213,8 @@ def test_vmajor_defaults_keep_the_quality_floor_and_the_replay_moves_the_same_by
 
 def replayed_bytes_by_tier(model: str, trace) -> dict[str, int]:
     """The simulator's bytes per tier over every step of ``trace``, on a 2 x 2 cluster,
-    for the plan the runtime made (float32, the tiny model's token streams)."""
+    for the plan the runtime made (float32, the tiny model's token streams), the output
+    gather included."""
     pipe = build_tiny(model)
     transformer = pipe.transformer
     spec = spec_from_config({"_class_name": type(transformer).__name__,
@@ -226,10 +228,12 @@ def replayed_bytes_by_tier(model: str, trace) -> dict[str, int]:
     placement = Placement.node_major(topology, 4)
     total: dict[str, int] = {"inter-node": 0, "intra-node": 0}
     batch = 2 if model == "tiny-wan" else 1
+    options = PlanOptions(dtype="float32", batch=batch)
+    gathers = output_gather(spec, GRID, streams, None, options)
+    assert gathers  # the runtime counts its output gather: so must the replay
     for step in range(trace.num_steps):
-        plan = plan_from_activity(spec, GRID, streams, trace, step,
-                                  PlanOptions(dtype="float32", batch=batch))
-        result = simulate_plan(plan, topology, placement)
+        plan = plan_from_activity(spec, GRID, streams, trace, step, options)
+        result = simulate_plan(plan, topology, placement, gathers=gathers)
         for tier in total:
             total[tier] += round(result.bytes_by_tier[tier])
     return total

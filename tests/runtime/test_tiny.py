@@ -15,6 +15,7 @@ pytest.importorskip("diffusers")
 from diffusers import WanTransformer3DModel  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from cocodiff.models import spec_from_config  # noqa: E402
 from cocodiff.runtime.pipelines import (  # noqa: E402
     ModelLoadError,
     decode,
@@ -115,6 +116,15 @@ def test_tiny_model_splits_over_four_ranks(name: str) -> None:
     _batch, image_tokens, _dim = _first_attention_shapes(pipe, name)["image"]
     assert image_tokens % ULYSSES_RANKS == 0
     assert 16 <= image_tokens <= 128
+
+
+@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+def test_the_spec_knows_the_width_of_what_the_output_gather_moves(name: str) -> None:
+    # The runtime gathers proj_out's output; the simulator sizes that gather by the spec.
+    transformer = build_tiny(name).transformer
+    spec = spec_from_config({"_class_name": type(transformer).__name__,
+                             **dict(transformer.config)})
+    assert spec.output_channels == transformer.proj_out.out_features
 
 
 @pytest.mark.slow
