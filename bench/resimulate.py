@@ -60,7 +60,8 @@ def replaced_topology(calibrated: Path, changes: dict[str, float], path: Path) -
 def refit_call_wait(config: dict[str, Any], calibrated: Path
                     ) -> tuple[float, list[float]] | None:
     """The call wait calibrate fits now on ``config``'s measured loops, and each loop's
-    simulated error with it; None when its calibration ran no loops."""
+    simulated error with it; None when its calibration ran no loops (a busy-polling
+    transport's loops record only why they were not fitted)."""
     from cocodiff.calibration.loaded import LoadedPoint
     from cocodiff.calibration.result import Loops
     from topology.toml_format import load_topology
@@ -68,7 +69,7 @@ def refit_call_wait(config: dict[str, Any], calibrated: Path
 
     measured = config["calibration"]["measured"]
     loaded = (measured.get("host") or {}).get("loaded")
-    if not loaded:
+    if not loaded or "points" not in loaded:
         return None
     collective = measured.get("collective")
     loops = Loops(load_topology(calibrated),

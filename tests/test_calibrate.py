@@ -170,6 +170,9 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     assert loaded["call_cpu_us"] > 0
     assert spec.host.message_cpu_us == loaded["message_cpu_us"] == 0.0
     assert host["cpu"]["wait_spin"] < 0.5 and not spec.host.busy_poll  # gloo's waits sleep
+    # V-Major's codec, timed on its own: a positive CPU cost per message, written as is.
+    assert spec.host.codec_cpu_us == pytest.approx(host["codec_cpu_us"]) and \
+        0 < host["codec_cpu_us"] < 10_000
     # tiny-flux's real blocks were timed: their effective rate is the tile's, the
     # matrix products' rate stays in the JSON beside it.
     block = data["compute"]["block"]

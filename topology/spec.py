@@ -37,7 +37,7 @@ PHYSICAL_RANGE: dict[str, tuple[float, float, str, str]] = {
 }
 
 HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "call_cpu_us", "message_cpu_us",
-               "copy_gbps", "busy_poll", "call_wait_us")
+               "copy_gbps", "busy_poll", "call_wait_us", "codec_cpu_us")
 
 
 def exchange_cpu_s(calls: int, num_messages: int, num_bytes: float, *, call_cpu_us: float,
@@ -80,6 +80,9 @@ class HostSpec:
         call_wait_us: wall time a call waits, spending no CPU, when its data arrives
             while every core of its host is taken: on shared cores the members of a call
             are time-sliced, and a call completes only once each has been scheduled again.
+        codec_cpu_us: CPU time of V-Major's codec per message of a selective phase, at
+            each end: the sender choosing and packing the blocks that changed most, the
+            receiver unpacking them into its copy (``cocodiff.runtime.vmajor``).
     """
 
     cores: float
@@ -90,6 +93,7 @@ class HostSpec:
     busy_poll: bool = False
     call_cpu_us: float = 0.0  # last: positional construction keeps its meaning
     call_wait_us: float = 0.0
+    codec_cpu_us: float = 0.0
 
     def host_of(self, rank: int) -> int:
         """The host of global ``rank``."""
@@ -311,6 +315,8 @@ def _check_host(host: object, where) -> None:
     _check_number(host.message_cpu_us, "CPU time per message", "us",
                   where("host.message_cpu_us"))
     _check_number(host.call_wait_us, "wait per exchange call", "us", where("host.call_wait_us"))
+    _check_number(host.codec_cpu_us, "V-Major codec CPU time per message", "us",
+                  where("host.codec_cpu_us"))
     if host.copy_gbps is not None:
         _check_number(host.copy_gbps, "copy rate", "GB/s", where("host.copy_gbps"),
                       positive=True)

@@ -12,6 +12,7 @@ import time
 import zlib
 
 from cocodiff.calibration.blocks import measure_blocks, model_standin
+from cocodiff.calibration.codec import measure_codec_cpu_s
 from cocodiff.calibration.collect import WorldLineup, gather_floats, share_fit
 from cocodiff.calibration.compute import ComputeRates, measure_compute
 from cocodiff.calibration.exchanges import (
@@ -130,6 +131,7 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
             table["inter"] = dataclasses.replace(table["intra"], source="unused (1 node)")
 
     loaded, loaded_note = _loaded_cpu(transport, options, shapes, node_of, cpu, compute)
+    codec_cpu_s = measure_codec_cpu_s(transport, shapes, options.dtype)
 
     all_to_all = []
     a2a_sizes = QUICK_ALL_TO_ALL_KIB if options.quick else ALL_TO_ALL_KIB
@@ -147,7 +149,9 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
     return Calibration(num_nodes, ranks_per_node, detected, transport.name, options.dtype, shapes,
                        compute, fits["intra"], fits["inter"], all_to_all,
                        time.perf_counter() - began,
-                       host=_host_of_ranks(transport, cpu, loaded, loaded_note),
+                       host=dataclasses.replace(
+                           _host_of_ranks(transport, cpu, loaded, loaded_note),
+                           codec_cpu_us=codec_cpu_s * 1e6),
                        intra_wire=wires["intra"], inter_wire=wires["inter"],
                        load_average=(load_began, _load_average()),
                        reference_cpu_s=(speed_began, _reference_cpu_s(transport)))

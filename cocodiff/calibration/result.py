@@ -34,6 +34,8 @@ class HostMeasurement:
         loaded_note: why ``loaded`` is None.
         call_wait_us: the wall time a call waits to be scheduled when it completes on a
             busy host (:meth:`Loops.fitted_call_wait_us`, from the same loops).
+        codec_cpu_us: CPU of V-Major's codec per selective message at one end
+            (:mod:`cocodiff.calibration.codec`).
     """
 
     cores: float
@@ -42,6 +44,7 @@ class HostMeasurement:
     loaded: CallCpuFit | None = None
     loaded_note: str = ""
     call_wait_us: float = 0.0
+    codec_cpu_us: float = 0.0
 
     def spec(self):
         """The ``[host]`` of the topology: CPU ranks (compute takes a core), the fitted
@@ -49,23 +52,22 @@ class HostMeasurement:
         from topology import HostSpec
 
         cpu = self.cpu
+        mine = {"cores": self.cores, "ranks_per_host": self.ranks_per_host,
+                "codec_cpu_us": self.codec_cpu_us}
         if cpu is None or cpu.busy_poll:
-            return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
-                            busy_poll=cpu is not None)
+            return HostSpec(**mine, busy_poll=cpu is not None)
         if self.loaded is not None:
-            return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
-                            call_cpu_us=self.loaded.call_cpu_us,
+            return HostSpec(**mine, call_cpu_us=self.loaded.call_cpu_us,
                             message_cpu_us=self.loaded.message_cpu_us, copy_gbps=cpu.copy_gbps,
                             call_wait_us=self.call_wait_us)
-        return HostSpec(cores=self.cores, ranks_per_host=self.ranks_per_host,
-                        message_cpu_us=cpu.message_cpu_us, copy_gbps=cpu.copy_gbps)
+        return HostSpec(**mine, message_cpu_us=cpu.message_cpu_us, copy_gbps=cpu.copy_gbps)
 
     def to_json(self) -> dict[str, Any]:
         return {"cores": self.cores, "ranks_per_host": self.ranks_per_host,
                 "cpu": None if self.cpu is None else self.cpu.to_json(),
                 "loaded": (self.loaded.to_json() if self.loaded is not None
                            else {"note": self.loaded_note}),
-                "call_wait_us": self.call_wait_us}
+                "call_wait_us": self.call_wait_us, "codec_cpu_us": self.codec_cpu_us}
 
 
 @dataclass(slots=True)
@@ -181,7 +183,9 @@ class Calibration:
         return [
             f"host: {self.host.cores:g} cores shared by "
             f"{self.host.ranks_per_host or world} ranks; tile rates are one core's (process "
-            f"CPU time, every rank computing at once); exchange CPU: {charged}.",
+            f"CPU time, every rank computing at once); exchange CPU: {charged}; V-Major's "
+            f"codec: {self.host.codec_cpu_us:.0f} us per selective message at each end (an "
+            f"encode and a decode of the model's V message to one member, every rank at once).",
         ]
 
     def _block_text(self) -> str:

@@ -148,12 +148,17 @@ class SimBackend:
         def carry(chunk: int, p: int):
             phase = step.phases[p]
             send, recv = self._chunk_splits(step, phase, chunk)
+            codec_s = self._codec_s(phase)
+            if codec_s:  # V-Major's sender picks and packs each message's blocks first
+                yield self._codec(codec_s, phase, send)
             handle = self.transport.all_to_all(
                 VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
                 tag=(step.tensor, chunk, p),
             )
             yield handle.event
             handle.wait()
+            if codec_s:  # and its receiver unpacks each into its copy
+                yield self._codec(codec_s, phase, recv)
             for posting in pipeline.landed(chunk, p):
                 env.process(carry(*posting))
             if pipeline.finished:
@@ -177,6 +182,18 @@ class SimBackend:
         if self._record:
             self.simulation.timeline.add(self._track, "output gather", "comm",
                                          self._started["output"], self.simulation.now)
+
+    def _codec_s(self, phase: Phase) -> float:
+        """CPU seconds of V-Major's codec per message of ``phase`` at one end (the host's
+        ``codec_cpu_us``); 0 for an exact phase, or without a host."""
+        host = self.simulation.host
+        return host.codec_cpu_us * 1e-6 if host is not None and phase.selective else 0.0
+
+    def _codec(self, codec_s: float, phase: Phase, member_bytes: list[int]) -> simpy.Event:
+        """The codec's CPU for the messages to or from the other members of ``phase``."""
+        me = phase.group.index(self.transport.rank)
+        messages = sum(1 for j, b in enumerate(member_bytes) if j != me and b)
+        return self.simulation.cpu_task(self.transport.rank, messages * codec_s)
 
     def finish_exchange(self, step: Exchange, received: VirtualBuffer) -> None:
         start = self._started[step.tensor]

@@ -8,7 +8,16 @@ import dataclasses
 import pytest
 
 from cocodiff.cost import Cost
-from cocodiff.plan.steps import Compute, Exchange, HeadSplit, LayerPlan, Plan, RankProgram, Wait
+from cocodiff.plan.steps import (
+    Compute,
+    Exchange,
+    HeadSplit,
+    LayerPlan,
+    Phase,
+    Plan,
+    RankProgram,
+    Wait,
+)
 from cocodiff.simulator.simulate import simulate_plan
 from topology import HostSpec, build_topology
 from topology.presets import cluster
@@ -226,3 +235,30 @@ def test_a_microbenchmark_pays_no_step_overhead() -> None:
     assert simulate_plan(plan, build_topology(dataclasses.replace(
         with_overhead, name="host-test"))).step_time_s > simulate_plan(
         plan, build_topology(dataclasses.replace(spec, name="host-test"))).step_time_s
+
+
+def selective_exchange(num_ranks: int, blocks_per_row: int) -> Exchange:
+    """V's exchange over ``num_ranks`` ranks as one V-Major phase sending half its blocks
+    (``blocks_per_row`` 0: the same phase, exact)."""
+    rows = (4,) * num_ranks
+    group = tuple(range(num_ranks))
+    phase = Phase("node", group, rows, rows, sent_fraction=0.5, blocks_per_row=blocks_per_row)
+    return Exchange("v", group, rows, rows, 64, "scatter_heads", phases=(phase,))
+
+
+@pytest.mark.parametrize("num_ranks", [2, 3])
+def test_a_selective_message_costs_the_codec_at_both_ends(num_ranks: int) -> None:
+    # Each rank encodes its num_ranks - 1 messages before the phase and decodes as many
+    # after it; cores to spare, so nothing is shared: the step grows by 2 (n - 1) codecs.
+    codec_us = 50.0
+    host = HostSpec(cores=8, codec_cpu_us=codec_us)
+
+    def step(blocks_per_row: int, codec: HostSpec) -> float:
+        exchange = selective_exchange(num_ranks, blocks_per_row)
+        return step_s(plan_of([(exchange, Wait("v"))] * num_ranks), codec)
+
+    without = dataclasses.replace(host, codec_cpu_us=0.0)
+    assert step(2, host) - step(2, without) == pytest.approx(
+        2 * (num_ranks - 1) * codec_us * 1e-6, rel=1e-9)
+    # An exact phase runs no codec.
+    assert step(0, host) == pytest.approx(step(0, without), rel=1e-12)
