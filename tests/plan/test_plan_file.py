@@ -217,6 +217,35 @@ def test_one_plan_file_moves_the_same_bytes_in_simulate_and_run(tmp_path, launch
 
 @pytest.mark.multiprocess
 @needs_torchrun
+@pytest.mark.parametrize(("model", "size", "layout"), [
+    ("tiny-flux", ["--resolution", "128"], ["--ulysses", "2", "--ring", "2"]),
+    ("tiny-pixart", ["--resolution", "128", "--batch-size", "2"],
+     ["--ulysses", "2", "--batch", "2"]),
+])
+def test_a_hybrid_plan_file_moves_the_same_bytes_in_simulate_and_run(tmp_path, model, size,
+                                                                     layout):
+    """Hybrid layouts on 2 nodes x 2 ranks: Ulysses x Ring (the output gathered over the
+    whole sequence group) and Ulysses x batch (tiny-pixart's guidance batch split in two,
+    the output gathered over each Ulysses group, then whole samples over the batch groups):
+    the runtime's bytes per tier, output gathers included, are the simulator's."""
+    plan, sim, ran = tmp_path / "p.json", tmp_path / "s.json", tmp_path / "r.json"
+    assert main(["plan", "--topology", "cluster", "--nodes", "2", "--model", model, *size,
+                 "--dtype", "float32", "--steps", "2", "--schedule", "vfirst", *layout,
+                 "--out", str(plan)]) == 0
+    assert main(["simulate", "--plan", str(plan), "--json", str(sim)]) == 0
+    cmd = launcher_prefix("torchrun", 4) + ["-m", "cocodiff", "run", "--plan", str(plan),
+                                            "--transport", "torch", "--quiet", "--json",
+                                            str(ran)]
+    result = run_job(cmd, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [predicted] = json.loads(sim.read_text())["results"]
+    measured = json.loads(ran.read_text())
+    assert measured["bytes_by_tier"] == predicted["bytes_by_tier"]
+    assert predicted["bytes_by_tier"]["inter-node"] > 0
+
+
+@pytest.mark.multiprocess
+@needs_torchrun
 def test_run_builds_and_hashes_the_plan_that_plan_writes_for_the_same_flags(tmp_path):
     """`run` without --plan (2 ranks, one node) and `plan --out` for the same model, size,
     schedule, layout, steps and dtype on a machine of 2 ranks on one node: one plan, one
