@@ -53,11 +53,14 @@ def output_gather(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
                   parallel: ParallelLayout | None, options: PlanOptions
                   ) -> tuple[GatherStage, ...]:
     """The gathers a denoising step ends with, in order, for a run of ``spec`` on ``grid``
-    split as ``parallel`` (None: pure Ulysses) with ``options`` (dtype; ``batch``: the
-    step's samples, every batch share's together); none when the model's output width is
-    not known (``ModelSpec.output_channels`` 0)."""
+    split as ``parallel`` (None or a pure-Ulysses layout: the whole grid is one sequence
+    group) with ``options`` (dtype; ``batch``: the step's samples, every batch share's
+    together); none when the model's output width is not known
+    (``ModelSpec.output_channels`` 0)."""
     if not spec.output_channels or not any(t > 0 for t in stream_tokens):
         return ()
+    if parallel is not None and parallel.is_pure_ulysses:
+        parallel = None  # as a run's plan records it (build_run_plan)
     image = image_stream(spec, stream_tokens)
     batch_shares = 1 if parallel is None else parallel.batch
     # Bytes of one image token's output, over the samples a rank holds.

@@ -173,15 +173,14 @@ class SimBackend:
         chunk to every member of its group)."""
         group = stage.group_of(self.transport.rank)
         ones = [1] * len(group)
-        self._started["output"] = self.simulation.now
         return self._pollable(self.transport.all_to_all(
             VirtualBuffer(len(group), stage.bytes_per_member), ones, ones, self._group(group),
             tag=("output", index)))
 
-    def finish_gather(self) -> None:
+    def finish_gather(self, start: float) -> None:
         if self._record:
-            self.simulation.timeline.add(self._track, "output gather", "comm",
-                                         self._started["output"], self.simulation.now)
+            self.simulation.timeline.add(self._track, "output gather", "comm", start,
+                                         self.simulation.now)
 
     def _codec_s(self, phase: Phase) -> float:
         """CPU seconds of V-Major's codec per message of ``phase`` at one end (the host's
@@ -215,6 +214,7 @@ def rank_process(simulation: Simulation, execution: Execution, rank: int,
     for handle in execution:
         yield backend.blocked_on(cast(SimHandle, handle))  # the simulated transport's handles
     for index, stage in enumerate(gathers):
+        start = simulation.now
         yield backend.blocked_on(backend.gather(stage, index))
-        backend.finish_gather()
+        backend.finish_gather(start)
     finish_s[rank] = simulation.now

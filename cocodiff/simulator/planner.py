@@ -169,10 +169,8 @@ class _Context:
     with_bounds: bool
 
     def gathers(self, layout: ParallelLayout) -> tuple[GatherStage, ...]:
-        """The output gathers of a step split as ``layout`` (as a run's plan implies them:
-        pure Ulysses recorded as no layout)."""
-        return output_gather(self.spec, self.grid, self.stream_tokens,
-                             None if layout.is_pure_ulysses else layout, self.options)
+        """The output gathers of a step split as ``layout``."""
+        return output_gather(self.spec, self.grid, self.stream_tokens, layout, self.options)
 
 
 def _evaluate(context: _Context, pair: tuple[ParallelLayout, str]) -> Candidate:

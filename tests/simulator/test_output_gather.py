@@ -31,6 +31,13 @@ def test_every_rank_sends_its_padded_share_to_every_other() -> None:
     assert stage == GatherStage(((0, 1, 2),), 342 * 64 * 4)
 
 
+def test_a_pure_ulysses_layout_gathers_as_no_layout() -> None:
+    # The planner names pure Ulysses as a layout, a run's plan records it as none.
+    grid = RankGrid((2, 2, 1), (0, 2, 1, 3))
+    assert output_gather(FLUX, grid, (1024, 512), ParallelLayout(ulysses=4), FLOAT32) == \
+        output_gather(FLUX, grid, (1024, 512), None, FLOAT32)
+
+
 def test_a_hybrid_layout_gathers_its_sequence_then_the_batch() -> None:
     # U2 x B2 over 4 ranks, 2 samples: each sequence group of 2 holds one sample, each rank
     # half its tokens; then each batch group swaps the whole sample.
