@@ -60,8 +60,10 @@ def calls(pattern: str) -> list[tuple[str, bool]]:
 
 
 def measure(transport, num_nodes: int, per_node: int, rows: int, rounds: int,
-            repeats: int) -> dict[str, list[float]]:
-    """Seconds per call of each pattern, one per round (the slowest rank's)."""
+            repeats: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Seconds per call of each pattern, one per round (the slowest rank's), and the
+    process CPU seconds per call (every thread: the transport's own included), one per
+    round (the mean over ranks)."""
     import torch
 
     from cocodiff.calibration.collect import gather_floats
@@ -87,17 +89,21 @@ def measure(transport, num_nodes: int, per_node: int, rows: int, rounds: int,
             transport.all_to_all(send, split, split, group).wait()
 
     times: dict[str, list[float]] = {pattern: [] for pattern in PATTERNS}
+    cpu: dict[str, list[float]] = {pattern: [] for pattern in PATTERNS}
     for _ in range(rounds):
         for pattern in PATTERNS:
             run(pattern)  # warm-up: connections made, buffers touched
             transport.barrier()
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             for _ in range(repeats):
                 run(pattern)
             elapsed = (time.perf_counter() - began) / repeats
+            spent = (time.process_time() - began_cpu) / repeats
             transport.barrier()
-            times[pattern].append(max(row[0] for row in gather_floats(transport, [elapsed])))
-    return times
+            rows_by_rank = gather_floats(transport, [elapsed, spent])
+            times[pattern].append(max(row[0] for row in rows_by_rank))
+            cpu[pattern].append(statistics.fmean(row[1] for row in rows_by_rank))
+    return times, cpu
 
 
 def simulated(topology_path: Path, num_nodes: int, per_node: int, rows: int
@@ -152,16 +158,18 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"phase_coupling: {transport.world_size} ranks cannot sit {per_node} per node")
     num_nodes = transport.world_size // per_node
     rows = args.kib * 1024 // (ROW_FLOATS * 4)
-    times = measure(transport, num_nodes, per_node, rows, args.rounds, args.repeats)
+    times, cpu = measure(transport, num_nodes, per_node, rows, args.rounds, args.repeats)
     transport.close()
     if transport.rank != 0:
         return 0
     medians = {pattern: statistics.median(values) for pattern, values in times.items()}
+    cpu_medians = {pattern: statistics.median(values) for pattern, values in cpu.items()}
     predicted = (simulated(args.topology, num_nodes, per_node, rows)
                  if args.topology is not None else {})
     print(f"{num_nodes} x {per_node} ranks, {args.kib} KiB per rank, {args.transport}")
     for pattern in PATTERNS:
-        line = f"  {pattern:12s} measured {medians[pattern] * 1e3:8.2f} ms"
+        line = (f"  {pattern:12s} measured {medians[pattern] * 1e3:8.2f} ms, "
+                f"CPU {cpu_medians[pattern] * 1e3:6.2f} ms per rank")
         if predicted:
             line += (f"   simulated {predicted[pattern] * 1e3:8.2f} ms "
                      f"({predicted[pattern] / medians[pattern] - 1:+.0%})")
@@ -174,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "num_nodes": num_nodes, "ranks_per_node": per_node, "kib_per_rank": args.kib,
             "transport": args.transport, "rounds": args.rounds, "repeats": args.repeats,
-            "measured_s": times, "median_s": medians, "simulated_s": predicted,
+            "measured_s": times, "median_s": medians, "cpu_s": cpu,
+            "cpu_median_s": cpu_medians, "simulated_s": predicted,
             "topology": str(args.topology) if args.topology else None,
             "tapa_over_phases_apart": coupling}, indent=1))
     return 0

@@ -54,6 +54,9 @@ def test_it_measures_and_simulates_every_pattern(tmp_path) -> None:
     for pattern in phase_coupling.PATTERNS:
         assert len(report["measured_s"][pattern]) == 1 and report["median_s"][pattern] > 0
         assert report["simulated_s"][pattern] > 0
+        # The ranks' process CPU per call, beside the wall time: every call costs some.
+        assert len(report["cpu_s"][pattern]) == 1
+        assert 0 < report["cpu_median_s"][pattern]
     # On the simulator, TAPA's second phase alone cannot take longer than both phases.
     assert report["simulated_s"]["column"] <= report["simulated_s"]["tapa"]
 

@@ -173,6 +173,8 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     # V-Major's codec, timed on its own: a positive CPU cost per message, written as is.
     assert spec.host.codec_cpu_us == pytest.approx(host["codec_cpu_us"]) and \
         0 < host["codec_cpu_us"] < 10_000
+    # TAPA's routing: 2 nodes of 1 rank make one level, so a tapa step has no phases.
+    assert host["phase_cpu_us"] == spec.host.phase_cpu_us == 0.0
     # tiny-flux's real blocks were timed: their effective rate is the tile's, the
     # matrix products' rate stays in the JSON beside it.
     block = data["compute"]["block"]

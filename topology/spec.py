@@ -37,7 +37,7 @@ PHYSICAL_RANGE: dict[str, tuple[float, float, str, str]] = {
 }
 
 HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "call_cpu_us", "message_cpu_us",
-               "copy_gbps", "busy_poll", "call_wait_us", "codec_cpu_us")
+               "copy_gbps", "busy_poll", "call_wait_us", "codec_cpu_us", "phase_cpu_us")
 
 
 def exchange_cpu_s(calls: int, num_messages: int, num_bytes: float, *, call_cpu_us: float,
@@ -83,6 +83,10 @@ class HostSpec:
         codec_cpu_us: CPU time of V-Major's codec per message of a selective phase, at
             each end: the sender choosing and packing the blocks that changed most, the
             receiver unpacking them into its copy (``cocodiff.runtime.vmajor``).
+        phase_cpu_us: CPU time per TAPA phase (and chunk) beyond its call: the runtime
+            routing the blocks' rows from one phase to the next (splitting what arrived,
+            concatenating each member's message; ``cocodiff.runtime.tapa``), which a flat
+            exchange does not do.
     """
 
     cores: float
@@ -94,6 +98,7 @@ class HostSpec:
     call_cpu_us: float = 0.0  # last: positional construction keeps its meaning
     call_wait_us: float = 0.0
     codec_cpu_us: float = 0.0
+    phase_cpu_us: float = 0.0
 
     def host_of(self, rank: int) -> int:
         """The host of global ``rank``."""
@@ -317,6 +322,8 @@ def _check_host(host: object, where) -> None:
     _check_number(host.call_wait_us, "wait per exchange call", "us", where("host.call_wait_us"))
     _check_number(host.codec_cpu_us, "V-Major codec CPU time per message", "us",
                   where("host.codec_cpu_us"))
+    _check_number(host.phase_cpu_us, "TAPA phase routing CPU time", "us",
+                  where("host.phase_cpu_us"))
     if host.copy_gbps is not None:
         _check_number(host.copy_gbps, "copy rate", "GB/s", where("host.copy_gbps"),
                       positive=True)

@@ -43,6 +43,7 @@ A file describes one node and how many of them there are; every node is identica
     call_cpu_us = 300.0        # CPU per exchange call (each TAPA phase is one; default 0)
     call_wait_us = 500.0       # a call done while every core is busy waits this (no CPU; default 0)
     codec_cpu_us = 80.0        # CPU of V-Major's codec per selective message, each end (default 0)
+    phase_cpu_us = 100.0       # CPU routing rows between TAPA phases, per phase (default 0)
     message_cpu_us = 30.0      # CPU per message sent or received in an exchange (default 0)
     copy_gbps = 2.0            # GB/s one core moves exchange bytes (default: bytes are free)
     busy_poll = false          # a rank blocked on an exchange spins on a core (MPI progress)
@@ -207,6 +208,8 @@ def _host_lines(host: HostSpec) -> list[str]:
         lines.append(f"call_wait_us = {_toml_float(host.call_wait_us)}")
     if host.codec_cpu_us:
         lines.append(f"codec_cpu_us = {_toml_float(host.codec_cpu_us)}")
+    if host.phase_cpu_us:
+        lines.append(f"phase_cpu_us = {_toml_float(host.phase_cpu_us)}")
     lines.append(f"message_cpu_us = {_toml_float(host.message_cpu_us)}")
     if host.copy_gbps is not None:
         lines.append(f"copy_gbps = {_toml_float(host.copy_gbps)}")
@@ -359,6 +362,7 @@ class _Loader:
             call_cpu_us=self.number(table, "host", "call_cpu_us", base.call_cpu_us),
             call_wait_us=self.number(table, "host", "call_wait_us", base.call_wait_us),
             codec_cpu_us=self.number(table, "host", "codec_cpu_us", base.codec_cpu_us),
+            phase_cpu_us=self.number(table, "host", "phase_cpu_us", base.phase_cpu_us),
             message_cpu_us=self.number(table, "host", "message_cpu_us", base.message_cpu_us),
             copy_gbps=copy_gbps,
             busy_poll=busy_poll,

@@ -41,6 +41,7 @@ from cocodiff.calibration.options import (
     CalibrationError,
 )
 from cocodiff.calibration.result import UNCONSTRAINED_FACTOR, Calibration, HostMeasurement
+from cocodiff.calibration.routing import measure_phase_cpu_s
 from cocodiff.runtime.nodes import detect_nodes, node_major_shape
 from cocodiff.schedules import DTYPE_BYTES
 from topology.presets import machine_cores
@@ -132,6 +133,9 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
 
     loaded, loaded_note = _loaded_cpu(transport, options, shapes, node_of, cpu, compute)
     codec_cpu_s = measure_codec_cpu_s(transport, shapes, options.dtype)
+    phase_cpu_s = measure_phase_cpu_s(transport, options.model, options.tokens,
+                                      options.resolution, options.dtype, num_nodes,
+                                      ranks_per_node)
 
     all_to_all = []
     a2a_sizes = QUICK_ALL_TO_ALL_KIB if options.quick else ALL_TO_ALL_KIB
@@ -151,7 +155,7 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                        time.perf_counter() - began,
                        host=dataclasses.replace(
                            _host_of_ranks(transport, cpu, loaded, loaded_note),
-                           codec_cpu_us=codec_cpu_s * 1e6),
+                           codec_cpu_us=codec_cpu_s * 1e6, phase_cpu_us=phase_cpu_s * 1e6),
                        intra_wire=wires["intra"], inter_wire=wires["inter"],
                        load_average=(load_began, _load_average()),
                        reference_cpu_s=(speed_began, _reference_cpu_s(transport)))

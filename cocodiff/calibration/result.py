@@ -36,6 +36,8 @@ class HostMeasurement:
             busy host (:meth:`Loops.fitted_call_wait_us`, from the same loops).
         codec_cpu_us: CPU of V-Major's codec per selective message at one end
             (:mod:`cocodiff.calibration.codec`).
+        phase_cpu_us: CPU of TAPA's routing per phase, beyond the call
+            (:mod:`cocodiff.calibration.routing`; 0 on one node: no phases).
     """
 
     cores: float
@@ -45,6 +47,7 @@ class HostMeasurement:
     loaded_note: str = ""
     call_wait_us: float = 0.0
     codec_cpu_us: float = 0.0
+    phase_cpu_us: float = 0.0
 
     def spec(self):
         """The ``[host]`` of the topology: CPU ranks (compute takes a core), the fitted
@@ -53,7 +56,7 @@ class HostMeasurement:
 
         cpu = self.cpu
         mine = {"cores": self.cores, "ranks_per_host": self.ranks_per_host,
-                "codec_cpu_us": self.codec_cpu_us}
+                "codec_cpu_us": self.codec_cpu_us, "phase_cpu_us": self.phase_cpu_us}
         if cpu is None or cpu.busy_poll:
             return HostSpec(**mine, busy_poll=cpu is not None)
         if self.loaded is not None:
@@ -67,7 +70,8 @@ class HostMeasurement:
                 "cpu": None if self.cpu is None else self.cpu.to_json(),
                 "loaded": (self.loaded.to_json() if self.loaded is not None
                            else {"note": self.loaded_note}),
-                "call_wait_us": self.call_wait_us, "codec_cpu_us": self.codec_cpu_us}
+                "call_wait_us": self.call_wait_us, "codec_cpu_us": self.codec_cpu_us,
+                "phase_cpu_us": self.phase_cpu_us}
 
 
 @dataclass(slots=True)
@@ -185,7 +189,10 @@ class Calibration:
             f"{self.host.ranks_per_host or world} ranks; tile rates are one core's (process "
             f"CPU time, every rank computing at once); exchange CPU: {charged}; V-Major's "
             f"codec: {self.host.codec_cpu_us:.0f} us per selective message at each end (an "
-            f"encode and a decode of the model's V message to one member, every rank at once).",
+            f"encode and a decode of the model's V message to one member, every rank at once); "
+            f"TAPA's routing: {self.host.phase_cpu_us:.0f} us per phase (the model's phased "
+            f"exchanges of one layer through a transport that moves nothing, every rank at "
+            f"once, less the same exchanges made flat).",
         ]
 
     def _block_text(self) -> str:

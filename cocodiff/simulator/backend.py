@@ -153,7 +153,7 @@ class SimBackend:
                 yield self._codec(codec_s, phase, send)
             handle = self.transport.all_to_all(
                 VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
-                tag=(step.tensor, chunk, p),
+                tag=(step.tensor, chunk, p), routing_cpu_s=self._routing_s(),
             )
             yield handle.event
             handle.wait()
@@ -187,6 +187,12 @@ class SimBackend:
         ``codec_cpu_us``); 0 for an exact phase, or without a host."""
         host = self.simulation.host
         return host.codec_cpu_us * 1e-6 if host is not None and phase.selective else 0.0
+
+    def _routing_s(self) -> float:
+        """CPU seconds the runtime spends routing one phase's rows (the host's
+        ``phase_cpu_us``); 0 without a host."""
+        host = self.simulation.host
+        return host.phase_cpu_us * 1e-6 if host is not None else 0.0
 
     def _codec(self, codec_s: float, phase: Phase, member_bytes: list[int]) -> simpy.Event:
         """The codec's CPU for the messages to or from the other members of ``phase``."""

@@ -262,3 +262,39 @@ def test_a_selective_message_costs_the_codec_at_both_ends(num_ranks: int) -> Non
         2 * (num_ranks - 1) * codec_us * 1e-6, rel=1e-9)
     # An exact phase runs no codec.
     assert step(0, host) == pytest.approx(step(0, without), rel=1e-12)
+
+
+def tapa_exchange(rank: int, ranks: tuple[int, ...]) -> Exchange:
+    """K's exchange among four ranks (2 x 2, ``ranks[0]`` first) as TAPA's two phases:
+    over the rank's pair, then over its column; every member sends every other one row."""
+    position = ranks.index(rank)
+    pair = ranks[position // 2 * 2: position // 2 * 2 + 2]
+    column = ranks[position % 2::2]
+    two = (2, 2)
+    phases = (Phase("gpu", pair, two, two), Phase("node", column, two, two))
+    ones = (1,) * len(ranks)
+    return Exchange("k", ranks, ones, ones, 64, "scatter_heads", phases=phases)
+
+
+def test_each_tapa_phase_costs_its_routing_before_the_call() -> None:
+    # Cores to spare: nothing is shared, so the step grows by the two phases' routing,
+    # one after the other (each phase's rows are routed once the one before landed).
+    ranks = (0, 1, 2, 3)
+    plan = plan_of([(tapa_exchange(rank, ranks), Wait("k")) for rank in ranks])
+    host = HostSpec(cores=8, call_cpu_us=10.0)
+    routed = dataclasses.replace(host, phase_cpu_us=70.0)
+    assert step_s(plan, routed) - step_s(plan, host) == pytest.approx(140e-6, rel=1e-9)
+    # A host charging nothing else still charges the routing.
+    assert step_s(plan, HostSpec(cores=8, phase_cpu_us=70.0)) == pytest.approx(
+        step_s(plan, None) + 140e-6, rel=1e-6)
+
+
+def test_routing_a_phase_does_not_part_it_from_the_phase_before() -> None:
+    # Rank 0 computes 10 ms on the one core; ranks 1-4 run TAPA's two phases, each routed
+    # first (1 us). The first phase waits 6 ms to be scheduled; the second follows it at
+    # once, its routing part of its own call, so it does not wait again: the step is rank
+    # 0's 10 ms (and the routing's few us on the shared core), not the 12 ms of two waits.
+    ranks = (1, 2, 3, 4)
+    host = HostSpec(cores=1, call_wait_us=6000.0, phase_cpu_us=1.0)
+    plan = plan_of([(compute(),)] + [(tapa_exchange(rank, ranks), Wait("k")) for rank in ranks])
+    assert step_s(plan, host) == pytest.approx(COMPUTE_S, abs=20e-6)
