@@ -39,20 +39,15 @@ def measure_phase_cpu_s(transport, model: str, tokens: int | None, resolution: s
     median round (collective); 0.0 where a ``tapa`` step has no phases (one level)."""
     exchanges = _layer_exchanges(transport.rank, model, tokens, resolution, dtype,
                                  num_nodes, ranks_per_node)
-    mine = 0.0
-    if exchanges:
-        postings = sum(len(step.phases) * step.chunks for step, _, _ in exchanges)
-        phased = [run for _, run, _ in exchanges]
-        flat = [run for _, _, run in exchanges]
-        rounds = []
-        for _ in range(ROUTING_ROUNDS):
-            transport.barrier()
-            extra = _cpu_s(phased) - _cpu_s(flat)
-            rounds.append(max(0.0, extra) / postings)
-        mine = statistics.median(rounds)
-    else:
-        for _ in range(ROUTING_ROUNDS):
-            transport.barrier()
+    postings = sum(len(step.phases) * step.chunks for step, _, _ in exchanges)
+    phased = [run for _, run, _ in exchanges]
+    flat = [run for _, _, run in exchanges]
+    rounds = []
+    for _ in range(ROUTING_ROUNDS):
+        transport.barrier()  # every rank, phases or none (the rounds start together)
+        if exchanges:
+            rounds.append(max(0.0, _cpu_s(phased) - _cpu_s(flat)) / postings)
+    mine = statistics.median(rounds) if rounds else 0.0
     return statistics.median(row[0] for row in gather_floats(transport, [mine]))
 
 
