@@ -298,3 +298,24 @@ def test_the_pair_sweep_spans_the_messages_a_step_sends():
     assert (kib(sizes), larger) == ([1, 4, 16], [])
     sizes, larger = sweep_sizes(CalibrateOptions(quick=True), small, 2, 2)
     assert (kib(sizes), kib(larger)) == ([1, 16, 256], [2048])
+
+
+def test_an_accelerators_rounds_are_timed_after_its_queued_work():
+    from cocodiff.calibration.compute import timed_rounds
+
+    events: list[str] = []
+    rounds = timed_rounds(lambda: events.append("call"), rounds=2, round_s=0.0,
+                          sync=lambda: events.append("sync"))
+    assert len(rounds) == 2
+    # warm-up, the timed estimate, then each round: sync, its calls, sync
+    assert events == ["call", "sync", "call", "sync", "sync", "call", "sync", "sync", "call",
+                      "sync"]
+
+
+def test_ranks_computing_on_accelerators_leave_the_host_cores_free():
+    from cocodiff.calibration.result import HostMeasurement
+
+    host = HostMeasurement(cores=16, ranks_per_host=None, cpu=None, compute_core_demand=0.0)
+    assert host.spec().compute_core_demand == 0.0
+    assert host.to_json()["compute_core_demand"] == 0.0
+    assert HostMeasurement(cores=2, ranks_per_host=None, cpu=None).spec().compute_core_demand == 1

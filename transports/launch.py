@@ -39,13 +39,17 @@ TORCHRUN = "torchrun"
 MPIEXEC = "mpiexec"
 SINGLE = "single"
 
-# (rank variable, size variable, local-rank variable), most specific launcher first.
-_MPI_ENV_VARS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
-    ("OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",), ("OMPI_COMM_WORLD_LOCAL_RANK",)),
+# (rank variable, size variables, local-rank variables, local-size variables), most specific
+# launcher first.
+_MPI_ENV_VARS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
+    ("OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",), ("OMPI_COMM_WORLD_LOCAL_RANK",),
+     ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
     # Cray PALS (Aurora) exports ranks; the size comes from Cray PMI's PMI_SIZE.
-    ("PALS_RANKID", ("PALS_SIZE", "PMI_SIZE"), ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK")),
-    # MPICH's hydra (also Intel MPI); MPI_LOCALRANKID is hydra's local rank.
-    ("PMI_RANK", ("PMI_SIZE",), ("MPI_LOCALRANKID", "PMI_LOCAL_RANK")),
+    ("PALS_RANKID", ("PALS_SIZE", "PMI_SIZE"), ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"),
+     ("PALS_LOCAL_SIZE",)),
+    # MPICH's hydra (also Intel MPI); MPI_LOCALRANKID and MPI_LOCALNRANKS are hydra's.
+    ("PMI_RANK", ("PMI_SIZE",), ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
+     ("MPI_LOCALNRANKS",)),
 )
 
 # Variables that say "an MPI launcher started me" without giving rank and size in a form
@@ -73,12 +77,15 @@ class LaunchInfo:
         world_size: number of ranks in the job.
         local_rank: rank among the processes on this node (selects the device).
         launcher: ``"torchrun"``, ``"mpiexec"`` or ``"single"`` (no launcher).
+        local_size: processes on this node, when the launcher says (None: unknown). More
+            of them than the node has accelerators means ranks share a device.
     """
 
     rank: int
     world_size: int
     local_rank: int
     launcher: str
+    local_size: int | None = None
 
     @property
     def is_distributed(self) -> bool:
@@ -120,7 +127,7 @@ def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
     env = os.environ if environ is None else environ
     info = _from_torchrun(env) or _from_mpi_env(env) or _from_mpi4py(env)
     if info is None:
-        return LaunchInfo(rank=0, world_size=1, local_rank=0, launcher=SINGLE)
+        return LaunchInfo(rank=0, world_size=1, local_rank=0, launcher=SINGLE, local_size=1)
     if not 0 <= info.rank < info.world_size:
         raise ValueError(f"rank {info.rank} outside world of {info.world_size} ({info.launcher})")
     return info
@@ -131,16 +138,18 @@ def _from_torchrun(env: Mapping[str, str]) -> LaunchInfo | None:
         return None
     rank = _as_int(env, "RANK", env["RANK"])
     local = env.get("LOCAL_RANK", env["RANK"])
+    local_size = env.get("LOCAL_WORLD_SIZE")
     return LaunchInfo(
         rank=rank,
         world_size=_as_int(env, "WORLD_SIZE", env["WORLD_SIZE"]),
         local_rank=_as_int(env, "LOCAL_RANK", local),
         launcher=TORCHRUN,
+        local_size=None if local_size is None else _as_int(env, "LOCAL_WORLD_SIZE", local_size),
     )
 
 
 def _from_mpi_env(env: Mapping[str, str]) -> LaunchInfo | None:
-    for rank_var, size_vars, local_vars in _MPI_ENV_VARS:
+    for rank_var, size_vars, local_vars, local_size_vars in _MPI_ENV_VARS:
         if rank_var not in env:
             continue
         size = _first(env, size_vars)
@@ -148,11 +157,14 @@ def _from_mpi_env(env: Mapping[str, str]) -> LaunchInfo | None:
             continue  # e.g. PALS without PMI_SIZE: left to mpi4py
         rank = _as_int(env, rank_var, env[rank_var])
         local = _first(env, local_vars)
+        local_size = _first(env, local_size_vars)
         return LaunchInfo(
             rank=rank,
             world_size=_as_int(env, size_vars[0], size),
             local_rank=rank if local is None else _as_int(env, local_vars[0], local),
             launcher=MPIEXEC,
+            local_size=None if local_size is None else _as_int(env, local_size_vars[0],
+                                                                local_size),
         )
     return None
 
@@ -169,11 +181,10 @@ def _from_mpi4py(env: Mapping[str, str]) -> LaunchInfo | None:
     if comm.Get_size() == 1:
         return None
     local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local_rank = local_comm.Get_rank()
+    local_rank, local_size = local_comm.Get_rank(), local_comm.Get_size()
     local_comm.Free()
-    return LaunchInfo(
-        rank=comm.Get_rank(), world_size=comm.Get_size(), local_rank=local_rank, launcher=MPIEXEC
-    )
+    return LaunchInfo(rank=comm.Get_rank(), world_size=comm.Get_size(), local_rank=local_rank,
+                      launcher=MPIEXEC, local_size=local_size)
 
 
 def mpi4py_available() -> bool:

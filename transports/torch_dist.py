@@ -62,8 +62,22 @@ def default_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def backend_for_device(device: torch.device) -> str:
-    """The torch.distributed backend for tensors on ``device``.
+def ranks_per_device(launch: LaunchInfo, device: torch.device) -> int:
+    """How many of this node's ranks take ``device`` (devices are dealt round-robin by local
+    rank, :func:`default_device`); 1 when the launcher does not say how many ranks the node
+    has."""
+    if device.type == "cpu" or launch.local_size is None:
+        return 1
+    count = getattr(torch, device.type).device_count()
+    index = device.index or 0
+    return len(range(index, launch.local_size, max(1, count)))
+
+
+def backend_for_device(device: torch.device, sharing: int = 1) -> str:
+    """The torch.distributed backend for tensors on ``device``, taken by ``sharing`` ranks.
+
+    NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); ranks sharing a CUDA
+    device get gloo instead, which stages CUDA tensors through host memory.
 
     Raises:
         TransportError: no backend is known or installed for the device type.
@@ -71,6 +85,8 @@ def backend_for_device(device: torch.device) -> str:
     if device.type not in BACKEND_FOR_DEVICE:
         known = ", ".join(sorted(BACKEND_FOR_DEVICE))
         raise TransportError(f"no torch.distributed backend for device {device} (known: {known})")
+    if device.type == "cuda" and sharing > 1:
+        return "gloo"
     backend = BACKEND_FOR_DEVICE[device.type]
     if backend == "xccl" and not getattr(dist, "is_xccl_available", lambda: False)():
         if find_spec("oneccl_bindings_for_pytorch") is None:
@@ -124,7 +140,7 @@ class TorchTransport:
 
     Args:
         backend: ``"gloo"``, ``"nccl"``, ``"xccl"``, ``"ccl"``...; None picks it from the
-            device (:data:`BACKEND_FOR_DEVICE`).
+            device and how many of the node's ranks share it (:func:`backend_for_device`).
         device: where this rank's tensors live; None picks the local accelerator or the CPU.
         timeout_s: how long a rendezvous or a collective may wait for a peer before it fails
             with :class:`TransportError` instead of hanging.
@@ -146,7 +162,8 @@ class TorchTransport:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         info = detect_launch() if launch is None else launch
         self._device = default_device(info.local_rank) if device is None else torch.device(device)
-        self._backend = backend_for_device(self._device) if backend is None else backend
+        self._backend = (backend_for_device(self._device, ranks_per_device(info, self._device))
+                         if backend is None else backend)
         self._timeout = timedelta(seconds=timeout_s)
         if self._device.type != "cpu":
             getattr(torch, self._device.type).set_device(self._device)
@@ -250,6 +267,12 @@ class TorchTransport:
         send_bytes = send.contiguous().reshape(send.shape[0], math.prod(trailing))
         send_bytes = send_bytes.view(torch.uint8)
         row_bytes = send_bytes.shape[1]
+        # gloo takes host and CUDA tensors alike; nccl and xccl only their device's. A host
+        # tensor (the control messages: node keys, argument digests) goes through the device
+        # and comes back.
+        home = send.device
+        if self._backend != "gloo" and home != self._device:
+            send_bytes = send_bytes.to(self._device)
 
         order = _ascending_order(group.ranks)
         if order is not None:  # torch's group order is ascending rank: permute around it
@@ -268,7 +291,7 @@ class TorchTransport:
                 inverse = sorted(range(len(order)), key=order.__getitem__)
                 received = torch.cat(_blocks(received, recv_rows_torch, inverse))
             # (n, row_bytes) uint8 -> (n, *trailing) send.dtype
-            return received.view(send.dtype).reshape(received.shape[0], *trailing)
+            return received.to(home).view(send.dtype).reshape(received.shape[0], *trailing)
 
         what = (f"torch/{self._backend} all_to_all on rank {self._rank} over group {group.ranks} "
                 f"failed waiting for {_waiting_for(self._rank, group)}")

@@ -14,6 +14,7 @@ from cocodiff.calibration.collect import WorldLineup, gather_floats
 from cocodiff.calibration.compute import (
     ComputeRates,
     Lineup,
+    device_clock,
     effective_rates,
     layer_roofline_seconds,
     median_of,
@@ -37,7 +38,9 @@ class BlockTiming:
     rank's work competing for the caches and memory as in a step, but without the time a
     rank waited for a core, which depends on how the OS interleaved the ranks and on what
     else ran on the machine. The ``*_wall_s`` figures are the wall-clock ones, kept beside
-    them for comparison (with ranks sharing cores, wall = CPU / the cores a rank had).
+    them for comparison (with ranks sharing cores, wall = CPU / the cores a rank had). On
+    an accelerator the figures are the wall clock's, the device synchronised around each
+    block (its work is not the process's CPU).
 
     Attributes:
         blocks: transformer blocks timed per forward (the model's layers).
@@ -127,11 +130,12 @@ def build_transformer(config: dict[str, Any]):
 
 
 def standin_forward(transformer, stream_tokens: Sequence[int], world: int, rank: int = 0,
-                    dtype_name: str = "float32") -> tuple[Callable[[], Any], StandInTransport]:
+                    dtype_name: str = "float32", device: Any = "cpu"
+                    ) -> tuple[Callable[[], Any], StandInTransport]:
     """``(forward, stand-in)``: ``transformer`` parallelised in place as rank ``rank`` of
     ``world`` Ulysses ranks over a :class:`StandInTransport` (nothing communicated), and a
-    callable that runs one forward of a step of ``stream_tokens`` (image, text) tokens.
-    Call it under ``torch.inference_mode()``, as the runtime runs a step."""
+    callable that runs one forward of a step of ``stream_tokens`` (image, text) tokens on
+    ``device``. Call it under ``torch.inference_mode()``, as the runtime runs a step."""
     import torch
 
     from cocodiff.calibration.standin import StandInTransport
@@ -139,11 +143,12 @@ def standin_forward(transformer, stream_tokens: Sequence[int], world: int, rank:
 
     build_inputs, _lists = block_timing(type(transformer).__name__)
     dtype = getattr(torch, dtype_name)
-    transformer.to(dtype)
+    transformer.to(device=device, dtype=dtype)
     standin = StandInTransport(rank, world)
     parallelize(transformer, standin, "flat")
     image, text = stream_tokens
-    inputs = build_inputs(transformer.config, image, text, dtype)
+    inputs = {name: value.to(device) if isinstance(value, torch.Tensor) else value
+              for name, value in build_inputs(transformer.config, image, text, dtype).items()}
     return (lambda: transformer(**inputs, return_dict=False)), standin
 
 
@@ -176,7 +181,7 @@ def model_standin(options: CalibrateOptions, world: int, rank: int
 
 def time_blocks(transformer, stream_tokens: Sequence[int], world: int, rank: int = 0,
                 dtype_name: str = "float32", rounds: int = 5, round_s: float = 0.3,
-                lineup: Lineup | None = None) -> BlockTiming:
+                lineup: Lineup | None = None, device: Any = "cpu") -> BlockTiming:
     """Time ``transformer``'s real blocks as rank ``rank`` of ``world`` Ulysses ranks runs
     them in a step of ``stream_tokens`` (image, text): the runtime parallelises the
     transformer (in place) over a :class:`StandInTransport`, so its sharding hooks, its
@@ -188,19 +193,27 @@ def time_blocks(transformer, stream_tokens: Sequence[int], world: int, rank: int
     Why the runtime's path: a step runs the blocks through the runtime's processors and
     hooks, not diffusers' own attention (which calibrate timed before, corrected to the
     Ulysses shape: 1.67 ms per layer of the small model and 1.00 ms outside the blocks,
-    where this gives 1.73 and 1.10; 4 ranks on loopback, docs/validate.md, 2026-11-25)."""
+    where this gives 1.73 and 1.10; 4 ranks on loopback, docs/validate.md, 2026-11-25).
+
+    On an accelerator (``device``) the device is synchronised at each block's start and
+    end, so that the wall-clock figures are its work (the CPU ones are then only the
+    host's share)."""
     import torch
 
-    forward, _standin = standin_forward(transformer, stream_tokens, world, rank, dtype_name)
+    forward, _standin = standin_forward(transformer, stream_tokens, world, rank, dtype_name,
+                                        device)
+    sync = device_clock(device)[0] or (lambda: None)
     _build_inputs, lists = block_timing(type(transformer).__name__)
     blocks = [block for attr in lists for block in getattr(transformer, attr)]
     began: list[tuple[float, float]] = []
     in_blocks = [0.0, 0.0]  # cumulative (wall, CPU) seconds inside the blocks
 
     def before(module, args, kwargs) -> None:
+        sync()
         began.append((time.perf_counter(), time.process_time()))
 
     def after(module, args, kwargs, output) -> None:
+        sync()
         wall, cpu = began.pop()
         in_blocks[0] += time.perf_counter() - wall
         in_blocks[1] += time.process_time() - cpu
@@ -211,7 +224,7 @@ def time_blocks(transformer, stream_tokens: Sequence[int], world: int, rank: int
     try:
         with torch.inference_mode():
             timed = timed_rounds(forward, rounds, round_s, lineup,
-                                 inside=lambda: (in_blocks[0], in_blocks[1]))
+                                 inside=lambda: (in_blocks[0], in_blocks[1]), sync=sync)
     finally:
         for handle in handles:
             handle.remove()
@@ -220,11 +233,13 @@ def time_blocks(transformer, stream_tokens: Sequence[int], world: int, rank: int
 
     def outside(clock: str) -> float:
         return statistics.median(
-            max(0.0, getattr(r, f"{clock}_s") - getattr(r, f"inside_{clock}_s")) for r in timed)
+            max(0.0, getattr(r, clock) - getattr(r, f"inside_{clock}")) for r in timed)
 
-    blocks_s = median_of(timed, "inside_cpu_s")
-    return BlockTiming(len(blocks), blocks_s, blocks_s / len(blocks), outside("cpu"), scheduler,
-                       median_of(timed, "inside_wall_s") / len(blocks), outside("wall"),
+    # The CPU's work by its process time; an accelerator's by the wall clock.
+    clock = device_clock(device)[1]
+    blocks_s = median_of(timed, f"inside_{clock}")
+    return BlockTiming(len(blocks), blocks_s, blocks_s / len(blocks), outside(clock), scheduler,
+                       median_of(timed, "inside_wall_s") / len(blocks), outside("wall_s"),
                        rounds, round_s)
 
 
@@ -249,7 +264,7 @@ def _scheduler_step_s(config, image_tokens: int, dtype, lineup: Lineup | None) -
 
 
 def measure_blocks(transport, options: CalibrateOptions, compute: ComputeRates,
-                   world: int) -> dict[str, Any] | None:
+                   world: int, device: Any = "cpu") -> dict[str, Any] | None:
     """Time the model's real blocks on every rank at once (collective; the same decision
     on every rank) and give the effective rate; None when the model's transformer is not
     built here (see :func:`tiny_transformer_config`)."""
@@ -266,7 +281,7 @@ def measure_blocks(transport, options: CalibrateOptions, compute: ComputeRates,
     rounds, round_s = (3, 0.1) if options.quick else (7, 0.3)
     try:
         timing = time_blocks(transformer, streams, world, transport.rank, options.dtype, rounds,
-                             round_s, WorldLineup(transport))
+                             round_s, WorldLineup(transport), device)
     except UnsupportedModelError:  # the same on every rank: the runtime cannot run it here
         return None
     del transformer

@@ -82,7 +82,8 @@ class Round:
 def timed_rounds(call: Callable[[], object], rounds: int, round_s: float,
                  lineup: Lineup | None = None,
                  inside: Callable[[], tuple[float, float]] | None = None,
-                 max_calls: int = 10_000) -> list[Round]:
+                 max_calls: int = 10_000,
+                 sync: Callable[[], object] | None = None) -> list[Round]:
     """Throughput of ``call`` in ``rounds`` rounds: each round a loop of the same number of
     calls (enough for about ``round_s``, agreed by every rank of ``lineup``), started on
     every rank at once after a barrier.
@@ -92,12 +93,17 @@ def timed_rounds(call: Callable[[], object], rounds: int, round_s: float,
     in two calibrations seconds apart, docs/host-model.md). A loop long enough to span
     many time slices averages it; the median round takes out a round a neighbour burst
     into. ``inside`` reads the cumulative (wall, CPU) seconds that hooks counted inside
-    the calls; it is read at each round's start and end.
+    the calls; it is read at each round's start and end. ``sync`` waits for an
+    accelerator's queued work (``torch.cuda.synchronize``): called before each clock is
+    read, so that a round's wall time is the device's, not the time to queue it.
     """
     read = inside or (lambda: (0.0, 0.0))
+    wait = sync or (lambda: None)
     call()  # warm up
+    wait()
     began = time.perf_counter()
     call()
+    wait()
     once_s = max(time.perf_counter() - began, 1e-9)
     calls = min(max_calls, max(1, math.ceil(round_s / once_s)))
     if lineup is not None:
@@ -106,11 +112,13 @@ def timed_rounds(call: Callable[[], object], rounds: int, round_s: float,
     for _ in range(rounds):
         if lineup is not None:
             lineup.barrier()
+        wait()
         wall_in, cpu_in = read()
         cpu_began = time.process_time()
         began = time.perf_counter()
         for _ in range(calls):
             call()
+        wait()
         elapsed = time.perf_counter() - began
         cpu_s = time.process_time() - cpu_began
         wall_out, cpu_out = read()
@@ -126,11 +134,13 @@ def median_of(rounds: list[Round], attribute: str) -> float:
 
 def measure_compute(shapes: LayerShapes, dtype_name: str = "float32",
                     min_time_s: float = 0.05, lineup: Lineup | None = None,
-                    rounds: int = 5) -> tuple[float, float, dict[str, float]]:
+                    rounds: int = 5, device: Any = "cpu") -> tuple[float, float, dict[str, float]]:
     """Time one rank's layer operations at ``shapes``: each the process's CPU seconds per
     call (one core's), the median of ``rounds`` rounds of :func:`timed_rounds` of about
     ``min_time_s``, lined up over ``lineup`` (every rank timing the same operation at
-    once, as in a step).
+    once, as in a step). On an accelerator (``device``), the wall-clock seconds per call
+    with the device synchronised around each round (its CPU time says nothing of the
+    device's work).
 
     Returns:
         ``(flop/s, bytes/s, seconds per call by op)``: the matrix products' FLOPs over their
@@ -141,13 +151,15 @@ def measure_compute(shapes: LayerShapes, dtype_name: str = "float32",
     import torch.nn.functional as F
 
     dtype = getattr(torch, dtype_name)
+    device = torch.device(device)
+    sync, clock = device_clock(device)
     size = torch.finfo(dtype).bits // 8
     s_loc, d = shapes.local_tokens, shapes.hidden_size
     inner = max(1, round(shapes.mlp_ratio * d))
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype)
+        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device, dtype)
 
     x, w, w_up, w_down = rand(s_loc, d), rand(d, d), rand(d, inner), rand(inner, d)
     hidden = rand(s_loc, inner)
@@ -168,13 +180,27 @@ def measure_compute(shapes: LayerShapes, dtype_name: str = "float32",
             return F.layer_norm(x, (d,)) * (1 + scale) + shift
 
         calls = {name: call for name, (call, _, _) in ops.items()} | {"norm": norm}
-        op_seconds = {name: median_of(timed_rounds(call, rounds, min_time_s, lineup), "cpu_s")
+        op_seconds = {name: median_of(timed_rounds(call, rounds, min_time_s, lineup,
+                                                   sync=sync), clock)
                       for name, call in calls.items()}
     flops = sum(f * n for _, f, n in ops.values())
     matmul_s = sum(op_seconds[name] * n for name, (_, _, n) in ops.items())
     # cocodiff.cost: an elementwise pass reads and writes each element once.
     norm_bytes = 2.0 * s_loc * d * size
     return flops / matmul_s, norm_bytes / op_seconds["norm"], op_seconds
+
+
+def device_clock(device) -> tuple[Callable[[], object] | None, str]:
+    """``(sync, clock)`` for timing on ``device``: on the CPU no sync and the process's CPU
+    time (``"cpu_s"``, see :class:`Round`); on an accelerator its ``synchronize`` and the
+    wall clock (``"wall_s"``)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cpu":
+        return None, "cpu_s"
+    backend = getattr(torch, device.type)
+    return (lambda: backend.synchronize(device)), "wall_s"
 
 
 def layer_roofline_seconds(spec, shape, tflops: float, memory_gbps: float) -> float:

@@ -27,7 +27,8 @@ def self_launch(options: CalibrateOptions) -> int:
         )
     argv = [sys.executable, "-m", "cocodiff", "calibrate", *_argv_of(options, num_nodes)]
     env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT")}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
     env["MASTER_ADDR"] = "127.0.0.1"
     env["MASTER_PORT"] = str(_free_port())
@@ -35,8 +36,10 @@ def self_launch(options: CalibrateOptions) -> int:
     processes = []
     try:
         for rank in range(world):
-            rank_env = dict(env, RANK=str(rank), WORLD_SIZE=str(world),
-                            LOCAL_RANK=str(rank % options.ranks_per_node))
+            # Every rank is a process of this machine: devices are dealt over all of them
+            # (ranks sharing a GPU then exchange through gloo, as nccl refuses them).
+            rank_env = dict(env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                            LOCAL_WORLD_SIZE=str(world))
             processes.append(subprocess.Popen(argv, env=rank_env, stdin=subprocess.DEVNULL,
                                               start_new_session=True))
         deadline = time.monotonic() + options.timeout_s + 60  # + start-up of the ranks

@@ -72,9 +72,13 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
 
     shapes = layer_shapes(options.model, options.tokens, options.resolution, world)
     speed_began = _reference_cpu_s(transport)
+    # Compute is timed where a run computes: the device the transport took (the rank's
+    # accelerator, else the CPU).
+    device = compute_device(transport)
     flops, memory, op_seconds = measure_compute(shapes, options.dtype,
                                                 0.02 if options.quick else 0.05,
-                                                WorldLineup(transport), 3 if options.quick else 5)
+                                                WorldLineup(transport), 3 if options.quick else 5,
+                                                device)
     rates = gather_floats(transport, [flops / 1e12, memory / 1e9])
     compute = ComputeRates(
         tflops=statistics.median(r[0] for r in rates),
@@ -84,7 +88,7 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
         op_seconds=op_seconds if rank == 0 else {},
     )
     compute = dataclasses.replace(compute, block=measure_blocks(transport, options, compute,
-                                                                 world))
+                                                                 world, device))
 
     sizes, larger = sweep_sizes(options, shapes, num_nodes, ranks_per_node)
     # Medians over this many: two calibrations one after the other must agree (5 let one
@@ -155,10 +159,18 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                        time.perf_counter() - began,
                        host=dataclasses.replace(
                            _host_of_ranks(transport, cpu, loaded, loaded_note),
-                           codec_cpu_us=codec_cpu_s * 1e6, phase_cpu_us=phase_cpu_s * 1e6),
+                           codec_cpu_us=codec_cpu_s * 1e6, phase_cpu_us=phase_cpu_s * 1e6,
+                           compute_core_demand=1.0 if device.type == "cpu" else 0.0),
                        intra_wire=wires["intra"], inter_wire=wires["inter"],
                        load_average=(load_began, _load_average()),
                        reference_cpu_s=(speed_began, _reference_cpu_s(transport)))
+
+
+def compute_device(transport):
+    """Where this rank computes in a run: the device its transport took, else the CPU."""
+    import torch
+
+    return torch.device(getattr(transport, "device", None) or "cpu")
 
 
 # A flat layer makes this many exchange calls (Q, K, V in, the attention's output back).

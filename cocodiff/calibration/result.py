@@ -38,6 +38,8 @@ class HostMeasurement:
             (:mod:`cocodiff.calibration.codec`).
         phase_cpu_us: CPU of TAPA's routing per phase, beyond the call
             (:mod:`cocodiff.calibration.routing`; 0 on one node: no phases).
+        compute_core_demand: cores a rank's compute takes: 1 where it computes on the CPU,
+            0 where it computes on an accelerator (the runtime's device).
     """
 
     cores: float
@@ -48,15 +50,18 @@ class HostMeasurement:
     call_wait_us: float = 0.0
     codec_cpu_us: float = 0.0
     phase_cpu_us: float = 0.0
+    compute_core_demand: float = 1.0
 
     def spec(self):
-        """The ``[host]`` of the topology: CPU ranks (compute takes a core), the fitted
-        exchange costs; a busy-polling transport's cost is its spinning, nothing else."""
+        """The ``[host]`` of the topology: its ranks' compute (on a core or on their
+        accelerators), the fitted exchange costs; a busy-polling transport's cost is its
+        spinning, nothing else."""
         from topology import HostSpec
 
         cpu = self.cpu
         mine = {"cores": self.cores, "ranks_per_host": self.ranks_per_host,
-                "codec_cpu_us": self.codec_cpu_us, "phase_cpu_us": self.phase_cpu_us}
+                "codec_cpu_us": self.codec_cpu_us, "phase_cpu_us": self.phase_cpu_us,
+                "compute_core_demand": self.compute_core_demand}
         if cpu is None or cpu.busy_poll:
             return HostSpec(**mine, busy_poll=cpu is not None)
         if self.loaded is not None:
@@ -71,7 +76,8 @@ class HostMeasurement:
                 "loaded": (self.loaded.to_json() if self.loaded is not None
                            else {"note": self.loaded_note}),
                 "call_wait_us": self.call_wait_us, "codec_cpu_us": self.codec_cpu_us,
-                "phase_cpu_us": self.phase_cpu_us}
+                "phase_cpu_us": self.phase_cpu_us,
+                "compute_core_demand": self.compute_core_demand}
 
 
 @dataclass(slots=True)
@@ -367,12 +373,15 @@ def speed_drift(result: Calibration) -> float | None:
 def summary(result: Calibration, output: Path) -> str:
     """What a user reads: the fitted numbers and the all-to-all check."""
     c, s = result.compute, result.shapes
+    on_device = result.host is not None and result.host.compute_core_demand == 0
     lines = [
         f"calibrated {result.num_nodes} node(s) x {result.ranks_per_node} ranks over "
         f"{result.transport} in {result.wall_s:.1f} s -> {output}",
         f"  compute ({s.model} layer, {s.local_tokens}/{s.total_tokens} tokens, "
         f"{s.local_heads} heads, d={s.hidden_size}, {result.dtype}): {c.tflops * 1e3:.2f} "
-        f"GFLOP/s, {c.memory_gbps:.2f} GB/s per rank at one core (CPU time, all ranks at once)",
+        f"GFLOP/s, {c.memory_gbps:.2f} GB/s per rank " + (
+            "on its accelerator (wall clock, device synchronised, all ranks at once)"
+            if on_device else "at one core (CPU time, all ranks at once)"),
     ]
     if c.block:
         b = c.block
@@ -385,7 +394,8 @@ def summary(result: Calibration, output: Path) -> str:
                if b["effective_memory_gbps"] != c.memory_gbps else ""))
     if c.block and "step_overhead_s" in c.block:
         lines.append(
-            f"  outside the blocks: {c.block['step_overhead_s'] * 1e3:.2f} ms of CPU per step "
+            f"  outside the blocks: {c.block['step_overhead_s'] * 1e3:.2f} ms "
+            f"{'on the device' if on_device else 'of CPU'} per step "
             "and rank (the forward's other modules + a scheduler step), written as "
             "step_overhead_us")
     for name, fit in (("intra", result.intra), ("inter", result.inter)):

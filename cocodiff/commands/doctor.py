@@ -84,7 +84,8 @@ def _doctor(args: argparse.Namespace) -> int:
             return EXIT_PROBLEM  # every rank found the same: rank 0 says it once
         return 0
     check_job(every)
-    print_report(every, timing, transport.name)
+    backend = getattr(transport, "backend", None)
+    print_report(every, timing, f"{transport.name}/{backend}" if backend else transport.name)
     if args.json:
         atomic_write_text(args.json, json.dumps(
             {"ranks": [asdict(f) for f in every], "all_to_all": timing}, indent=2))

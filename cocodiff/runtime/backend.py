@@ -94,7 +94,7 @@ class TensorBackend:
         # sequence, so the kernel sees exactly the single-process input (no padding).
         # The mask is the model's own, over that same sequence.
         tensors = self.state.tensors
-        positions = self.runtime.original_positions(self.ops.streams)
+        positions = self.runtime.original_positions(self.ops.streams, tensors["q"].device)
         stream_tokens = tuple(self.runtime.shards[name].total for name in self.ops.streams)
         q, k, v = (tensors[name].index_select(1, positions) for name in ("q", "k", "v"))
         mask = self.ops.attention_mask(self.state, stream_tokens)

@@ -112,7 +112,10 @@ def check_job(every: list[RankFacts]) -> None:
     for f in every:
         if f.device != "cpu":
             taken.setdefault((f.node_key, f.device), []).append(f.rank)
-    shared = [(device, ranks) for (_, device), ranks in taken.items() if len(ranks) > 1]
+    # Ranks sharing a CUDA device run: the torch transport gives them gloo, which stages
+    # through host memory (nccl refuses them), and MPI stages through host memory anyway.
+    shared = [(device, ranks) for (_, device), ranks in taken.items()
+              if len(ranks) > 1 and not device.startswith("cuda")]
     if shared:
         device, ranks = shared[0]
         raise DoctorProblem(f"ranks {', '.join(map(str, ranks))} of one node all take {device}: "

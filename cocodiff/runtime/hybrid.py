@@ -159,13 +159,13 @@ class HybridRuntime(UlyssesRuntime):
                                                     self.plan.head_split.heads, self.transport.rank)
         return route
 
-    def block_tokens(self, ring_index: int, streams: tuple[str, ...]
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def block_tokens(self, ring_index: int, streams: tuple[str, ...],
+                     device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The real tokens of Ring member ``ring_index``'s block: their positions in the
         block (its Ulysses group's chunks, gathered) and in the whole sequence (streams
-        concatenated in ``streams`` order, each without padding)."""
+        concatenated in ``streams`` order, each without padding); on ``device``."""
         shards = [self.shards[name] for name in streams]
-        key = (ring_index, tuple((s.total, s.chunk) for s in shards))
+        key = (ring_index, tuple((s.total, s.chunk) for s in shards), str(device))
         if key not in self._blocks:
             local = sum(s.chunk for s in shards)
             positions, original = [], []
@@ -179,7 +179,8 @@ class HybridRuntime(UlyssesRuntime):
                     original.append(real + in_sequence + start)
                     in_rank += shard.chunk
                     in_sequence += shard.total
-            self._blocks[key] = (torch.cat(positions), torch.cat(original))
+            self._blocks[key] = (torch.cat(positions).to(device),
+                                 torch.cat(original).to(device))
         return self._blocks[key]
 
 
@@ -205,8 +206,9 @@ class RingBackend(TensorBackend):
         streams = self.ops.streams
         tensors = self.state.tensors
         source = (runtime.ring_index - self._block) % ring
-        q_pos, q_orig = runtime.block_tokens(runtime.ring_index, streams)
-        k_pos, k_orig = runtime.block_tokens(source, streams)
+        device = tensors["q"].device
+        q_pos, q_orig = runtime.block_tokens(runtime.ring_index, streams, device)
+        k_pos, k_orig = runtime.block_tokens(source, streams, device)
         kv = self._in_hand()
         if len(k_pos):  # a block of padding only adds nothing
             stream_tokens = tuple(runtime.shards[name].total for name in streams)

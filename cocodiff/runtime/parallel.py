@@ -192,11 +192,15 @@ class UlyssesRuntime:
             raise PlanError(f"stream {stream} has {total} tokens here, {shard.total} before")
         return shard
 
-    def original_positions(self, streams: tuple[str, ...]) -> torch.Tensor:
-        key = tuple((name, self.shards[name].total) for name in streams)
+    def original_positions(self, streams: tuple[str, ...],
+                           device: torch.device | None = None) -> torch.Tensor:
+        """:meth:`TokenStreams.original_positions` of ``streams``, on ``device`` (an index
+        must be where the tensor it selects from is), made once per shape and device."""
+        key = (tuple((name, self.shards[name].total) for name in streams), str(device))
         if key not in self._token_streams:
             token_streams = TokenStreams(tuple(self.shards[name] for name in streams))
-            self._token_streams[key] = (token_streams, token_streams.original_positions())
+            self._token_streams[key] = (token_streams,
+                                        token_streams.original_positions().to(device))
         return self._token_streams[key][1]
 
     # -- plans --------------------------------------------------------------------------

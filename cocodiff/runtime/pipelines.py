@@ -176,10 +176,10 @@ def run_pipeline(
             pipeline's default (tiny models: their record's ``max_sequence_length``).
 
     Returns:
-        float32 latents in the VAE's layout, not yet un-scaled: (batch, channels, height/8,
-        width/8) for AutoencoderKL pipelines, (batch, channels, latent_frames, height/8,
-        width/8) for the 3D VAEs of Qwen-Image (1 frame) and Wan. Packed 2x2 token latents
-        (FLUX, Qwen-Image) are unpacked.
+        float32 latents on the pipeline's device, in the VAE's layout, not yet un-scaled:
+        (batch, channels, height/8, width/8) for AutoencoderKL pipelines, (batch, channels,
+        latent_frames, height/8, width/8) for the 3D VAEs of Qwen-Image (1 frame) and Wan.
+        Packed 2x2 token latents (FLUX, Qwen-Image) are unpacked.
 
     Raises:
         ValueError: ``frames`` is not 1 for an image pipeline, or ``steps`` < 1.
@@ -261,4 +261,4 @@ def decode(pipe: DiffusionPipeline, latents: torch.Tensor) -> Image.Image | list
     """
     family = runtime_family(type(pipe.transformer).__name__)
     with torch.no_grad():
-        return family.decode(pipe, latents)
+        return family.decode(pipe, latents.to(pipe.device))

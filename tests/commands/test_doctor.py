@@ -93,6 +93,8 @@ def test_job_checks_loopback_master_and_shared_devices():
         check_job([_facts(r, r // 2, master="127.0.0.1") for r in range(4)])
     with pytest.raises(DoctorProblem, match="ranks 0, 1 of one node all take xpu:0"):
         check_job([_facts(r, r // 2, device="xpu:0") for r in range(4)])
+    # ranks sharing a GPU run through gloo (nccl refuses them): not a problem
+    check_job([_facts(r, r // 2, device="cuda:0") for r in range(4)])
 
 
 def test_bad_flags_exit_2(tmp_path):

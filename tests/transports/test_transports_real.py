@@ -116,33 +116,37 @@ def test_torch_hung_peer_times_out(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({}, LaunchInfo(0, 1, 0, "single")),
+        ({}, LaunchInfo(0, 1, 0, "single", local_size=1)),
         (
             {
                 "RANK": "3",
                 "WORLD_SIZE": "4",
                 "LOCAL_RANK": "1",
+                "LOCAL_WORLD_SIZE": "2",
                 "MASTER_ADDR": "h",
                 "MASTER_PORT": "1",
             },
-            LaunchInfo(3, 4, 1, "torchrun"),
+            LaunchInfo(3, 4, 1, "torchrun", local_size=2),
         ),
         ({"RANK": "2", "WORLD_SIZE": "4"}, LaunchInfo(2, 4, 2, "torchrun")),
         (
-            {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "PMI_FD": "9"},
-            LaunchInfo(1, 2, 1, "mpiexec"),
+            {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
+             "PMI_FD": "9"},
+            LaunchInfo(1, 2, 1, "mpiexec", local_size=2),
         ),
         (
             {
                 "OMPI_COMM_WORLD_RANK": "5",
                 "OMPI_COMM_WORLD_SIZE": "8",
                 "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
             },
-            LaunchInfo(5, 8, 1, "mpiexec"),
+            LaunchInfo(5, 8, 1, "mpiexec", local_size=4),
         ),
         (
-            {"PALS_RANKID": "13", "PALS_LOCAL_RANKID": "1", "PMI_SIZE": "24", "PMI_RANK": "13"},
-            LaunchInfo(13, 24, 1, "mpiexec"),
+            {"PALS_RANKID": "13", "PALS_LOCAL_RANKID": "1", "PALS_LOCAL_SIZE": "12",
+             "PMI_SIZE": "24", "PMI_RANK": "13"},
+            LaunchInfo(13, 24, 1, "mpiexec", local_size=12),
         ),
         (  # torchrun's variables win over an MPI launcher's
             {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "PMI_RANK": "1", "PMI_SIZE": "2"},
@@ -251,3 +255,26 @@ def test_single_process_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     t.close()
     with pytest.raises(TransportError, match="closed"):
         t.barrier()
+
+
+@pytest.mark.parametrize(
+    ("local_size", "gpus", "device", "sharing", "backend"),
+    [
+        (None, 1, "cuda:0", 1, "nccl"),  # the launcher does not say: as before
+        (1, 1, "cuda:0", 1, "nccl"),
+        (4, 4, "cuda:3", 1, "nccl"),  # one rank per GPU
+        (2, 1, "cuda:0", 2, "gloo"),  # two ranks on one GPU: nccl refuses them
+        (6, 4, "cuda:1", 2, "gloo"),  # local ranks 1 and 5
+        (6, 4, "cuda:2", 1, "nccl"),  # local rank 2 alone
+        (8, 1, "cpu", 1, "gloo"),
+    ],
+)
+def test_ranks_sharing_a_gpu_get_gloo(monkeypatch, local_size, gpus, device, sharing, backend):
+    import torch
+
+    from transports.torch_dist import backend_for_device, ranks_per_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    launch = LaunchInfo(0, 8, 0, "torchrun", local_size=local_size)
+    assert ranks_per_device(launch, torch.device(device)) == sharing
+    assert backend_for_device(torch.device(device), sharing) == backend
