@@ -149,16 +149,19 @@ class SimBackend:
             phase = step.phases[p]
             send, recv = self._chunk_splits(step, phase, chunk)
             codec_s = self._codec_s(phase)
-            if codec_s:  # V-Major's sender picks and packs each message's blocks first
-                yield self._codec(codec_s, phase, send)
+            # V-Major's sender picks and packs each message's blocks as it makes the call,
+            # as the routing between phases is: CPU of the call, not a task before it that
+            # would part a selective phase from the phase before (which skips the call wait).
+            encode_s = self._messages(phase, send) * codec_s
             handle = self.transport.all_to_all(
                 VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
-                tag=(step.tensor, chunk, p), routing_cpu_s=self._routing_s(),
+                tag=(step.tensor, chunk, p), routing_cpu_s=self._routing_s() + encode_s,
             )
             yield handle.event
             handle.wait()
             if codec_s:  # and its receiver unpacks each into its copy
-                yield self._codec(codec_s, phase, recv)
+                yield self.simulation.cpu_task(self.transport.rank,
+                                               self._messages(phase, recv) * codec_s)
             for posting in pipeline.landed(chunk, p):
                 env.process(carry(*posting))
             if pipeline.finished:
@@ -194,11 +197,10 @@ class SimBackend:
         host = self.simulation.host
         return host.phase_cpu_us * 1e-6 if host is not None else 0.0
 
-    def _codec(self, codec_s: float, phase: Phase, member_bytes: list[int]) -> simpy.Event:
-        """The codec's CPU for the messages to or from the other members of ``phase``."""
+    def _messages(self, phase: Phase, member_bytes: list[int]) -> int:
+        """Messages to or from the other members of ``phase`` that carry bytes."""
         me = phase.group.index(self.transport.rank)
-        messages = sum(1 for j, b in enumerate(member_bytes) if j != me and b)
-        return self.simulation.cpu_task(self.transport.rank, messages * codec_s)
+        return sum(1 for j, b in enumerate(member_bytes) if j != me and b)
 
     def finish_exchange(self, step: Exchange, received: VirtualBuffer) -> None:
         start = self._started[step.tensor]

@@ -264,14 +264,16 @@ def test_a_selective_message_costs_the_codec_at_both_ends(num_ranks: int) -> Non
     assert step(0, host) == pytest.approx(step(0, without), rel=1e-12)
 
 
-def tapa_exchange(rank: int, ranks: tuple[int, ...]) -> Exchange:
+def tapa_exchange(rank: int, ranks: tuple[int, ...], selective: bool = False) -> Exchange:
     """K's exchange among four ranks (2 x 2, ``ranks[0]`` first) as TAPA's two phases:
-    over the rank's pair, then over its column; every member sends every other one row."""
+    over the rank's pair, then over its column; every member sends every other one row.
+    ``selective``: the column's phase is V-Major's, sending half its blocks."""
     position = ranks.index(rank)
     pair = ranks[position // 2 * 2: position // 2 * 2 + 2]
     column = ranks[position % 2::2]
     two = (2, 2)
-    phases = (Phase("gpu", pair, two, two), Phase("node", column, two, two))
+    vmajor = {"sent_fraction": 0.5, "blocks_per_row": 2} if selective else {}
+    phases = (Phase("gpu", pair, two, two), Phase("node", column, two, two, **vmajor))
     ones = (1,) * len(ranks)
     return Exchange("k", ranks, ones, ones, 64, "scatter_heads", phases=phases)
 
@@ -297,4 +299,15 @@ def test_routing_a_phase_does_not_part_it_from_the_phase_before() -> None:
     ranks = (1, 2, 3, 4)
     host = HostSpec(cores=1, call_wait_us=6000.0, phase_cpu_us=1.0)
     plan = plan_of([(compute(),)] + [(tapa_exchange(rank, ranks), Wait("k")) for rank in ranks])
+    assert step_s(plan, host) == pytest.approx(COMPUTE_S, abs=20e-6)
+
+
+def test_encoding_a_selective_phase_does_not_part_it_from_the_phase_before() -> None:
+    # As above with V-Major's second phase: its sender's encoding (1 us) is part of the
+    # phase's call, as its routing is, so the phase still follows the first without a
+    # second wait of 6 ms.
+    ranks = (1, 2, 3, 4)
+    host = HostSpec(cores=1, call_wait_us=6000.0, codec_cpu_us=1.0)
+    plan = plan_of([(compute(),)] + [(tapa_exchange(rank, ranks, selective=True), Wait("k"))
+                                     for rank in ranks])
     assert step_s(plan, host) == pytest.approx(COMPUTE_S, abs=20e-6)
