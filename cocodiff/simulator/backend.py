@@ -43,6 +43,8 @@ class SimBackend:
         self.exchanges_started = 0
         self.exchange_intervals: list[tuple[float, float]] = []  # start -> arrival
         self._exchange_handles: set[int] = set()  # ids of exchanges a wait may spin on
+        # Phased exchanges in flight -> the event their wait triggers (see _phased).
+        self._phased_waits: dict[int, simpy.Event] = {}
 
     def compute(self, step: Compute) -> SimHandle:
         return self._compute(roofline_seconds(step.cost, self._tflops, self._memory_gbps),
@@ -88,6 +90,9 @@ class SimBackend:
     def blocked_on(self, handle: SimHandle) -> simpy.Event:
         """What the rank's process yields to wait for ``handle``: its event, or, on a host
         that busy-polls, a process that spins on a core until an exchange completes."""
+        waited = self._phased_waits.pop(id(handle), None)
+        if waited is not None:
+            waited.succeed()
         if id(handle) not in self._exchange_handles:
             return handle.event
         self._exchange_handles.discard(id(handle))
@@ -111,7 +116,9 @@ class SimBackend:
         self.exchanges_started += 1
         if step.phases:
             env = self.simulation.env
-            handle = SimHandle(env.process(self._phased(step)))
+            waited = env.event()
+            handle = SimHandle(env.process(self._phased(step, waited)))
+            self._phased_waits[id(handle)] = waited
         else:
             send = VirtualBuffer(sum(step.send_rows), step.row_bytes)
             handle = self.transport.all_to_all(send, step.send_rows, step.recv_rows,
@@ -137,10 +144,15 @@ class SimBackend:
             cached = self._splits[key] = (phase, send, recv)  # keeps the phase alive
         return cached[1], cached[2]
 
-    def _phased(self, step: Exchange):
+    def _phased(self, step: Exchange, waited: simpy.Event):
         """The phases of a TAPA exchange, its chunks pipelined through them as
-        :class:`~cocodiff.plan.phasing.ChunkPipeline` orders them (the runtime's order): each
-        (chunk, phase) is posted as soon as the pipeline allows, event by event."""
+        :class:`~cocodiff.plan.phasing.ChunkPipeline` orders them (the runtime's order).
+
+        As the runtime's ``PhasedHandle`` does: the first postings go out when the exchange
+        starts; the rest only once the rank waits for the exchange (``waited``, triggered
+        by :meth:`blocked_on`), each (chunk, phase) then landed and the next posted as soon
+        as the pipeline allows. A rank that starts Q's, K's and V's exchanges and waits for
+        them in turn so carries their later phases one exchange after the other."""
         env = self.simulation.env
         pipeline = ChunkPipeline(step.chunks, len(step.phases))
         done = env.event()
@@ -158,6 +170,8 @@ class SimBackend:
                 tag=(step.tensor, chunk, p), routing_cpu_s=self._routing_s() + encode_s,
             )
             yield handle.event
+            if not waited.processed:  # the runtime lands a phase inside wait() only
+                yield waited
             handle.wait()
             if codec_s:  # and its receiver unpacks each into its copy
                 yield self.simulation.cpu_task(self.transport.rank,

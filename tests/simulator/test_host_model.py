@@ -302,6 +302,20 @@ def test_routing_a_phase_does_not_part_it_from_the_phase_before() -> None:
     assert step_s(plan, host) == pytest.approx(COMPUTE_S, abs=20e-6)
 
 
+def test_a_later_phase_is_posted_when_the_rank_waits_as_the_runtime_posts_it() -> None:
+    # The runtime's PhasedHandle posts an exchange's first phase when it starts and the
+    # second inside wait(). Each call costs 1 ms of CPU (cores to spare, free links): with
+    # 10 ms of compute between start and wait, only the first call hides behind it, so
+    # waiting at once instead saves the compute's overlap with one call, not two.
+    ranks = (0, 1, 2, 3)
+    host = HostSpec(cores=8, call_cpu_us=1000.0)
+    overlapped = step_s(plan_of([(tapa_exchange(r, ranks), compute(), Wait("k"))
+                                 for r in ranks]), host)
+    in_turn = step_s(plan_of([(tapa_exchange(r, ranks), Wait("k"), compute())
+                              for r in ranks]), host)
+    assert in_turn - overlapped == pytest.approx(1e-3, rel=1e-6)
+
+
 def test_encoding_a_selective_phase_does_not_part_it_from_the_phase_before() -> None:
     # As above with V-Major's second phase: its sender's encoding (1 us) is part of the
     # phase's call, as its routing is, so the phase still follows the first without a
