@@ -62,6 +62,14 @@ def default_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def rank_device(transport: Any, local_rank: int) -> torch.device:
+    """Where a rank computes: the device its transport took (torch: the accelerator its
+    local rank selects), else that accelerator (MPI stages device tensors through host
+    memory; a single process has no transport), else the CPU."""
+    device = getattr(transport, "device", None)
+    return torch.device(device) if device is not None else default_device(local_rank)
+
+
 def ranks_per_device(launch: LaunchInfo, device: torch.device) -> int:
     """How many of this node's ranks take ``device`` (devices are dealt round-robin by local
     rank, :func:`default_device`); 1 when the launcher does not say how many ranks the node

@@ -72,9 +72,11 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
 
     shapes = layer_shapes(options.model, options.tokens, options.resolution, world)
     speed_began = _reference_cpu_s(transport)
-    # Compute is timed where a run computes: the device the transport took (the rank's
-    # accelerator, else the CPU).
-    device = compute_device(transport)
+    # Compute is timed where a run computes (the rank's accelerator, else the CPU).
+    from transports.launch import detect_launch
+    from transports.torch_dist import rank_device
+
+    device = rank_device(transport, detect_launch().local_rank)
     flops, memory, op_seconds = measure_compute(shapes, options.dtype,
                                                 0.02 if options.quick else 0.05,
                                                 WorldLineup(transport), 3 if options.quick else 5,
@@ -164,13 +166,6 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                        intra_wire=wires["intra"], inter_wire=wires["inter"],
                        load_average=(load_began, _load_average()),
                        reference_cpu_s=(speed_began, _reference_cpu_s(transport)))
-
-
-def compute_device(transport):
-    """Where this rank computes in a run: the device its transport took, else the CPU."""
-    import torch
-
-    return torch.device(getattr(transport, "device", None) or "cpu")
 
 
 # A flat layer makes this many exchange calls (Q, K, V in, the attention's output back).

@@ -81,6 +81,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
     from cocodiff.runtime.vmajor import gather_activity
     from cocodiff.util.atomic import atomic_write_text
     from transports.registry import create_transport
+    from transports.torch_dist import rank_device
 
     transport = None
     if launch.is_distributed:
@@ -96,7 +97,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
                 raise CocodiffError("--record-activity: V-Major acts on the inter-node tier, "
                                     "and every rank is on one node; give --grid")
         dtype = getattr(torch, request.dtype)
-        pipe = load_pipeline(request.model, dtype).to(rank_device(transport, launch))
+        pipe = load_pipeline(request.model, dtype).to(rank_device(transport, launch.local_rank))
         tiny = tiny_name_of(request.model)
         prompt = (request.prompt if request.prompt is not None
                   else TINY_DEFAULTS[tiny].prompt if tiny else DEFAULT_PROMPT)
@@ -208,16 +209,6 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
     finally:
         if transport is not None:
             transport.close()
-
-
-def rank_device(transport, launch):
-    """Where this rank computes: the device its transport took (torch: the accelerator its
-    local rank selects), else that accelerator (a single process, MPI staging through host
-    memory), else the CPU."""
-    from transports.torch_dist import default_device
-
-    device = getattr(transport, "device", None)
-    return device if device is not None else default_device(launch.local_rank)
 
 
 def _planned_parallel(pipe, grid, num_ranks: int, width: int, height: int, frames: int):

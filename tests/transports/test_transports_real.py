@@ -278,3 +278,19 @@ def test_ranks_sharing_a_gpu_get_gloo(monkeypatch, local_size, gpus, device, sha
     launch = LaunchInfo(0, 8, 0, "torchrun", local_size=local_size)
     assert ranks_per_device(launch, torch.device(device)) == sharing
     assert backend_for_device(torch.device(device), sharing) == backend
+
+
+def test_a_rank_computes_on_its_transports_device_else_its_local_accelerator(monkeypatch):
+    import torch
+
+    from transports.torch_dist import rank_device
+
+    class OnDevice:
+        device = torch.device("cuda", 1)
+
+    assert rank_device(OnDevice(), 0) == torch.device("cuda", 1)
+    # MPI (no device of its own) and a single process: the accelerator of the local rank
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert rank_device(object(), 3) == torch.device("cuda", 1)
+    assert rank_device(None, 2) == torch.device("cuda", 0)
