@@ -9,14 +9,17 @@ wait. The caller decides what waiting means:
   the handle's SimPy event so that simulated time passes first.
 
 The executor itself knows nothing of tensors or time: a *backend* binds compute steps
-to real modules or to cost-model durations, and exchanges to buffers.
+to real modules or to cost-model durations, and exchanges to buffers. It also fixes the
+points where a phased exchange in flight may go on (before each compute step:
+:mod:`cocodiff.plan.phasing`), so the runtime and the simulator carry it alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Sequence
 from typing import Any, Protocol
 
+from cocodiff.plan.phasing import early_phases
 from cocodiff.plan.steps import Compute, Exchange, LayerPlan, RankProgram, Step, Tensor, Wait
 from transports.base import Handle
 
@@ -34,8 +37,14 @@ class Backend(Protocol):
         """Run (or start) a compute step."""
         ...
 
-    def start_exchange(self, step: Exchange) -> Handle:
-        """Start an exchange through the transport."""
+    def start_exchange(self, step: Exchange, early: frozenset[int]) -> Handle:
+        """Start an exchange through the transport; ``early``: the phases whose
+        postings may go out at progress points (:func:`~cocodiff.plan.phasing.early_phases`)."""
+        ...
+
+    def progress(self) -> Handle | None:
+        """A progress point: post what the phased exchanges in flight may post now. A
+        handle when that takes the rank's time, else None."""
         ...
 
     def finish_exchange(self, step: Exchange, received: Any) -> None:
@@ -43,18 +52,24 @@ class Backend(Protocol):
         ...
 
 
-def run_steps(steps: Iterable[Step], backend: Backend) -> Execution:
+def run_steps(steps: Sequence[Step], backend: Backend) -> Execution:
     """Execute steps in order; yield each handle the rank must wait on."""
     in_flight: dict[Tensor, tuple[Exchange, Handle]] = {}
-    for step in steps:
+    for index, step in enumerate(steps):
         if isinstance(step, Compute):
+            if in_flight:
+                progressed = backend.progress()
+                if progressed is not None:
+                    yield progressed
+                    progressed.wait()
             handle = backend.compute(step)
             yield handle
             handle.wait()
         elif isinstance(step, Exchange):
             if step.tensor in in_flight:
                 raise PlanError(f"exchange of {step.tensor} started twice without a wait")
-            in_flight[step.tensor] = (step, backend.start_exchange(step))
+            early = early_phases(steps, index) if step.phases else frozenset()
+            in_flight[step.tensor] = (step, backend.start_exchange(step, early))
         elif isinstance(step, Wait):
             if step.tensor not in in_flight:
                 raise PlanError(f"wait for {step.tensor} with no exchange in flight")

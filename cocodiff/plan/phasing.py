@@ -9,13 +9,31 @@ left phase p-1 and chunk c-1 has left phase p, so the slow tier carries chunk c 
 fast tier carries chunk c-1. The plan states each chunk's rows per member
 (:meth:`cocodiff.plan.steps.Phase.chunk_rows`); :func:`member_bytes` is what they cost on the
 wire, whole rows or a selective (V-Major) phase's message.
+
+When postings go out (:func:`early_phases`): an exchange's first posting when it
+starts; each later one once the postings before it have landed, either at a *progress
+point* (before each compute step of the rank's plan while the exchange is in flight) or
+when the rank waits. Collectives pair the n-th call of a group on every rank, so every
+rank must call each group in the same order whatever has landed where; two rules keep
+that order fixed by the plan alone:
+
+* start order: an exchange posts at a progress point only once every exchange started
+  before it has posted all of its postings, and waiting for an exchange first posts all
+  of theirs;
+* no race with a start: a phase whose group an exchange started later (before this one's
+  wait) opens with is not posted at progress points. That start calls the group at a
+  fixed point of the program, and a posting made as soon as it may could fall before it
+  on one rank and after it on another.
+
+So V-First carries V's later phases while the rank projects, normalises and rotates Q
+and K, instead of after them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
-from cocodiff.plan.steps import Phase
+from cocodiff.plan.steps import Exchange, Phase, Step, Wait
 from cocodiff.schedules.tapa import chunk_rows
 from cocodiff.schedules.vmajor import message_bytes
 
@@ -75,4 +93,20 @@ class ChunkPipeline:
                 yield chunk, diagonal - chunk
 
 
-__all__ = ["ChunkPipeline", "Posting", "chunk_rows", "member_bytes"]
+def early_phases(steps: Sequence[Step], index: int) -> frozenset[int]:
+    """The phases of the exchange ``steps[index]`` whose postings may go out at progress
+    points: those whose group no exchange started after it, and before its wait, opens
+    with. A group's members start the same collectives, so they agree on this set."""
+    exchange = steps[index]
+    if not isinstance(exchange, Exchange):
+        raise TypeError(f"step {index} is not an exchange: {exchange!r}")
+    opened: set[tuple[int, ...]] = set()
+    for step in steps[index + 1:]:
+        if isinstance(step, Wait) and step.tensor == exchange.tensor:
+            break
+        if isinstance(step, Exchange):
+            opened.add(step.phases[0].group if step.phases else step.group)
+    return frozenset(p for p, phase in enumerate(exchange.phases) if phase.group not in opened)
+
+
+__all__ = ["ChunkPipeline", "Posting", "chunk_rows", "early_phases", "member_bytes"]

@@ -25,7 +25,7 @@ from cocodiff.runtime.exchange import (
     unpack_scatter_heads,
 )
 from cocodiff.runtime.families.base import AttentionOps, AttentionState
-from cocodiff.runtime.tapa import PhasedHandle
+from cocodiff.runtime.tapa import PhasedExchanges, PhasedHandle
 from transports.base import CompletedHandle, Handle
 
 if TYPE_CHECKING:
@@ -76,6 +76,7 @@ class TensorBackend:
         self.ops = ops
         self.state = state
         self.layer_index = layer_index
+        self.phased = PhasedExchanges()
 
     def _record(self, kind: str, name: str, num_bytes: int = 0) -> None:
         if self.runtime.records is not None:
@@ -103,7 +104,10 @@ class TensorBackend:
         gathered[:, positions] = out
         tensors["out"] = gathered
 
-    def start_exchange(self, step: Exchange) -> Handle:
+    def progress(self) -> None:
+        self.phased.progress()
+
+    def start_exchange(self, step: Exchange, early: frozenset[int] = frozenset()) -> Handle:
         self.runtime.exchanges_started += 1
         x = self.state.tensors[step.tensor]
         group = self.runtime.group(step.group)
@@ -133,6 +137,7 @@ class TensorBackend:
             handle: Handle = PhasedHandle(
                 runtime.transport, groups, runtime.route(step), send, step.chunks, codecs,
                 on_sent=lambda phase, num_bytes: runtime.count_sent(tiers[phase], num_bytes),
+                early=early, exchanges=self.phased,
             )
         else:
             for member, rows in zip(step.group, step.send_rows, strict=True):

@@ -226,9 +226,9 @@ class RingBackend(TensorBackend):
                 out[:, q_pos] = self._partial[0].transpose(1, 2).to(q.dtype)
             tensors["out"] = out
 
-    def start_exchange(self, step: Exchange) -> Handle:
+    def start_exchange(self, step: Exchange, early: frozenset[int] = frozenset()) -> Handle:
         if step.direction != "ring":
-            return super().start_exchange(step)
+            return super().start_exchange(step, early)
         runtime = self.runtime
         # (1, 2, B, S/ring, h, D): one row, the K and V block in hand
         send = self._in_hand().unsqueeze(0)

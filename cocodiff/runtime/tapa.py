@@ -209,11 +209,47 @@ class _Posted:
     recv_splits: list[int]
 
 
+class PhasedExchanges:
+    """The phased exchanges one attention call has in flight, in start order, and the
+    order their postings go out in (:mod:`cocodiff.plan.phasing`): at a progress point
+    (before each compute step, and at each landing the rank waits on) each posts what it
+    may, an exchange only once all started before it have posted all of theirs; waiting
+    for one first posts all of theirs."""
+
+    __slots__ = ("_handles",)
+
+    def __init__(self) -> None:
+        self._handles: list[PhasedHandle] = []
+
+    def started(self, handle: PhasedHandle) -> None:
+        self._handles.append(handle)
+
+    def progress(self) -> None:
+        """A progress point: never blocks."""
+        may_post = True
+        for handle in self._handles:
+            handle.progress(may_post)
+            may_post = may_post and handle.fully_posted
+
+    def before_wait(self, handle: PhasedHandle) -> None:
+        """Post every posting of the exchanges started before ``handle`` (blocking on the
+        landings that enable them)."""
+        for earlier in self._handles:
+            if earlier is handle:
+                return
+            earlier.post_all()
+
+    def finished(self, handle: PhasedHandle) -> None:
+        self._handles.remove(handle)
+
+
 class PhasedHandle:
     """A phased exchange in flight. Created with the first chunk's first phase posted;
-    ``wait()`` runs the rest (posting each chunk's next phase as soon as the pipeline
-    allows) and returns the rows destined to this rank, grouped by source in group
-    order, as the flat all-to-all does.
+    each later posting goes out once the postings before it have landed: at a progress
+    point (:meth:`PhasedExchanges.progress`) for the ``early`` phases, else in ``wait()``,
+    which runs the rest and returns the rows destined to this rank, grouped by source in
+    group order, as the flat all-to-all does. The postings of several exchanges go out in
+    one order on every rank, whatever lands when (:mod:`cocodiff.plan.phasing`).
 
     Args:
         transport: the transport.
@@ -224,14 +260,21 @@ class PhasedHandle:
         codecs: phase index -> codec, for the selective (V-Major) phases; their
             messages to other members go as the codec's bytes.
         on_sent: called with (phase index, bytes sent to other members) per posting.
+        early: the phases whose postings may go out at progress points
+            (:func:`cocodiff.plan.phasing.early_phases`).
+        exchanges: the other phased exchanges of the attention call, for the order of
+            postings; None for an exchange on its own.
     """
 
     __slots__ = ("_transport", "_groups", "_route", "_chunks", "_pieces", "_posted",
-                 "_pipeline", "_empty", "_waited", "_codecs", "_on_sent")
+                 "_ready", "_unposted", "_pipeline", "_empty", "_waited", "_codecs",
+                 "_on_sent", "_early", "_exchanges")
 
     def __init__(self, transport: Transport, groups: Sequence[Group], route: Route,
                  send: torch.Tensor, chunks: int, codecs: Mapping[int, PhaseCodec] | None = None,
-                 on_sent: Callable[[int, int], None] | None = None) -> None:
+                 on_sent: Callable[[int, int], None] | None = None,
+                 early: frozenset[int] = frozenset(),
+                 exchanges: PhasedExchanges | None = None) -> None:
         if chunks < 1:
             raise PlanError(f"an exchange needs at least one chunk, got {chunks}")
         self._transport = transport
@@ -240,15 +283,20 @@ class PhasedHandle:
         self._chunks = chunks
         self._codecs = dict(codecs or {})
         self._on_sent = on_sent
+        self._early = early
         self._empty = send.new_empty((0, *send.shape[1:]))
         # What this rank holds: (block, chunk) -> rows (B, s, D) each.
         self._pieces: dict[tuple[Block, int], torch.Tensor] = {}
         blocks = torch.split(send, [route.rows(b) for b in route.sent])
         for block, rows in zip(route.sent, blocks, strict=True):
             self._split_block(block, rows)
-        self._posted: dict[tuple[int, int], _Posted] = {}
+        self._posted: dict[tuple[int, int], _Posted] = {}  # posted, not landed
+        self._ready: list[tuple[int, int]] = []  # may be posted, not yet
+        self._unposted = chunks * len(route.phases)
         self._pipeline = ChunkPipeline(chunks, len(route.phases))
         self._waited = False
+        self._exchanges = exchanges if exchanges is not None else PhasedExchanges()
+        self._exchanges.started(self)
         for posting in self._pipeline.first():
             self._post(*posting)
 
@@ -289,6 +337,22 @@ class PhasedHandle:
             self._on_sent(phase, sent_bytes)
         handle = self._transport.all_to_all(send, send_splits, recv_splits, self._groups[phase])
         self._posted[(chunk, phase)] = _Posted(handle, recv_rows, recv_splits)
+        self._unposted -= 1
+
+    def _post_ready(self, phases: frozenset[int] | None = None) -> None:
+        """Post the ready postings (of ``phases`` only, when given), in the order they
+        became ready: each phase's chunks in chunk order."""
+        held = []
+        for posting in self._ready:
+            if phases is None or posting[1] in phases:
+                self._post(*posting)
+            else:
+                held.append(posting)
+        self._ready = held
+
+    def _land_next(self, chunk: int, phase: int) -> None:
+        self._land(chunk, phase, self._posted.pop((chunk, phase)))
+        self._ready.extend(self._pipeline.landed(chunk, phase))
 
     def _land(self, chunk: int, phase: int, posted: _Posted) -> None:
         route = self._route.phases[phase]
@@ -310,6 +374,36 @@ class PhasedHandle:
                                 strict=True):
             self._pieces[(block, chunk)] = piece
 
+    @property
+    def fully_posted(self) -> bool:
+        return self._unposted == 0
+
+    def progress(self, may_post: bool) -> None:
+        """Land what has arrived; post the early phases' ready postings if ``may_post``.
+        Never blocks."""
+        for posting in [key for key, posted in self._posted.items()
+                        if posted.handle.is_completed()]:
+            self._land_next(*posting)
+        if may_post:
+            self._post_ready(self._early)
+
+    def _run(self, until_posted: bool) -> None:
+        """Land in the pipeline's order (cocodiff.plan.phasing), one at a time, until all
+        is posted or (else) landed. Each landing is a progress point for every exchange
+        in flight, this one first posting all it may."""
+        for posting in self._pipeline.wait_order():
+            self._exchanges.progress()
+            self._post_ready()
+            if until_posted and self.fully_posted:
+                return
+            if posting in self._posted:  # else landed at a progress point
+                self._land_next(*posting)
+        self._exchanges.progress()
+
+    def post_all(self) -> None:
+        """Post every posting, blocking on the landings that enable them."""
+        self._run(until_posted=True)
+
     def is_completed(self) -> bool:
         return self._waited
 
@@ -317,11 +411,9 @@ class PhasedHandle:
         if self._waited:
             raise TransportError("wait() called twice on the same handle")
         self._waited = True
-        # The pipeline's order (cocodiff.plan.phasing), waited one at a time.
-        for chunk, phase in self._pipeline.wait_order():
-            self._land(chunk, phase, self._posted.pop((chunk, phase)))
-            for posting in self._pipeline.landed(chunk, phase):
-                self._post(*posting)
+        self._exchanges.before_wait(self)
+        self._run(until_posted=False)
+        self._exchanges.finished(self)
         pieces = [self._pieces.pop((b, c)) for b in self._route.delivered
                   for c in range(self._chunks)]
         # (rows from every source, B, s, D), grouped by source in group order

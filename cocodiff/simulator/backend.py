@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, cast
 from cocodiff.cost import roofline_seconds
 from cocodiff.plan.executor import Execution
 from cocodiff.plan.gather import GatherStage
-from cocodiff.plan.phasing import ChunkPipeline, member_bytes
+from cocodiff.plan.phasing import ChunkPipeline, Posting, member_bytes
 from cocodiff.plan.steps import Compute, Exchange, Phase
 from sim import Simulation
 from transports.base import Group, VirtualBuffer
@@ -22,6 +22,24 @@ from transports.sim import SimHandle, SimTransport
 
 if TYPE_CHECKING:
     import simpy
+
+
+class _InFlight:
+    """A phased exchange in flight on a simulated rank, held as the runtime's
+    ``PhasedHandle`` holds it: what has arrived and not landed, what may be posted and
+    is not yet, and whether the rank waits for it (or for one started after it)."""
+
+    __slots__ = ("step", "early", "pipeline", "arrived", "ready", "unposted", "driven", "done")
+
+    def __init__(self, step: Exchange, early: frozenset[int], done: simpy.Event) -> None:
+        self.step = step
+        self.early = early
+        self.pipeline = ChunkPipeline(step.chunks, len(step.phases))
+        self.arrived: list[Posting] = []
+        self.ready: list[Posting] = []
+        self.unposted = step.chunks * len(step.phases)
+        self.driven = False
+        self.done = done
 
 
 class SimBackend:
@@ -43,8 +61,9 @@ class SimBackend:
         self.exchanges_started = 0
         self.exchange_intervals: list[tuple[float, float]] = []  # start -> arrival
         self._exchange_handles: set[int] = set()  # ids of exchanges a wait may spin on
-        # Phased exchanges in flight -> the event their wait triggers (see _phased).
-        self._phased_waits: dict[int, simpy.Event] = {}
+        # Phased exchanges in flight, in start order, and by their handles' ids.
+        self._in_flight: list[_InFlight] = []
+        self._flights: dict[int, _InFlight] = {}
 
     def compute(self, step: Compute) -> SimHandle:
         return self._compute(roofline_seconds(step.cost, self._tflops, self._memory_gbps),
@@ -90,9 +109,9 @@ class SimBackend:
     def blocked_on(self, handle: SimHandle) -> simpy.Event:
         """What the rank's process yields to wait for ``handle``: its event, or, on a host
         that busy-polls, a process that spins on a core until an exchange completes."""
-        waited = self._phased_waits.pop(id(handle), None)
-        if waited is not None:
-            waited.succeed()
+        flight = self._flights.pop(id(handle), None)
+        if flight is not None:
+            self._drive(flight)
         if id(handle) not in self._exchange_handles:
             return handle.event
         self._exchange_handles.discard(id(handle))
@@ -111,14 +130,18 @@ class SimBackend:
             group = self._groups[ranks] = self.transport.new_group(ranks)
         return group
 
-    def start_exchange(self, step: Exchange) -> SimHandle:
+    def start_exchange(self, step: Exchange, early: frozenset[int] = frozenset()) -> SimHandle:
         self._started[step.tensor] = self.simulation.now
         self.exchanges_started += 1
         if step.phases:
-            env = self.simulation.env
-            waited = env.event()
-            handle = SimHandle(env.process(self._phased(step, waited)))
-            self._phased_waits[id(handle)] = waited
+            # As the runtime's PhasedHandle carries it (cocodiff.plan.phasing): the first
+            # postings now, the rest at progress points (the early phases) or in the wait.
+            flight = _InFlight(step, early, self.simulation.env.event())
+            self._in_flight.append(flight)
+            handle = SimHandle(flight.done)
+            self._flights[id(handle)] = flight
+            for posting in flight.pipeline.first():
+                self._post(flight, posting)
         else:
             send = VirtualBuffer(sum(step.send_rows), step.row_bytes)
             handle = self.transport.all_to_all(send, step.send_rows, step.recv_rows,
@@ -144,46 +167,96 @@ class SimBackend:
             cached = self._splits[key] = (phase, send, recv)  # keeps the phase alive
         return cached[1], cached[2]
 
-    def _phased(self, step: Exchange, waited: simpy.Event):
-        """The phases of a TAPA exchange, its chunks pipelined through them as
-        :class:`~cocodiff.plan.phasing.ChunkPipeline` orders them (the runtime's order).
+    def _carry(self, flight: _InFlight, chunk: int, p: int):
+        """One posting of a phased exchange: the call, then its landing at the rank's
+        next progress point (at once when the rank waits on it)."""
+        step = flight.step
+        phase = step.phases[p]
+        send, recv = self._chunk_splits(step, phase, chunk)
+        # V-Major's sender picks and packs each message's blocks as it makes the call,
+        # as the routing between phases is: CPU of the call, not a task before it that
+        # would part a selective phase from the phase before (which skips the call wait).
+        encode_s = self._messages(phase, send) * self._codec_s(phase)
+        handle = self.transport.all_to_all(
+            VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
+            tag=(step.tensor, chunk, p), routing_cpu_s=self._routing_s() + encode_s,
+        )
+        yield handle.event
+        handle.wait()
+        flight.arrived.append((chunk, p))
+        if flight.driven:  # the rank waits on it: a landing it takes is a progress point
+            self._progress_point()
 
-        As the runtime's ``PhasedHandle`` does: the first postings go out when the exchange
-        starts; the rest only once the rank waits for the exchange (``waited``, triggered
-        by :meth:`blocked_on`), each (chunk, phase) then landed and the next posted as soon
-        as the pipeline allows. A rank that starts Q's, K's and V's exchanges and waits for
-        them in turn so carries their later phases one exchange after the other."""
-        env = self.simulation.env
-        pipeline = ChunkPipeline(step.chunks, len(step.phases))
-        done = env.event()
+    def _decode_s(self, flight: _InFlight, posting: Posting) -> float:
+        """CPU seconds the receiver spends unpacking a selective posting's messages into
+        its copy; 0 for an exact phase."""
+        chunk, p = posting
+        phase = flight.step.phases[p]
+        codec_s = self._codec_s(phase)
+        if not codec_s:
+            return 0.0
+        return self._messages(phase, self._chunk_splits(flight.step, phase, chunk)[1]) * codec_s
 
-        def carry(chunk: int, p: int):
-            phase = step.phases[p]
-            send, recv = self._chunk_splits(step, phase, chunk)
-            codec_s = self._codec_s(phase)
-            # V-Major's sender picks and packs each message's blocks as it makes the call,
-            # as the routing between phases is: CPU of the call, not a task before it that
-            # would part a selective phase from the phase before (which skips the call wait).
-            encode_s = self._messages(phase, send) * codec_s
-            handle = self.transport.all_to_all(
-                VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
-                tag=(step.tensor, chunk, p), routing_cpu_s=self._routing_s() + encode_s,
-            )
-            yield handle.event
-            if not waited.processed:  # the runtime lands a phase inside wait() only
-                yield waited
-            handle.wait()
-            if codec_s:  # and its receiver unpacks each into its copy
-                yield self.simulation.cpu_task(self.transport.rank,
-                                               self._messages(phase, recv) * codec_s)
-            for posting in pipeline.landed(chunk, p):
-                env.process(carry(*posting))
-            if pipeline.finished:
-                done.succeed()
+    def _progress_point(self) -> simpy.Process | None:
+        """A progress point, as the runtime's (cocodiff.plan.phasing): land what has
+        arrived, then post what may go out. A process while unpacking selective messages
+        takes the rank's time, else None (done)."""
+        landing = [(flight, posting) for flight in self._in_flight
+                   for posting in flight.arrived]
+        for flight in self._in_flight:
+            flight.arrived = []
+        decode_s = sum(self._decode_s(flight, posting) for flight, posting in landing)
+        if decode_s:
+            return self.simulation.env.process(self._decode_then_land(landing, decode_s))
+        self._land(landing)
+        return None
 
-        for posting in pipeline.first():
-            env.process(carry(*posting))
-        yield done
+    def _decode_then_land(self, landing: list[tuple[_InFlight, Posting]], decode_s: float):
+        yield self.simulation.cpu_task(self.transport.rank, decode_s)
+        self._land(landing)
+
+    def _land(self, landing: list[tuple[_InFlight, Posting]]) -> None:
+        for flight, posting in landing:
+            flight.ready.extend(flight.pipeline.landed(*posting))
+            if flight.pipeline.finished:
+                self._in_flight.remove(flight)
+                flight.done.succeed()
+        # Post what may go out now: an exchange the rank waits for (or for one started
+        # after it) all its ready postings, another its early phases'; each only once
+        # every exchange started before it has posted all of its own.
+        for flight in list(self._in_flight):
+            held = []
+            for posting in flight.ready:
+                if flight.driven or posting[1] in flight.early:
+                    self._post(flight, posting)
+                else:
+                    held.append(posting)
+            flight.ready = held
+            if flight.unposted:
+                return
+
+    def _post(self, flight: _InFlight, posting: Posting) -> None:
+        flight.unposted -= 1
+        self.simulation.env.process(self._carry(flight, *posting))
+
+    def progress(self) -> SimHandle | None:
+        """The executor's progress point, before a compute step."""
+        if not any(flight.arrived or flight.ready for flight in self._in_flight):
+            return None
+        process = self._progress_point()
+        return SimHandle(process) if process is not None else None
+
+    def _drive(self, flight: _InFlight) -> None:
+        """The rank waits for ``flight``: it and every exchange started before it post
+        all they may as their postings land (the runtime's wait posts all of theirs
+        first); beginning to wait is a progress point."""
+        if flight not in self._in_flight:  # landed at progress points already
+            return
+        for earlier in self._in_flight:
+            earlier.driven = True
+            if earlier is flight:
+                break
+        self._progress_point()
 
     def gather(self, stage: GatherStage, index: int) -> SimHandle:
         """The rank's part of one output gather (the runtime's ``all_gather_rows``: its

@@ -18,9 +18,12 @@ class RecordingBackend:
         self.events.append(("compute", step.op))
         return CompletedHandle()
 
-    def start_exchange(self, step):
+    def start_exchange(self, step, early):
         self.events.append(("start", step.tensor))
         return CompletedHandle(f"received {step.tensor}")
+
+    def progress(self):
+        self.events.append(("progress",))
 
     def finish_exchange(self, step, received):
         self.events.append(("finish", received))
@@ -30,7 +33,8 @@ def test_steps_run_in_plan_order_and_exchanges_overlap_compute():
     backend = RecordingBackend()
     steps = [EXCHANGE, Compute("proj_q", Cost(1, 1)), Wait("v")]
     drive_blocking(run_steps(steps, backend))
-    assert backend.events == [("start", "v"), ("compute", "proj_q"), ("finish", "received v")]
+    assert backend.events == [("start", "v"), ("progress",), ("compute", "proj_q"),
+                              ("finish", "received v")]
 
 
 def test_execution_yields_each_handle_it_waits_on():

@@ -6,7 +6,9 @@ exchanges in flight at once (V-First)."""
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -14,10 +16,11 @@ import pytest
 import torch
 
 from cocodiff.models import REGISTRY
-from cocodiff.plan.executor import PlanError
-from cocodiff.runtime.tapa import PhasedHandle, chunk_rows, plan_route
-from cocodiff.schedules import PlanOptions, RankGrid, plan_tapa
-from transports.base import Group, TransportError
+from cocodiff.plan.executor import PlanError, drive_blocking, run_steps
+from cocodiff.plan.steps import Compute, Exchange, Wait
+from cocodiff.runtime.tapa import PhasedExchanges, PhasedHandle, chunk_rows, plan_route
+from cocodiff.schedules import PlanOptions, RankGrid, plan_tapa, plan_vfirst
+from transports.base import CompletedHandle, Group, TransportError
 
 FLUX = REGISTRY["flux1-dev"]
 TENSORS = ("q", "k", "v", "out")
@@ -36,7 +39,8 @@ class _ThreadHandle:
         self._mailbox, self._keys, self._recv_rows = mailbox, keys, recv_rows
 
     def is_completed(self) -> bool:
-        return False
+        with self._mailbox.condition:
+            return all(key in self._mailbox.messages for key in self._keys)
 
     def wait(self) -> torch.Tensor:
         with self._mailbox.condition:
@@ -154,6 +158,101 @@ def test_phases_deliver_the_flat_all_to_all(shape, ranks, num_heads, chunks):
             torch.testing.assert_close(received[tensor],
                                        flat_result(exchange, grid.position(rank)),
                                        atol=0, rtol=0)
+
+
+class _ProgressBackend:
+    """Carries a layer's attention steps through the executor, its exchanges as
+    PhasedHandles posting at progress points; each compute step sleeps 0-2 ms at random,
+    so postings land before different progress points on different ranks."""
+
+    def __init__(self, transport, plan, grid, seed: int) -> None:
+        self.transport, self.plan, self.grid = transport, plan, grid
+        self.random = random.Random(seed * 100 + transport.rank)
+        self.exchanges = PhasedExchanges()
+        self.received: dict[str, torch.Tensor] = {}
+
+    def compute(self, step):
+        time.sleep(self.random.uniform(0, 0.002))
+        return CompletedHandle()
+
+    def progress(self) -> None:
+        self.exchanges.progress()
+
+    def start_exchange(self, step, early):
+        rank = self.transport.rank
+        groups = [self.transport.new_group(phase.group) for phase in step.phases]
+        route = plan_route(step, self.grid, self.plan.head_split.heads, rank)
+        return PhasedHandle(self.transport, groups, route,
+                            send_buffer(step, self.grid.position(rank)), step.chunks,
+                            early=early, exchanges=self.exchanges)
+
+    def finish_exchange(self, step, received) -> None:
+        self.received[step.tensor] = received
+
+
+def interleaved(layer) -> tuple:
+    """V's exchange, two computes, Q's, two computes, Q waited, a compute, V waited: Q
+    has progress points while V has postings left (its later chunks: Q's start opens
+    their group)."""
+    v, q = (next(s for s in layer.exchanges if s.tensor == t) for t in ("v", "q"))
+    work = next(s for s in layer.attention if isinstance(s, Compute))
+    return (v, work, work, q, work, work, Wait("q"), work, Wait("v"))
+
+
+@pytest.mark.parametrize(("shape", "num_heads"), [((2, 2, 1), 4), ((2, 2, 2), 8), ((3, 2, 1), 7)])
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+@pytest.mark.parametrize("order", ["vfirst", "interleaved"])
+def test_postings_at_progress_points_keep_every_groups_order(shape, num_heads, chunks, order):
+    # Progress points come before each compute step; whatever lands where, every group
+    # must see the same calls in the same order on every rank (the transport pairs them
+    # by order), so every rank ends with exactly the flat all-to-all's rows. V-First: V
+    # started, four computes, Q and K started, waited Q, K, V.
+    num_ranks = shape[0] * shape[1] * shape[2]
+    grid = RankGrid(shape, tuple(range(num_ranks)))
+    plan = plan_vfirst(heads_spec(num_heads), grid, (13, 5), PlanOptions(chunks=chunks))
+
+    def steps(rank: int) -> tuple:
+        layer = plan.program(rank).layers[0]
+        return layer.attention if order == "vfirst" else interleaved(layer)
+
+    for seed in range(4):
+        def body(transport, seed=seed):
+            backend = _ProgressBackend(transport, plan, grid, seed)
+            drive_blocking(run_steps(steps(transport.rank), backend))
+            return backend.received
+
+        for rank, received in enumerate(run_ranks(num_ranks, body)):
+            exchanges = [s for s in steps(rank) if isinstance(s, Exchange)]
+            for exchange in exchanges:
+                torch.testing.assert_close(received[exchange.tensor],
+                                           flat_result(exchange, grid.position(rank)),
+                                           atol=0, rtol=0)
+
+
+def test_progress_points_post_the_later_phases_before_the_wait():
+    # V's exchange alone: progress points (here in a loop, as compute steps would give
+    # them) land its first phase and post the second, so by the wait nothing is left to
+    # post; and it still delivers the flat all-to-all's rows.
+    grid = RankGrid((2, 2, 1), (0, 1, 2, 3))
+    plan = plan_vfirst(heads_spec(4), grid, (13, 5))
+
+    def body(transport):
+        v = plan.program(transport.rank).layers[0].exchanges[0]
+        exchanges = PhasedExchanges()
+        handle = PhasedHandle(transport, [transport.new_group(p.group) for p in v.phases],
+                              plan_route(v, grid, plan.head_split.heads, transport.rank),
+                              send_buffer(v, grid.position(transport.rank)), v.chunks,
+                              early=frozenset({1}), exchanges=exchanges)
+        deadline = time.monotonic() + 10
+        while not handle.fully_posted and time.monotonic() < deadline:
+            exchanges.progress()
+            time.sleep(0.001)
+        return handle.fully_posted, v, handle.wait()
+
+    for rank, (posted_before_wait, v, received) in enumerate(run_ranks(4, body)):
+        assert posted_before_wait
+        torch.testing.assert_close(received, flat_result(v, grid.position(rank)),
+                                   atol=0, rtol=0)
 
 
 def test_a_plan_whose_phase_rows_disagree_with_the_grid_is_refused():

@@ -316,6 +316,40 @@ def test_a_later_phase_is_posted_when_the_rank_waits_as_the_runtime_posts_it() -
     assert in_turn - overlapped == pytest.approx(1e-3, rel=1e-6)
 
 
+def test_a_later_phase_goes_out_at_the_next_progress_point() -> None:
+    # Progress points come before each compute step while an exchange is in flight: the
+    # first call (1 ms of CPU) lands during the first compute, the second goes out before
+    # the second compute and hides behind it too. Waiting after one compute instead
+    # leaves the second call after both, 1 ms more.
+    ranks = (0, 1, 2, 3)
+    host = HostSpec(cores=8, call_cpu_us=1000.0)
+    progressed = step_s(plan_of([(tapa_exchange(r, ranks), compute(), compute(), Wait("k"))
+                                 for r in ranks]), host)
+    at_wait = step_s(plan_of([(tapa_exchange(r, ranks), compute(), Wait("k"), compute())
+                              for r in ranks]), host)
+    assert progressed == pytest.approx(2 * COMPUTE_S, rel=1e-6)
+    assert at_wait - progressed == pytest.approx(1e-3, rel=1e-6)
+
+
+def test_a_later_phase_whose_group_a_later_start_opens_goes_out_at_the_wait() -> None:
+    # V runs over the pair, then the column; Q, started between V's start and its wait,
+    # opens with the column. A posting of V's column phase at a progress point could come
+    # before Q's start on one rank and after it on another, so it waits for the wait, and
+    # Q's pair phase (ready before the third compute) waits behind it, started later.
+    # Both go out at the waits, after the three computes: 1 ms past them, where posting
+    # them as they may would hide both.
+    ranks = (0, 1, 2, 3)
+    host = HostSpec(cores=8, call_cpu_us=1000.0)
+
+    def steps(rank: int) -> tuple:
+        v = dataclasses.replace(tapa_exchange(rank, ranks), tensor="v")
+        q = dataclasses.replace(v, tensor="q", phases=v.phases[::-1])
+        return (v, compute(), q, compute(), compute(), Wait("q"), Wait("v"))
+
+    held = step_s(plan_of([steps(r) for r in ranks]), host)
+    assert held == pytest.approx(3 * COMPUTE_S + 1e-3, rel=1e-6)
+
+
 def test_encoding_a_selective_phase_does_not_part_it_from_the_phase_before() -> None:
     # As above with V-Major's second phase: its sender's encoding (1 us) is part of the
     # phase's call, as its routing is, so the phase still follows the first without a
