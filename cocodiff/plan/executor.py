@@ -9,9 +9,10 @@ wait. The caller decides what waiting means:
   the handle's SimPy event so that simulated time passes first.
 
 The executor itself knows nothing of tensors or time: a *backend* binds compute steps
-to real modules or to cost-model durations, and exchanges to buffers. It also fixes the
-points where a phased exchange in flight may go on (before each compute step:
-:mod:`cocodiff.plan.phasing`), so the runtime and the simulator carry it alike.
+to real modules or to cost-model durations, and exchanges to buffers. It also calls the
+backend's progress point before each compute step while an exchange is in flight, where
+a phased exchange may post its later phases (:mod:`cocodiff.plan.phasing`), so the
+runtime and the simulator carry it alike.
 """
 
 from __future__ import annotations

@@ -11,11 +11,12 @@ fast tier carries chunk c-1. The plan states each chunk's rows per member
 wire, whole rows or a selective (V-Major) phase's message.
 
 When postings go out (:func:`early_phases`): an exchange's first posting when it
-starts; each later one once the postings before it have landed, either at a *progress
-point* (before each compute step of the rank's plan while the exchange is in flight) or
-when the rank waits. Collectives pair the n-th call of a group on every rank, so every
-rank must call each group in the same order whatever has landed where; two rules keep
-that order fixed by the plan alone:
+starts; each later one at the first *progress point* after the postings before it have
+landed: before each compute step of the rank's plan while the exchange is in flight,
+when the rank begins to wait, and at each landing it waits on. Collectives pair the n-th
+call of a group on every rank, so every rank must call each group in the same order
+whatever has landed where, and wherever its progress points fall; two rules keep that
+order fixed by the plan alone:
 
 * start order: an exchange posts at a progress point only once every exchange started
   before it has posted all of its postings, and waiting for an exchange first posts all
@@ -23,7 +24,7 @@ that order fixed by the plan alone:
 * no race with a start: a phase whose group an exchange started later (before this one's
   wait) opens with is not posted at progress points. That start calls the group at a
   fixed point of the program, and a posting made as soon as it may could fall before it
-  on one rank and after it on another.
+  on one rank and after it on another; it goes out when the rank waits.
 
 So V-First carries V's later phases while the rank projects, normalises and rotates Q
 and K, instead of after them.
