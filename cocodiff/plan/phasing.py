@@ -52,34 +52,49 @@ def member_bytes(phase: Phase, rows: int, row_bytes: int) -> int:
 
 
 class ChunkPipeline:
-    """Which (chunk, phase) may be posted once another has landed.
+    """Which (chunk, phase) may be posted, given what has landed.
 
     Every (chunk, phase) is posted exactly once: (0, 0) first, then each when the later
     of its two predecessors, (chunk, phase - 1) and (chunk - 1, phase), lands. So each
     phase's group sees its chunks posted in chunk order on every rank, as collectives
-    require. A driver that blocks on one at a time waits in :meth:`wait_order`; an
-    event-driven one (the simulator) as they land.
+    require. A driver takes the ready postings (:meth:`take`) and posts them; one that
+    blocks on one at a time waits in :meth:`wait_order`, an event-driven one (the
+    simulator) as they land.
     """
 
-    __slots__ = ("chunks", "num_phases", "_landed")
+    __slots__ = ("chunks", "num_phases", "_landed", "_ready", "_taken")
 
     def __init__(self, chunks: int, num_phases: int) -> None:
         self.chunks = chunks
         self.num_phases = num_phases
         self._landed: set[Posting] = set()
+        self._ready: list[Posting] = [(0, 0)]  # may be posted, in the order they became so
+        self._taken = 0
 
-    def first(self) -> list[Posting]:
-        return [(0, 0)]
-
-    def landed(self, chunk: int, phase: int) -> list[Posting]:
-        """Record that (chunk, phase) has landed; return the postings it enables."""
+    def landed(self, chunk: int, phase: int) -> None:
+        """Record that (chunk, phase) has landed, readying the postings it enables."""
         self._landed.add((chunk, phase))
-        ready = []
         if phase + 1 < self.num_phases and (chunk == 0 or (chunk - 1, phase + 1) in self._landed):
-            ready.append((chunk, phase + 1))
+            self._ready.append((chunk, phase + 1))
         if chunk + 1 < self.chunks and (phase == 0 or (chunk + 1, phase - 1) in self._landed):
-            ready.append((chunk + 1, phase))
-        return ready
+            self._ready.append((chunk + 1, phase))
+
+    def take(self, phases: frozenset[int] | None = None) -> list[Posting]:
+        """The ready postings (of ``phases`` only, when given), now the driver's to post:
+        each phase's chunks in chunk order."""
+        taken = [p for p in self._ready if phases is None or p[1] in phases]
+        if taken:
+            self._ready = [p for p in self._ready if phases is not None and p[1] not in phases]
+            self._taken += len(taken)
+        return taken
+
+    @property
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+    @property
+    def fully_posted(self) -> bool:
+        return self._taken == self.chunks * self.num_phases
 
     @property
     def finished(self) -> bool:

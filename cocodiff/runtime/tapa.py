@@ -267,8 +267,8 @@ class PhasedHandle:
     """
 
     __slots__ = ("_transport", "_groups", "_route", "_chunks", "_pieces", "_posted",
-                 "_ready", "_unposted", "_pipeline", "_empty", "_waited", "_codecs",
-                 "_on_sent", "_early", "_exchanges")
+                 "_pipeline", "_empty", "_waited", "_codecs", "_on_sent", "_early",
+                 "_exchanges")
 
     def __init__(self, transport: Transport, groups: Sequence[Group], route: Route,
                  send: torch.Tensor, chunks: int, codecs: Mapping[int, PhaseCodec] | None = None,
@@ -291,14 +291,11 @@ class PhasedHandle:
         for block, rows in zip(route.sent, blocks, strict=True):
             self._split_block(block, rows)
         self._posted: dict[tuple[int, int], _Posted] = {}  # posted, not landed
-        self._ready: list[tuple[int, int]] = []  # may be posted, not yet
-        self._unposted = chunks * len(route.phases)
         self._pipeline = ChunkPipeline(chunks, len(route.phases))
         self._waited = False
         self._exchanges = exchanges if exchanges is not None else PhasedExchanges()
         self._exchanges.started(self)
-        for posting in self._pipeline.first():
-            self._post(*posting)
+        self._post_ready()
 
     def _split_block(self, block: Block, rows: torch.Tensor) -> None:
         sizes = [chunk_rows(rows.shape[0], c, self._chunks) for c in range(self._chunks)]
@@ -337,22 +334,15 @@ class PhasedHandle:
             self._on_sent(phase, sent_bytes)
         handle = self._transport.all_to_all(send, send_splits, recv_splits, self._groups[phase])
         self._posted[(chunk, phase)] = _Posted(handle, recv_rows, recv_splits)
-        self._unposted -= 1
 
     def _post_ready(self, phases: frozenset[int] | None = None) -> None:
-        """Post the ready postings (of ``phases`` only, when given), in the order they
-        became ready: each phase's chunks in chunk order."""
-        held = []
-        for posting in self._ready:
-            if phases is None or posting[1] in phases:
-                self._post(*posting)
-            else:
-                held.append(posting)
-        self._ready = held
+        """Post the ready postings (of ``phases`` only, when given)."""
+        for posting in self._pipeline.take(phases):
+            self._post(*posting)
 
     def _land_next(self, chunk: int, phase: int) -> None:
         self._land(chunk, phase, self._posted.pop((chunk, phase)))
-        self._ready.extend(self._pipeline.landed(chunk, phase))
+        self._pipeline.landed(chunk, phase)
 
     def _land(self, chunk: int, phase: int, posted: _Posted) -> None:
         route = self._route.phases[phase]
@@ -376,7 +366,7 @@ class PhasedHandle:
 
     @property
     def fully_posted(self) -> bool:
-        return self._unposted == 0
+        return self._pipeline.fully_posted
 
     def progress(self, may_post: bool) -> None:
         """Land what has arrived; post the early phases' ready postings if ``may_post``.

@@ -26,18 +26,16 @@ if TYPE_CHECKING:
 
 class _InFlight:
     """A phased exchange in flight on a simulated rank, held as the runtime's
-    ``PhasedHandle`` holds it: what has arrived and not landed, what may be posted and
-    is not yet, and whether the rank waits for it (or for one started after it)."""
+    ``PhasedHandle`` holds it: its pipeline, what has arrived and not landed, and whether
+    the rank waits for it (or for one started after it)."""
 
-    __slots__ = ("step", "early", "pipeline", "arrived", "ready", "unposted", "driven", "done")
+    __slots__ = ("step", "early", "pipeline", "arrived", "driven", "done")
 
     def __init__(self, step: Exchange, early: frozenset[int], done: simpy.Event) -> None:
         self.step = step
         self.early = early
         self.pipeline = ChunkPipeline(step.chunks, len(step.phases))
         self.arrived: list[Posting] = []
-        self.ready: list[Posting] = []
-        self.unposted = step.chunks * len(step.phases)
         self.driven = False
         self.done = done
 
@@ -140,7 +138,7 @@ class SimBackend:
             self._in_flight.append(flight)
             handle = SimHandle(flight.done)
             self._flights[id(handle)] = flight
-            for posting in flight.pipeline.first():
+            for posting in flight.pipeline.take():
                 self._post(flight, posting)
         else:
             send = VirtualBuffer(sum(step.send_rows), step.row_bytes)
@@ -217,7 +215,7 @@ class SimBackend:
 
     def _land(self, landing: list[tuple[_InFlight, Posting]]) -> None:
         for flight, posting in landing:
-            flight.ready.extend(flight.pipeline.landed(*posting))
+            flight.pipeline.landed(*posting)
             if flight.pipeline.finished:
                 self._in_flight.remove(flight)
                 flight.done.succeed()
@@ -225,23 +223,17 @@ class SimBackend:
         # after it) all its ready postings, another its early phases'; each only once
         # every exchange started before it has posted all of its own.
         for flight in list(self._in_flight):
-            held = []
-            for posting in flight.ready:
-                if flight.driven or posting[1] in flight.early:
-                    self._post(flight, posting)
-                else:
-                    held.append(posting)
-            flight.ready = held
-            if flight.unposted:
+            for posting in flight.pipeline.take(None if flight.driven else flight.early):
+                self._post(flight, posting)
+            if not flight.pipeline.fully_posted:
                 return
 
     def _post(self, flight: _InFlight, posting: Posting) -> None:
-        flight.unposted -= 1
         self.simulation.env.process(self._carry(flight, *posting))
 
     def progress(self) -> SimHandle | None:
         """The executor's progress point, before a compute step."""
-        if not any(flight.arrived or flight.ready for flight in self._in_flight):
+        if not any(flight.arrived or flight.pipeline.has_ready for flight in self._in_flight):
             return None
         process = self._progress_point()
         return SimHandle(process) if process is not None else None

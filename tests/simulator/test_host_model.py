@@ -304,9 +304,11 @@ def test_routing_a_phase_does_not_part_it_from_the_phase_before() -> None:
 
 def test_a_later_phase_is_posted_when_the_rank_waits_as_the_runtime_posts_it() -> None:
     # The runtime's PhasedHandle posts an exchange's first phase when it starts and the
-    # second inside wait(). Each call costs 1 ms of CPU (cores to spare, free links): with
-    # 10 ms of compute between start and wait, only the first call hides behind it, so
-    # waiting at once instead saves the compute's overlap with one call, not two.
+    # second at the first progress point after the first has landed. Each call costs 1 ms
+    # of CPU (cores to spare, free links): with one compute of 10 ms between start and
+    # wait, its progress point comes before the first call lands, so the second goes out
+    # at the wait; only the first call hides behind the compute, and waiting at once
+    # instead saves the compute's overlap with one call, not two.
     ranks = (0, 1, 2, 3)
     host = HostSpec(cores=8, call_cpu_us=1000.0)
     overlapped = step_s(plan_of([(tapa_exchange(r, ranks), compute(), Wait("k"))
