@@ -38,25 +38,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `cocodiff` importable
     sys.path.insert(0, str(REPO))
 
-PATTERNS = ("world", "node", "column", "column+sync", "tapa")
+from cocodiff.simulator.collective import (  # noqa: E402
+    PATTERN_CALLS,
+    PATTERNS,
+    pattern_groups,
+    simulate_pattern,
+)
+
 ROW_FLOATS = 256  # 1 KiB rows
-
-
-def groups(num_nodes: int, per_node: int, rank: int) -> dict[str, tuple[int, ...]]:
-    """The rank's node, its column and the world (node-major ranks): TAPA's phases as
-    calibrate's loops make them (``loaded.shape_groups``)."""
-    from cocodiff.calibration.loaded import shape_groups
-
-    node, column = (next(g for g in phase if rank in g)
-                    for phase in shape_groups("phases", num_nodes, per_node))
-    return {"world": tuple(range(num_nodes * per_node)), "node": node, "column": column}
-
-
-def calls(pattern: str) -> list[tuple[str, bool]]:
-    """``(group name, one row only)`` per call of ``pattern``."""
-    return {"world": [("world", False)], "node": [("node", False)],
-            "column": [("column", False)], "column+sync": [("column", False), ("node", True)],
-            "tapa": [("node", False), ("column", False)]}[pattern]
 
 
 def measure(transport, num_nodes: int, per_node: int, rows: int, rounds: int,
@@ -71,18 +60,18 @@ def measure(transport, num_nodes: int, per_node: int, rows: int, rounds: int,
     world = num_nodes * per_node
     # Every rank makes every group, in one order (making a group is collective).
     made = {members: transport.new_group(members) for members in sorted(
-        {groups(num_nodes, per_node, rank)[name] for rank in range(world)
+        {pattern_groups(num_nodes, per_node, rank)[name] for rank in range(world)
          for name in ("node", "column")})}
     made[tuple(range(world))] = transport.world
-    by_group = {name: made[members]
-                for name, members in groups(num_nodes, per_node, transport.rank).items()}
+    by_group = {name: made[members] for name, members in
+                pattern_groups(num_nodes, per_node, transport.rank).items()}
     mine = {name: group.ranks for name, group in by_group.items()}
     data = {name: torch.zeros(rows - rows % len(members), ROW_FLOATS)
             for name, members in mine.items()}
     one_row = torch.zeros(len(mine["node"]), ROW_FLOATS)
 
     def run(pattern: str) -> None:
-        for name, tiny in calls(pattern):
+        for name, tiny in PATTERN_CALLS[pattern]:
             group = by_group[name]
             send = one_row if tiny else data[name]
             split = [send.shape[0] // group.size] * group.size
@@ -109,32 +98,16 @@ def measure(transport, num_nodes: int, per_node: int, rows: int, rounds: int,
 def simulated(topology_path: Path, num_nodes: int, per_node: int, rows: int
               ) -> dict[str, float]:
     """The simulator's seconds per call of each pattern on ``topology_path``."""
-    from cocodiff.plan.steps import Exchange, HeadSplit, LayerPlan, Plan, RankProgram, Wait
-    from cocodiff.simulator.simulate import simulate_plan
     from topology import build_topology
     from topology.toml_format import load_topology
 
     topology = build_topology(load_topology(topology_path))
-    world = num_nodes * per_node
-    times = {}
-    for pattern in PATTERNS:
-        programs = []
-        for rank in range(world):
-            mine = groups(num_nodes, per_node, rank)
-            steps: list = []
-            for index, (name, tiny) in enumerate(calls(pattern)):
-                members = mine[name]
-                per_member = 1 if tiny else rows // len(members)
-                split = (per_member,) * len(members)
-                tensor = ("q", "k")[index]
-                steps += [Exchange(tensor, members, split, split, ROW_FLOATS * 4,
-                                   "scatter_heads"), Wait(tensor)]
-            programs.append(RankProgram(rank, (LayerPlan((), tuple(steps), ()),)))
-        plan = Plan("flat", pattern, HeadSplit(world, world, (1,) * world, 8), tuple(programs),
-                    shift_period=None)
-        times[pattern] = simulate_plan(plan, topology, fold=False,
-                                       denoising_step=False).step_time_s
-    return times
+    if (topology.num_nodes, topology.tiles_per_node) != (num_nodes, per_node):
+        sys.exit(f"phase_coupling: {topology_path} describes {topology.num_nodes} x "
+                 f"{topology.tiles_per_node} ranks, the launch {num_nodes} x {per_node}")
+    row_bytes = ROW_FLOATS * 4
+    return {pattern: simulate_pattern(topology, pattern, rows * row_bytes, row_bytes=row_bytes)
+            for pattern in PATTERNS}
 
 
 def main(argv: list[str] | None = None) -> int:

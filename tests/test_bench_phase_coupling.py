@@ -12,7 +12,7 @@ from launching import launcher_prefix, needs_torchrun, run_job
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench import phase_coupling  # noqa: E402
+from cocodiff.simulator.collective import PATTERN_CALLS, PATTERNS, pattern_groups  # noqa: E402
 
 TOPOLOGY = """\
 preset = "cluster"
@@ -32,10 +32,10 @@ message_cpu_us = 20.0
 
 def test_the_patterns_are_tapas_phases_and_the_world() -> None:
     # Rank 5 of 4 nodes x 2: node 2 = (4, 5), its column = the second rank of each node.
-    groups = phase_coupling.groups(4, 2, 5)
+    groups = pattern_groups(4, 2, 5)
     assert groups == {"world": tuple(range(8)), "node": (4, 5), "column": (1, 3, 5, 7)}
-    assert phase_coupling.calls("tapa") == [("node", False), ("column", False)]
-    assert phase_coupling.calls("column+sync") == [("column", False), ("node", True)]
+    assert PATTERN_CALLS["tapa"] == (("node", False), ("column", False))
+    assert PATTERN_CALLS["column+sync"] == (("column", False), ("node", True))
 
 
 @pytest.mark.multiprocess
@@ -51,7 +51,7 @@ def test_it_measures_and_simulates_every_pattern(tmp_path) -> None:
     assert "tapa / (node + column)" in job.stdout
     report = json.loads(out.read_text())
     assert (report["num_nodes"], report["ranks_per_node"]) == (2, 2)
-    for pattern in phase_coupling.PATTERNS:
+    for pattern in PATTERNS:
         assert len(report["measured_s"][pattern]) == 1 and report["median_s"][pattern] > 0
         assert report["simulated_s"][pattern] > 0
         # The ranks' process CPU per call, beside the wall time: every call costs some.

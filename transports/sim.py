@@ -117,6 +117,8 @@ class CollectiveModel:
                 continue
             rate = "" if math.isinf(cost.rank_gbps) else f", {cost.rank_gbps:.3g} GB/s per rank"
             parts.append(f"{span}: {cost.startup_us:.3g} us per transfer{rate}")
+        parts += [f"one {tier} transfer at most {gbps:.3g} GB/s"
+                  for tier, gbps in self.transfer_cap_gbps]
         return f"{self.name} ({'; '.join(parts)})"
 
     def to_json(self) -> dict[str, Any]:

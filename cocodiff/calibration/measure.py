@@ -40,6 +40,7 @@ from cocodiff.calibration.options import (
     CalibrateOptions,
     CalibrationError,
 )
+from cocodiff.calibration.patterns import measure_patterns
 from cocodiff.calibration.result import UNCONSTRAINED_FACTOR, Calibration, HostMeasurement
 from cocodiff.calibration.routing import measure_phase_cpu_s
 from cocodiff.runtime.nodes import detect_nodes, node_major_shape
@@ -156,6 +157,12 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
         all_to_all.append({"bytes_per_peer": num_bytes, "measured_s": slowest,
                            "link_model_s": predicted,
                            "error": (predicted - slowest) / slowest})
+    # A step's exchanges as the schedules issue them, over the link measured (a given link
+    # is not the one these would cross).
+    patterns = [] if options.inter_gbps is not None else measure_patterns(
+        transport, num_nodes, ranks_per_node,
+        step_exchange_bytes(shapes, world, options.dtype, options.max_kib),
+        rounds=3 if options.quick else 5, repeats=2 if options.quick else 3)
     return Calibration(num_nodes, ranks_per_node, detected, transport.name, options.dtype, shapes,
                        compute, fits["intra"], fits["inter"], all_to_all,
                        time.perf_counter() - began,
@@ -165,7 +172,8 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                            compute_core_demand=1.0 if device.type == "cpu" else 0.0),
                        intra_wire=wires["intra"], inter_wire=wires["inter"],
                        load_average=(load_began, _load_average()),
-                       reference_cpu_s=(speed_began, _reference_cpu_s(transport)))
+                       reference_cpu_s=(speed_began, _reference_cpu_s(transport)),
+                       patterns=patterns)
 
 
 # A flat layer makes this many exchange calls (Q, K, V in, the attention's output back).
@@ -252,6 +260,13 @@ def largest_step_message(shapes: LayerShapes, num_nodes: int, ranks_per_node: in
     one peer (the larger level's ranks)."""
     block = shapes.local_tokens * shapes.local_heads * shapes.head_dim * DTYPE_BYTES[dtype]
     return block * max(num_nodes, ranks_per_node)
+
+
+def step_exchange_bytes(shapes: LayerShapes, world: int, dtype: str, max_kib: int) -> int:
+    """Bytes a rank holds in one of a step's flat exchanges (a block for every rank,
+    itself included), each block at most ``max_kib``."""
+    block = shapes.local_tokens * shapes.local_heads * shapes.head_dim * DTYPE_BYTES[dtype]
+    return min(block, max_kib * 1024) * world
 
 
 def sweep_sizes(options: CalibrateOptions, shapes: LayerShapes, num_nodes: int,

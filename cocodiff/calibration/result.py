@@ -112,6 +112,8 @@ class Calibration:
     # CPU seconds of the same reference work at the start and the end (measure.py): the
     # machine's speed, twice.
     reference_cpu_s: tuple[float, float] | None = None
+    # A step's exchanges as the schedules issue them (cocodiff.calibration.patterns).
+    patterns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def topology(self, name: str | None = None):
         """The ``cluster`` preset with the measured numbers (and ``[host]`` when measured).
@@ -226,6 +228,7 @@ class Calibration:
             "wall_s": self.wall_s,
             "load_average": self.load_average,
             "reference_cpu_s": self.reference_cpu_s,
+            "patterns": self.patterns,
         }
 
 
@@ -250,7 +253,9 @@ def unconstrained_host_links(spec) -> dict[str, Any]:
 
 def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
     """The simulator's collective model fitted on what calibrate measured: the two-rank
-    exchanges (pairs) and the world all-to-alls, on the calibrated topology (the fit of
+    exchanges (pairs), the world all-to-alls, and a step's exchange patterns (the world at
+    a step's size, weighing twice; TAPA's cross-node phase, which prices one cross-node
+    transfer), on the calibrated topology (the fit of
     :mod:`cocodiff.simulator.collective_fit`, as for Aurora's preset). JSON: the model
     (``transports.sim.CollectiveModel.to_json``) and each measurement's fitted time."""
     from cocodiff.simulator.collective_fit import Measurement, fit_collective
@@ -264,6 +269,12 @@ def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
             for num_bytes, seconds in fit.points]
     rows += [Measurement(result.num_nodes, world, row["bytes_per_peer"] * world,
                          row["measured_s"], label="all-to-all") for row in result.all_to_all]
+    for row in result.patterns:
+        world_pattern = row["pattern"] == "world"
+        rows.append(Measurement(result.num_nodes, world, row["bytes_per_rank"],
+                                row["measured_s"], 2.0 if world_pattern else 1.0,
+                                f"{row['pattern']} as a step issues it",
+                                None if world_pattern else row["pattern"]))
     spec = result.topology()
     if not rows:
         return CollectiveModel("calibrated").to_json()
@@ -443,6 +454,14 @@ def summary(result: Calibration, output: Path) -> str:
         lines.append(f"  flat all-to-all, {row['bytes_per_peer'] // 1024} KiB per peer: "
                      f"measured {row['measured_s'] * 1e3:.2f} ms, links predict "
                      f"{row['link_model_s'] * 1e3:.2f} ms ({row['error']:+.0%})")
+    fitted = {row["label"]: row["fitted_s"] for row in (result.collective or {}).get("fit", ())}
+    for row in result.patterns:
+        label = f"{row['pattern']} as a step issues it"
+        text = (f"  {label}, {row['bytes_per_rank'] // 1024} KiB per rank: measured "
+                f"{row['measured_s'] * 1e3:.2f} ms")
+        if label in fitted:
+            text += f", the fitted collective {fitted[label] * 1e3:.2f} ms"
+        lines.append(text)
     if result.collective:
         from transports.sim import CollectiveModel
 
@@ -464,7 +483,10 @@ def write_outputs(result: Calibration, options: CalibrateOptions) -> None:
     loops = Loops.of(result)
     if loops is not None:
         result.host = dataclasses.replace(result.host, call_wait_us=loops.fitted_call_wait_us())
-        loops = Loops.of(result)  # with the wait just fitted
+        # The collective again, on the topology with that wait (the wait was fitted with
+        # the first collective: one round, not a loop to a fixed point).
+        result.collective = fit_calibrated_collective(result)
+        loops = Loops.of(result)
     result.loops_check = loops.check() if loops is not None else []
     spec = result.topology()
     header = "".join(f"# {line}\n" for line in result.notes())

@@ -9,6 +9,15 @@ whole number of equal blocks, one per rank.
 The all-to-all is a one-step :class:`~cocodiff.plan.steps.Plan` (one exchange per rank) run by
 the same simulator and executor as a DiT's plans: ``flat`` sends every block directly,
 ``tapa`` carries it as the topology-aligned phases of :mod:`cocodiff.schedules.tapa`.
+
+The exchange *patterns* (:data:`PATTERNS`) are the all-to-alls a step issues, as it issues
+them: every rank at once, each rank's data split over a group's members. ``world`` is
+``flat``'s exchange; ``node`` and ``column`` are TAPA's two phases (the rank's node, then
+the ranks at its place on every node); ``column+sync`` is the second phase followed by a
+one-row exchange over the node, what couples it to the next exchange of a step; ``tapa``
+is both phases in a row. ``cocodiff calibrate`` times ``world`` and ``column+sync`` at a
+step's size, and :mod:`cocodiff.simulator.collective_fit` prices both from them;
+``bench/phase_coupling.py`` times all five.
 """
 
 from __future__ import annotations
@@ -22,6 +31,16 @@ from topology import Placement, Topology, TopologyError
 from transports.sim import CollectiveModel
 
 SCHEDULES = ("flat", "tapa")
+
+# Per pattern, its calls in order: (group, one row only).
+PATTERN_CALLS: dict[str, tuple[tuple[str, bool], ...]] = {
+    "world": (("world", False),),
+    "node": (("node", False),),
+    "column": (("column", False),),
+    "column+sync": (("column", False), ("node", True)),
+    "tapa": (("node", False), ("column", False)),
+}
+PATTERNS = tuple(PATTERN_CALLS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,3 +129,48 @@ def simulate_all_to_all(topology: Topology, bytes_per_rank: int, schedule: str =
                            denoising_step=False)
     return AllToAllResult(topology.num_nodes, ranks, block_bytes * ranks, schedule,
                           result.step_time_s)
+
+
+def pattern_groups(num_nodes: int, per_node: int, rank: int) -> dict[str, tuple[int, ...]]:
+    """``rank``'s groups in the patterns (node-major ranks: rank ``r`` on node
+    ``r // per_node``): the world, its node, its column."""
+    node, place = divmod(rank, per_node)
+    return {"world": tuple(range(num_nodes * per_node)),
+            "node": tuple(range(node * per_node, (node + 1) * per_node)),
+            "column": tuple(n * per_node + place for n in range(num_nodes))}
+
+
+def pattern_plan(pattern: str, num_nodes: int, per_node: int, rows: int,
+                 row_bytes: int) -> Plan:
+    """Every rank of ``num_nodes x per_node`` runs ``pattern`` once, holding ``rows`` rows
+    of ``row_bytes`` (each call splits them evenly over its group, rounded down to whole
+    rows per member)."""
+    if pattern not in PATTERN_CALLS:
+        raise ValueError(f"unknown exchange pattern {pattern!r}; valid: {', '.join(PATTERNS)}")
+    world = num_nodes * per_node
+    programs = []
+    for rank in range(world):
+        groups = pattern_groups(num_nodes, per_node, rank)
+        steps: list = []
+        for index, (name, one_row) in enumerate(PATTERN_CALLS[pattern]):
+            members = groups[name]
+            split = (1 if one_row else rows // len(members),) * len(members)
+            tensor = ("q", "k")[index]
+            steps += [Exchange(tensor, members, split, split, row_bytes, "scatter_heads"),
+                      Wait(tensor)]
+        programs.append(RankProgram(rank, (LayerPlan((), tuple(steps), ()),)))
+    ones = (1,) * world
+    return Plan(f"pattern {pattern}", "exchange pattern", HeadSplit(world, world, ones, 0),
+                tuple(programs), shift_period=None)
+
+
+def simulate_pattern(topology: Topology, pattern: str, bytes_per_rank: int,
+                     collective: CollectiveModel | None = None, row_bytes: int = 1024) -> float:
+    """Seconds of one ``pattern`` with every rank holding ``bytes_per_rank``, on every tile
+    of ``topology`` (node-major: a calibrated cluster's ranks)."""
+    from cocodiff.simulator.simulate import simulate_plan
+
+    plan = pattern_plan(pattern, topology.num_nodes, topology.tiles_per_node,
+                        bytes_per_rank // row_bytes, row_bytes)
+    return simulate_plan(plan, topology, fold=False, collective=collective,
+                         denoising_step=False).step_time_s

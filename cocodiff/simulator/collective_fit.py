@@ -16,10 +16,27 @@ its own :class:`~transports.sim.SpanCost`, fitted on that span's measurements on
 The simulator is in the loop (each ``D`` is a simulated all-to-all on the topology), so
 the fit accounts for what the links already explain. ``cocodiff calibrate`` fits its
 own sweeps this way; Aurora's preset is this fit on :data:`AURORA_TABLE`.
+
+A step's exchange patterns at the step's size (:mod:`cocodiff.simulator.collective`), when
+measured, come after the spans and price what the sweeps cannot:
+
+* ``world`` (the flat all-to-all as a step issues it): the world span's ``rank_gbps``,
+  searched the same way with its set-up kept, and only ever lowered. The sweeps' rows
+  cannot set it: their smallest all-to-all is mostly the host's CPU, which no rate
+  speeds up, and the fit's form (a set-up and a rate) does not bend to both;
+* ``column+sync`` (TAPA's cross-node phase: every rank's column exchange at once, then a
+  one-row sync over the node): what one transfer across the node boundary reaches while
+  the others share its link, the ``inter-node`` entry of ``transfer_cap_gbps``, searched
+  the same way (``inf`` included) with the rest fixed. On a shaped TCP link the columns'
+  few transfers per link filled it far less than the world all-to-all's many
+  (docs/validate.md, "Why TAPA alone loses on 2 x 2 slow links"), where a fluid link
+  shares perfectly and prices both alike; the world's transfers each get less than the
+  cap of the link, so the cap leaves the flat all-to-all alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from collections import defaultdict
@@ -27,7 +44,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cocodiff.simulator.collective import simulate_all_to_all, spread_placement
+from cocodiff.simulator.collective import (
+    pattern_groups,
+    simulate_all_to_all,
+    simulate_pattern,
+    spread_placement,
+)
 from topology import Topology, build_topology, get_preset
 from transports.sim import CollectiveModel, SpanCost, group_span
 
@@ -46,10 +68,17 @@ _RATE_GRID_GBPS = tuple(1e-3 * 10 ** (k / 3) for k in range(19))  # 0.001 .. 100
 _GOLDEN_STEPS = 12  # narrows the bracket to 0.3% of its width
 
 
+# The tier whose per-transfer cap the cross-node pattern prices: TAPA's column phase is
+# the only exchange of a step that loads it with few transfers.
+CAP_TIER = "inter-node"
+
+
 @dataclass(frozen=True, slots=True)
 class Measurement:
     """One flat all-to-all: ``time_s`` for ``bytes_per_rank`` per rank over ``ranks``
-    ranks spread evenly over ``nodes`` nodes; ``weight`` in the fit."""
+    ranks spread evenly over ``nodes`` nodes; ``weight`` in the fit. With ``pattern``
+    (one of :data:`cocodiff.simulator.collective.PATTERNS`), that exchange pattern
+    instead, every rank of ``nodes`` nodes holding ``bytes_per_rank``."""
 
     nodes: int
     ranks: int
@@ -57,6 +86,13 @@ class Measurement:
     time_s: float
     weight: float = 1.0
     label: str = ""
+    pattern: str | None = None
+
+    def simulated_s(self, topology: Topology, model: CollectiveModel) -> float:
+        if self.pattern is None:
+            return simulate_all_to_all(topology, self.bytes_per_rank, "flat", model,
+                                       self.ranks).time_s
+        return simulate_pattern(topology, self.pattern, self.bytes_per_rank, model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +102,19 @@ class SpanFit:
     span: str
     cost: SpanCost
     rows: tuple[tuple[Measurement, float], ...]  # (measurement, fitted time_s)
+
+    @property
+    def max_rel_error(self) -> float:
+        return max(abs(fitted / m.time_s - 1) for m, fitted in self.rows)
+
+
+@dataclass(frozen=True, slots=True)
+class PatternFit:
+    """How far the final model lands from each measured exchange pattern (what was fitted
+    on them, the world span's rate and the transfer cap, is in the model)."""
+
+    rows: tuple[tuple[Measurement, float], ...]
+    span: str = "patterns"  # the key reports list the fit's rows under
 
     @property
     def max_rel_error(self) -> float:
@@ -120,27 +169,75 @@ def aurora_measurements(table: dict) -> list[Measurement]:
 
 def measurement_span(topology: Topology, measurement: Measurement) -> str:
     placement = spread_placement(topology, measurement.ranks)
-    return group_span(topology, placement.tiles)
+    if measurement.pattern in (None, "world"):
+        return group_span(topology, placement.tiles)
+    column = pattern_groups(topology.num_nodes, topology.tiles_per_node, 0)["column"]
+    return group_span(topology, [placement.tiles[rank] for rank in column])
 
 
 def fit_collective(topology_for: Callable[[int], Topology],
                    measurements: Sequence[Measurement], base: CollectiveModel
-                   ) -> tuple[CollectiveModel, list[SpanFit]]:
-    """``base`` with each measured span's cost fitted (spans not measured keep theirs).
+                   ) -> tuple[CollectiveModel, list[SpanFit | PatternFit]]:
+    """``base`` with each measured span's cost fitted (spans not measured keep theirs),
+    then, from a step's exchange patterns when measured, the world's span rate and the
+    ``inter-node`` transfer cap (see the module doc).
 
     Args:
         topology_for: the machine with a given number of nodes.
-        measurements: flat all-to-alls; each span needs at least one.
+        measurements: flat all-to-alls (each span needs at least one) and patterns.
         base: the model to extend (its per-tier transfer caps are used while fitting).
 
     Returns:
-        The fitted model and, per span, its fit.
+        The fitted model and, per span, its fit (then the patterns', when measured).
     """
+    model, fits = _fit_spans(topology_for, [m for m in measurements if m.pattern is None],
+                             base)
+    world = [m for m in measurements if m.pattern == "world"]
+    crossing = [m for m in measurements if m.pattern not in (None, "world")]
+
+    def error(rows: Sequence[Measurement], candidate: CollectiveModel) -> float:
+        return sum(m.weight * (m.simulated_s(topology_for(m.nodes), candidate) / m.time_s - 1)
+                   ** 2 for m in rows)
+
+    if world:
+        span = measurement_span(topology_for(world[0].nodes), world[0])
+        cost = model.cost(span)
+
+        def with_rate(rate_gbps: float) -> CollectiveModel:
+            spans = {**dict(model.spans), span: dataclasses.replace(cost, rank_gbps=rate_gbps)}
+            return dataclasses.replace(model, spans=tuple(spans.items()))
+
+        # Only a slower rate than the spans' fit can help (the set-up stays as fitted).
+        model = with_rate(min(cost.rank_gbps, _search_rate(
+            lambda rate: error(world, with_rate(min(rate, cost.rank_gbps))))))
+    if crossing:
+        caps = dict(model.transfer_cap_gbps)
+
+        def capped(cap: float) -> CollectiveModel:
+            tiers = {**caps, CAP_TIER: cap}
+            return dataclasses.replace(model, transfer_cap_gbps=tuple(
+                (tier, gbps) for tier, gbps in tiers.items() if math.isfinite(gbps)))
+
+        cap_gbps = _search_rate(lambda cap: error(crossing, capped(cap)))
+        model = capped(cap_gbps)
+    if not world and not crossing:
+        return model, fits
+
+    def final(rows: Sequence[Measurement]) -> tuple[tuple[Measurement, float], ...]:
+        return tuple((m, m.simulated_s(topology_for(m.nodes), model)) for m in rows)
+
+    # Every row where the final model puts it (the spans' rows moved with the patterns').
+    return model, [*(SpanFit(fit.span, model.cost(fit.span), final([m for m, _ in fit.rows]))
+                     for fit in fits), PatternFit(final(world + crossing))]
+
+
+def _fit_spans(topology_for, measurements: Sequence[Measurement], base: CollectiveModel
+               ) -> tuple[CollectiveModel, list[SpanFit | PatternFit]]:
     by_span: dict[str, list[Measurement]] = defaultdict(list)
     for m in measurements:
         by_span[measurement_span(topology_for(m.nodes), m)].append(m)
     costs = dict(base.spans)
-    fits = []
+    fits: list[SpanFit | PatternFit] = []
     for span, rows in by_span.items():
         fit = _fit_span(span, rows, topology_for, base)
         costs[span] = fit.cost
@@ -150,12 +247,48 @@ def fit_collective(topology_for: Callable[[int], Topology],
     return model, fits
 
 
+def _search_rate(error_of: Callable[[float], float]) -> float:
+    """The rate (GB/s, ``inf`` included) of least ``error_of``: the best point of a
+    log-spaced grid, refined by golden section between its neighbours; ``inf`` when it
+    does as well (claim no limit the measurements do not show).
+
+    The refinement runs even where ``inf`` leads the grid: a limit only shows once it
+    binds, so the error is flat above some rate, and the best limit may lie between the
+    last grid point that binds too hard and the first that does not bind at all (the
+    smallest of the flat ones, rounding aside, is the grid point picked, its neighbours
+    the bracket)."""
+    errors: dict[float, float] = {}
+
+    def error(rate: float) -> float:
+        if rate not in errors:
+            errors[rate] = error_of(rate)
+        return errors[rate]
+
+    least = min(error(rate) for rate in _RATE_GRID_GBPS)
+    best = min(rate for rate in _RATE_GRID_GBPS if error(rate) <= least * (1 + 1e-9))
+    # Golden section on log(rate) between the grid neighbours of the best point.
+    step = math.log(_RATE_GRID_GBPS[1] / _RATE_GRID_GBPS[0])
+    low, high = math.log(best) - step, math.log(best) + step
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = high - ratio * (high - low), low + ratio * (high - low)
+    for _ in range(_GOLDEN_STEPS):
+        if error(math.exp(a)) < error(math.exp(b)):
+            high, b = b, a
+            a = high - ratio * (high - low)
+        else:
+            low, a = a, b
+            b = low + ratio * (high - low)
+    best = min(errors, key=errors.__getitem__)
+    return math.inf if error(math.inf) <= errors[best] * (1 + 1e-9) else best
+
+
 def _fit_span(span: str, rows: list[Measurement], topology_for, base) -> SpanFit:
     def data_times(rate_gbps: float) -> list[float]:
         model = CollectiveModel(base.name, transfer_cap_gbps=base.transfer_cap_gbps,
                                 spans=((span, SpanCost(0.0, 1, rate_gbps)),))
-        return [simulate_all_to_all(topology_for(m.nodes), m.bytes_per_rank, "flat", model,
-                                    m.ranks).time_s for m in rows]
+        return [m.simulated_s(topology_for(m.nodes), model) for m in rows]
+
+    solved: dict[float, tuple[float, float, list[float]]] = {}
 
     def solve(rate_gbps: float) -> tuple[float, float, list[float]]:
         """(error, startup_s, times) at this rate, the set-up chosen in closed form."""
@@ -168,31 +301,11 @@ def _fit_span(span: str, rows: list[Measurement], topology_for, base) -> SpanFit
         startup_s = max(0.0, num / den)
         times = [n * startup_s + d for n, d in zip(messages, data, strict=True)]
         error = sum(m.weight * (t / m.time_s - 1) ** 2 for m, t in zip(rows, times, strict=True))
-        return error, startup_s, times
+        solved[rate_gbps] = error, startup_s, times
+        return solved[rate_gbps]
 
-    candidates = {rate: solve(rate) for rate in (*_RATE_GRID_GBPS, math.inf)}
-    best = min(candidates, key=lambda rate: candidates[rate][0])
-    if math.isfinite(best):
-        # Golden section on log(rate) between the grid neighbours of the best point.
-        step = math.log(_RATE_GRID_GBPS[1] / _RATE_GRID_GBPS[0])
-        low, high = math.log(best) - step, math.log(best) + step
-        ratio = (math.sqrt(5) - 1) / 2
-        a, b = high - ratio * (high - low), low + ratio * (high - low)
-        fa, fb = solve(math.exp(a)), solve(math.exp(b))
-        for _ in range(_GOLDEN_STEPS):
-            if fa[0] < fb[0]:
-                high, b, fb = b, a, fa
-                a = high - ratio * (high - low)
-                fa = solve(math.exp(a))
-            else:
-                low, a, fa = a, b, fb
-                b = low + ratio * (high - low)
-                fb = solve(math.exp(b))
-        candidates[math.exp(a)], candidates[math.exp(b)] = fa, fb
-        best = min(candidates, key=lambda rate: candidates[rate][0])
-    if candidates[math.inf][0] <= candidates[best][0] * (1 + 1e-9):
-        best = math.inf  # the links alone do as well: claim no rate of the algorithm's own
-    _, startup_s, times = candidates[best]
+    best = _search_rate(lambda rate: solve(rate)[0])
+    _, startup_s, times = solved[best]
     cost = SpanCost(startup_s * 1e6, 1, best)
     return SpanFit(span, cost, tuple(zip(rows, times, strict=True)))
 

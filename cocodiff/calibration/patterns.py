@@ -1,0 +1,78 @@
+"""A step's exchanges timed as the schedules issue them: ``flat``'s world all-to-all and
+TAPA's cross-node phase (every column at once, then a one-row sync over the node), every
+rank at once, at the size of one of the model's exchanges.
+
+Why beside the pair sweep: the links are fitted on one pair exchange alone, and a step
+never sends one alone. On a shaped TCP link, TAPA's cross-node phase of 2 x 2 ranks took
+1.3-1.6x the world all-to-all of the same bytes, where a fluid link prices both alike
+(docs/validate.md, "Why TAPA alone loses on 2 x 2 slow links"); the collective fit
+(:mod:`cocodiff.simulator.collective_fit`) prices both patterns from these times.
+Measured as ``bench/phase_coupling.py`` measures them: the patterns interleaved in
+rounds, each timed over back-to-back calls between barriers, the slowest rank's time per
+call, the median over rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from cocodiff.calibration.collect import gather_floats
+from cocodiff.calibration.options import ROW_BYTES
+from cocodiff.simulator.collective import PATTERN_CALLS, pattern_groups
+
+# The patterns timed (``world`` is the flat all-to-all; ``column+sync`` needs several ranks
+# per node, or it is the world again).
+TIMED = ("world", "column+sync")
+
+
+def patterns_to_time(num_nodes: int, per_node: int) -> tuple[str, ...]:
+    """The patterns a ``num_nodes x per_node`` world times: none on one node (nothing
+    crosses a node boundary), the world only with one rank per node."""
+    if num_nodes < 2:
+        return ()
+    return TIMED if per_node > 1 else ("world",)
+
+
+def measure_patterns(transport, num_nodes: int, per_node: int, bytes_per_rank: int,
+                     rounds: int, repeats: int) -> list[dict]:
+    """``[{"pattern", "bytes_per_rank", "measured_s", "rounds_s"}]`` for every pattern of
+    :func:`patterns_to_time` (collective: every rank calls this; each round's time is the
+    slowest rank's seconds per call)."""
+    import torch
+
+    names = patterns_to_time(num_nodes, per_node)
+    if not names:
+        return []
+    world = num_nodes * per_node
+    # Every rank makes every group, in one order (making a group is collective).
+    made = {members: transport.new_group(list(members)) for members in sorted(
+        {pattern_groups(num_nodes, per_node, rank)[name] for rank in range(world)
+         for name in ("node", "column")})}
+    made[tuple(range(world))] = transport.world
+    mine = {name: made[members]
+            for name, members in pattern_groups(num_nodes, per_node, transport.rank).items()}
+    rows = max(1, bytes_per_rank // ROW_BYTES)
+    splits = {(name, one_row): [1 if one_row else max(1, rows // mine[name].size)]
+              * mine[name].size for pattern in names for name, one_row in PATTERN_CALLS[pattern]}
+    sends = {call: torch.zeros((sum(split), ROW_BYTES), dtype=torch.uint8)
+             for call, split in splits.items()}
+
+    def run(pattern: str) -> None:
+        for call in PATTERN_CALLS[pattern]:
+            transport.all_to_all(sends[call], splits[call], splits[call], mine[call[0]]).wait()
+
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            run(name)  # warm-up: connections made, buffers touched
+            transport.barrier()
+            began = time.perf_counter()
+            for _ in range(repeats):
+                run(name)
+            elapsed = (time.perf_counter() - began) / repeats
+            transport.barrier()
+            times[name].append(max(row[0] for row in gather_floats(transport, [elapsed])))
+    return [{"pattern": name, "bytes_per_rank": rows * ROW_BYTES,
+             "measured_s": statistics.median(times[name]), "rounds_s": times[name]}
+            for name in names]
