@@ -58,6 +58,13 @@ What is measured (all on the real transport, between real processes):
   (per span: per-transfer set-up and the rate a rank's transfers reach together), the same
   fit that gives Aurora's preset; written as JSON ``collective`` (the topology file has no
   place for it).
+- **A step's exchanges as the schedules issue them** (:mod:`~cocodiff.calibration.patterns`):
+  at the size of one of the model's exchanges, every rank at once, back to back in rounds,
+  ``flat``'s world all-to-all and TAPA's cross-node phase (every column at once, then a
+  one-row sync over the node). The links come from a pair alone and a step never sends
+  one alone: on a shaped link the columns' few transfers filled it far less than the
+  world's many. The collective fit takes from these the world span's rate and what one
+  cross-node transfer reaches (``transfer_cap_gbps``).
 
 Nodes are the ranks' (hostname, network namespace) pairs, so the ranks of an emulated
 cluster's namespaces (``python -m bench.cluster run -- cocodiff calibrate``) group into their
@@ -72,6 +79,7 @@ Modules, by concern: :mod:`~cocodiff.calibration.options` (what to do, the error
 (the shapes timed), :mod:`~cocodiff.calibration.compute` (operation rates),
 :mod:`~cocodiff.calibration.blocks` (real blocks), :mod:`~cocodiff.calibration.exchanges`
 (timed exchanges), :mod:`~cocodiff.calibration.loaded` (exchanges under load),
+:mod:`~cocodiff.calibration.patterns` (a step's exchanges as issued),
 :mod:`~cocodiff.calibration.measure` (the whole run),
 :mod:`~cocodiff.calibration.result` (the result, its topology and summary),
 :mod:`~cocodiff.calibration.launch` (self-launch). The command's flags live in

@@ -254,8 +254,8 @@ def unconstrained_host_links(spec) -> dict[str, Any]:
 def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
     """The simulator's collective model fitted on what calibrate measured: the two-rank
     exchanges (pairs), the world all-to-alls, and a step's exchange patterns (the world at
-    a step's size, weighing twice; TAPA's cross-node phase, which prices one cross-node
-    transfer), on the calibrated topology (the fit of
+    a step's size, which sets the several-node rate; TAPA's cross-node phase, which prices
+    one cross-node transfer), on the calibrated topology (the fit of
     :mod:`cocodiff.simulator.collective_fit`, as for Aurora's preset). JSON: the model
     (``transports.sim.CollectiveModel.to_json``) and each measurement's fitted time."""
     from cocodiff.simulator.collective_fit import Measurement, fit_collective
@@ -269,12 +269,9 @@ def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
             for num_bytes, seconds in fit.points]
     rows += [Measurement(result.num_nodes, world, row["bytes_per_peer"] * world,
                          row["measured_s"], label="all-to-all") for row in result.all_to_all]
-    for row in result.patterns:
-        world_pattern = row["pattern"] == "world"
-        rows.append(Measurement(result.num_nodes, world, row["bytes_per_rank"],
-                                row["measured_s"], 2.0 if world_pattern else 1.0,
-                                f"{row['pattern']} as a step issues it",
-                                None if world_pattern else row["pattern"]))
+    rows += [Measurement(result.num_nodes, world, row["bytes_per_rank"], row["measured_s"],
+                         label=f"{row['pattern']} as a step issues it", pattern=row["pattern"])
+             for row in result.patterns]
     spec = result.topology()
     if not rows:
         return CollectiveModel("calibrated").to_json()

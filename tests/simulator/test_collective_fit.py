@@ -8,11 +8,14 @@ import math
 
 import pytest
 
-from cocodiff.simulator.collective import simulate_all_to_all, spread_placement
+from cocodiff.simulator.collective import simulate_all_to_all, simulate_pattern, spread_placement
 from cocodiff.simulator.collective_fit import (
+    CAP_TIER,
     LEVEL_STACK,
     TREND_STACK,
     Measurement,
+    PatternFit,
+    _search_rate,
     all_to_all_time_s,
     aurora_topology,
     fit_aurora,
@@ -106,3 +109,57 @@ def test_spans_of_groups_and_tapa_phases_priced_by_the_same_rule():
     tapa = simulate_all_to_all(topology, 4 << 20, "tapa", AURORA).time_s
     assert tapa < flat / 3
     assert AURORA.cost("gpu") == AURORA.cost("node")  # a span without data falls back
+
+
+@pytest.mark.parametrize("nodes, per_node, rate_share, cap_share",
+                         [(2, 2, 0.5, 0.2), (4, 2, 0.3, 0.05)])
+def test_a_steps_patterns_give_the_world_rate_and_the_cross_node_cap(nodes, per_node,
+                                                                     rate_share, cap_share):
+    """The world all-to-all and TAPA's cross-node phase, measured (here: simulated with
+    known costs) at one size, give the world span's rate and the per-transfer cap back; the
+    cap leaves the world all-to-all alone (the rank's rate shared by its 3 or 7 transfers
+    gives each less than the cap)."""
+    spec = dataclasses.replace(get_preset("cluster", nodes), gpus_per_node=per_node)
+    topology = build_topology(spec)
+    link_gbps = spec.nic_link.bandwidth_gbps
+    cap_gbps = cap_share * link_gbps
+    truth = CollectiveModel("truth", spans=(("nodes", SpanCost(0.0, 1, rate_share * link_gbps)),),
+                            transfer_cap_gbps=((CAP_TIER, cap_gbps),))
+    uncapped = dataclasses.replace(truth, transfer_cap_gbps=())
+    size = 768 << 10
+    assert simulate_pattern(topology, "world", size, truth) == pytest.approx(
+        simulate_pattern(topology, "world", size, uncapped), rel=1e-9)
+    assert simulate_pattern(topology, "column+sync", size, truth) > 1.2 * simulate_pattern(
+        topology, "column+sync", size, uncapped)
+    world = nodes * per_node
+    rows = [Measurement(nodes, world, size, simulate_pattern(topology, pattern, size, truth),
+                        label=pattern, pattern=pattern) for pattern in ("world", "column+sync")]
+    model, fits = fit_collective(lambda n: build_topology(dataclasses.replace(spec, num_nodes=n)),
+                                 rows, CollectiveModel("fitted"))
+    assert model.cost("nodes").rank_gbps == pytest.approx(rate_share * link_gbps, rel=0.01)
+    assert model.cost("nodes").startup_us == 0.0
+    assert dict(model.transfer_cap_gbps)[CAP_TIER] == pytest.approx(cap_gbps, rel=0.01)
+    (fit,) = fits
+    assert isinstance(fit, PatternFit) and fit.max_rel_error < 0.01
+    assert "one inter-node transfer at most" in model.describe()
+
+
+def test_patterns_the_links_explain_fit_no_limit():
+    """Measured as the links alone give them: no rate, no cap is claimed."""
+    spec = dataclasses.replace(get_preset("cluster", 2), gpus_per_node=2)
+    topology = build_topology(spec)
+    links = CollectiveModel("links only")
+    rows = [Measurement(2, 4, 256 << 10, simulate_pattern(topology, pattern, 256 << 10, links),
+                        pattern=pattern) for pattern in ("world", "column+sync")]
+    model, _ = fit_collective(lambda n: topology, rows, links)
+    assert math.isinf(model.cost("nodes").rank_gbps) and model.transfer_cap_gbps == ()
+
+
+def test_the_rate_search_finds_a_limit_between_grid_points_where_the_error_goes_flat():
+    """A limit shows only once it binds: above 0.0095 GB/s the error is flat (as without
+    a limit), the best limit is 0.0072, and the grid holds 0.00464 and 0.01 around it."""
+    def error(rate: float) -> float:
+        return (min(rate, 0.0095) / 0.0072 - 1) ** 2 + 1e-3
+
+    assert _search_rate(error) == pytest.approx(0.0072, rel=0.01)
+    assert math.isinf(_search_rate(lambda rate: 1.0))  # nothing to choose: no limit claimed
