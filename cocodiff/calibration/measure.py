@@ -40,7 +40,7 @@ from cocodiff.calibration.options import (
     CalibrateOptions,
     CalibrationError,
 )
-from cocodiff.calibration.patterns import measure_patterns
+from cocodiff.calibration.patterns import measure_patterns, pattern_sizes
 from cocodiff.calibration.result import UNCONSTRAINED_FACTOR, Calibration, HostMeasurement
 from cocodiff.calibration.routing import measure_phase_cpu_s
 from cocodiff.runtime.nodes import detect_nodes, node_major_shape
@@ -161,7 +161,8 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
     # is not the one these would cross).
     patterns = [] if options.inter_gbps is not None else measure_patterns(
         transport, num_nodes, ranks_per_node,
-        step_exchange_bytes(shapes, world, options.dtype, options.max_kib),
+        pattern_sizes(step_exchange_bytes(shapes, world, options.dtype), world,
+                      options.max_kib),
         rounds=3 if options.quick else 5, repeats=2 if options.quick else 3)
     return Calibration(num_nodes, ranks_per_node, detected, transport.name, options.dtype, shapes,
                        compute, fits["intra"], fits["inter"], all_to_all,
@@ -262,11 +263,11 @@ def largest_step_message(shapes: LayerShapes, num_nodes: int, ranks_per_node: in
     return block * max(num_nodes, ranks_per_node)
 
 
-def step_exchange_bytes(shapes: LayerShapes, world: int, dtype: str, max_kib: int) -> int:
+def step_exchange_bytes(shapes: LayerShapes, world: int, dtype: str) -> int:
     """Bytes a rank holds in one of a step's flat exchanges (a block for every rank,
-    itself included), each block at most ``max_kib``."""
-    block = shapes.local_tokens * shapes.local_heads * shapes.head_dim * DTYPE_BYTES[dtype]
-    return min(block, max_kib * 1024) * world
+    itself included)."""
+    return shapes.local_tokens * shapes.local_heads * shapes.head_dim * DTYPE_BYTES[
+        dtype] * world
 
 
 def sweep_sizes(options: CalibrateOptions, shapes: LayerShapes, num_nodes: int,

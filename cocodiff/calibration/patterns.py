@@ -1,6 +1,7 @@
 """A step's exchanges timed as the schedules issue them: ``flat``'s world all-to-all and
 TAPA's cross-node phase (every column at once, then a one-row sync over the node), every
-rank at once, at the size of one of the model's exchanges.
+rank at once, at the size of one of the model's exchanges and four times it (a rate must
+hold at both: see :mod:`cocodiff.simulator.collective_fit`).
 
 Why beside the pair sweep: the links are fitted on one pair exchange alone, and a step
 never sends one alone. On a shaped TCP link, TAPA's cross-node phase of 2 x 2 ranks took
@@ -34,13 +35,22 @@ def patterns_to_time(num_nodes: int, per_node: int) -> tuple[str, ...]:
     return TIMED if per_node > 1 else ("world",)
 
 
-def measure_patterns(transport, num_nodes: int, per_node: int, bytes_per_rank: int,
+# The sizes timed, as multiples of a step's exchange.
+SIZE_FACTORS = (1, 4)
+
+
+def pattern_sizes(exchange_bytes: int, world: int, max_kib: int) -> list[int]:
+    """Bytes per rank to time the patterns at: a step's exchange (``exchange_bytes`` per
+    rank) and :data:`SIZE_FACTORS` times it, the block to one member at most ``max_kib``."""
+    block = exchange_bytes // world
+    return sorted({min(factor * block, max_kib * 1024) * world for factor in SIZE_FACTORS})
+
+
+def measure_patterns(transport, num_nodes: int, per_node: int, sizes: list[int],
                      rounds: int, repeats: int) -> list[dict]:
     """``[{"pattern", "bytes_per_rank", "measured_s", "rounds_s"}]`` for every pattern of
-    :func:`patterns_to_time` (collective: every rank calls this; each round's time is the
-    slowest rank's seconds per call)."""
-    import torch
-
+    :func:`patterns_to_time` at each of ``sizes`` (bytes per rank; collective: every rank
+    calls this; each round's time is the slowest rank's seconds per call)."""
     names = patterns_to_time(num_nodes, per_node)
     if not names:
         return []
@@ -52,6 +62,15 @@ def measure_patterns(transport, num_nodes: int, per_node: int, bytes_per_rank: i
     made[tuple(range(world))] = transport.world
     mine = {name: made[members]
             for name, members in pattern_groups(num_nodes, per_node, transport.rank).items()}
+    return [row for size in sizes
+            for row in _measure_size(transport, mine, names, size, rounds, repeats)]
+
+
+def _measure_size(transport, mine: dict, names: tuple[str, ...], bytes_per_rank: int,
+                  rounds: int, repeats: int) -> list[dict]:
+    """The rows of :func:`measure_patterns` at one size, over this rank's groups."""
+    import torch
+
     rows = max(1, bytes_per_rank // ROW_BYTES)
     splits = {(name, one_row): [1 if one_row else max(1, rows // mine[name].size)]
               * mine[name].size for pattern in names for name, one_row in PATTERN_CALLS[pattern]}

@@ -253,9 +253,9 @@ def unconstrained_host_links(spec) -> dict[str, Any]:
 
 def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
     """The simulator's collective model fitted on what calibrate measured: the two-rank
-    exchanges (pairs), the world all-to-alls, and a step's exchange patterns (the world at
-    a step's size, which sets the several-node rate; TAPA's cross-node phase, which prices
-    one cross-node transfer), on the calibrated topology (the fit of
+    exchanges (pairs), the world all-to-alls, and a step's exchange patterns (the world as
+    a step issues it, one more row of its span; TAPA's cross-node phase, which prices one
+    cross-node transfer), on the calibrated topology (the fit of
     :mod:`cocodiff.simulator.collective_fit`, as for Aurora's preset). JSON: the model
     (``transports.sim.CollectiveModel.to_json``) and each measurement's fitted time."""
     from cocodiff.simulator.collective_fit import Measurement, fit_collective
@@ -270,7 +270,7 @@ def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
     rows += [Measurement(result.num_nodes, world, row["bytes_per_peer"] * world,
                          row["measured_s"], label="all-to-all") for row in result.all_to_all]
     rows += [Measurement(result.num_nodes, world, row["bytes_per_rank"], row["measured_s"],
-                         label=f"{row['pattern']} as a step issues it", pattern=row["pattern"])
+                         label=pattern_label(row), pattern=row["pattern"])
              for row in result.patterns]
     spec = result.topology()
     if not rows:
@@ -284,6 +284,11 @@ def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
         {"span": fit.span, "label": m.label, "ranks": m.ranks, "nodes": m.nodes,
          "bytes_per_rank": m.bytes_per_rank, "measured_s": m.time_s, "fitted_s": fitted}
         for fit in fits for m, fitted in fit.rows]}
+
+
+def pattern_label(row: dict[str, Any]) -> str:
+    """A measured exchange pattern's label in the collective fit and the summary."""
+    return f"{row['pattern']} as a step issues it, {row['bytes_per_rank'] // 1024} KiB per rank"
 
 
 # The longest wait per call Loops.fitted_call_wait_us considers (a scheduler's slice is a few ms).
@@ -453,9 +458,8 @@ def summary(result: Calibration, output: Path) -> str:
                      f"{row['link_model_s'] * 1e3:.2f} ms ({row['error']:+.0%})")
     fitted = {row["label"]: row["fitted_s"] for row in (result.collective or {}).get("fit", ())}
     for row in result.patterns:
-        label = f"{row['pattern']} as a step issues it"
-        text = (f"  {label}, {row['bytes_per_rank'] // 1024} KiB per rank: measured "
-                f"{row['measured_s'] * 1e3:.2f} ms")
+        label = pattern_label(row)
+        text = f"  {label}: measured {row['measured_s'] * 1e3:.2f} ms"
         if label in fitted:
             text += f", the fitted collective {fitted[label] * 1e3:.2f} ms"
         lines.append(text)

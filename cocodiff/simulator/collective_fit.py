@@ -17,21 +17,21 @@ The simulator is in the loop (each ``D`` is a simulated all-to-all on the topolo
 the fit accounts for what the links already explain. ``cocodiff calibrate`` fits its
 own sweeps this way; Aurora's preset is this fit on :data:`AURORA_TABLE`.
 
-A step's exchange patterns at the step's size (:mod:`cocodiff.simulator.collective`), when
-measured, come after the spans and price what the sweeps cannot:
+A step's exchange patterns (:mod:`cocodiff.simulator.collective`), timed by calibrate at a
+step's size and four times it, join in:
 
-* ``world`` (the flat all-to-all as a step issues it): the world span's ``rank_gbps``,
-  searched the same way with its set-up kept, and only ever lowered. The sweeps' rows
-  cannot set it: their smallest all-to-all is mostly the host's CPU, which no rate
-  speeds up, and the fit's form (a set-up and a rate) does not bend to both;
+* ``world`` (the flat all-to-all as a step issues it: every rank at once, back to back)
+  is one more row of its span's fit;
 * ``column+sync`` (TAPA's cross-node phase: every rank's column exchange at once, then a
-  one-row sync over the node): what one transfer across the node boundary reaches while
-  the others share its link, the ``inter-node`` entry of ``transfer_cap_gbps``, searched
-  the same way (``inf`` included) with the rest fixed. On a shaped TCP link the columns'
-  few transfers per link filled it far less than the world all-to-all's many
-  (docs/validate.md, "Why TAPA alone loses on 2 x 2 slow links"), where a fluid link
-  shares perfectly and prices both alike; the world's transfers each get less than the
-  cap of the link, so the cap leaves the flat all-to-all alone.
+  one-row sync over the node) prices what one transfer across the node boundary reaches
+  while the others share its link: the ``inter-node`` entry of ``transfer_cap_gbps``,
+  searched like a span's rate (``inf`` included) with the spans fixed. On a shaped TCP
+  link the columns' few transfers per link filled it far less than the world
+  all-to-all's many (docs/validate.md, "Why TAPA alone loses on 2 x 2 slow links"),
+  where a fluid link shares perfectly and prices both alike. The world's transfers each
+  get less than such a cap (more of them share the link), so it leaves the flat
+  all-to-all alone. Two sizes, because a rate must hold for both: at one size alone, a
+  pattern slowed by its fixed costs would be read as a crushing cap.
 """
 
 from __future__ import annotations
@@ -110,11 +110,11 @@ class SpanFit:
 
 @dataclass(frozen=True, slots=True)
 class PatternFit:
-    """How far the final model lands from each measured exchange pattern (what was fitted
-    on them, the world span's rate and the transfer cap, is in the model)."""
+    """How far the final model lands from each measured cross-node pattern (the cap
+    fitted on them is in the model's ``transfer_cap_gbps``)."""
 
     rows: tuple[tuple[Measurement, float], ...]
-    span: str = "patterns"  # the key reports list the fit's rows under
+    span: str = "inter-node cap"  # the key reports list the fit's rows under
 
     @property
     def max_rel_error(self) -> float:
@@ -178,9 +178,9 @@ def measurement_span(topology: Topology, measurement: Measurement) -> str:
 def fit_collective(topology_for: Callable[[int], Topology],
                    measurements: Sequence[Measurement], base: CollectiveModel
                    ) -> tuple[CollectiveModel, list[SpanFit | PatternFit]]:
-    """``base`` with each measured span's cost fitted (spans not measured keep theirs),
-    then, from a step's exchange patterns when measured, the world's span rate and the
-    ``inter-node`` transfer cap (see the module doc).
+    """``base`` with each measured span's cost fitted (spans not measured keep theirs;
+    the ``world`` pattern is one more row of its span), then, from TAPA's cross-node
+    pattern when measured, the ``inter-node`` transfer cap (see the module doc).
 
     Args:
         topology_for: the machine with a given number of nodes.
@@ -188,47 +188,36 @@ def fit_collective(topology_for: Callable[[int], Topology],
         base: the model to extend (its per-tier transfer caps are used while fitting).
 
     Returns:
-        The fitted model and, per span, its fit (then the patterns', when measured).
+        The fitted model and, per span, its fit (then the cross-node pattern's, when
+        measured).
     """
-    model, fits = _fit_spans(topology_for, [m for m in measurements if m.pattern is None],
-                             base)
-    world = [m for m in measurements if m.pattern == "world"]
+    spanned = [m for m in measurements if m.pattern in (None, "world")]
     crossing = [m for m in measurements if m.pattern not in (None, "world")]
-
-    def error(rows: Sequence[Measurement], candidate: CollectiveModel) -> float:
-        return sum(m.weight * (m.simulated_s(topology_for(m.nodes), candidate) / m.time_s - 1)
-                   ** 2 for m in rows)
-
-    if world:
-        span = measurement_span(topology_for(world[0].nodes), world[0])
-        cost = model.cost(span)
-
-        def with_rate(rate_gbps: float) -> CollectiveModel:
-            spans = {**dict(model.spans), span: dataclasses.replace(cost, rank_gbps=rate_gbps)}
-            return dataclasses.replace(model, spans=tuple(spans.items()))
-
-        # Only a slower rate than the spans' fit can help (the set-up stays as fitted).
-        model = with_rate(min(cost.rank_gbps, _search_rate(
-            lambda rate: error(world, with_rate(min(rate, cost.rank_gbps))))))
-    if crossing:
-        caps = dict(model.transfer_cap_gbps)
-
-        def capped(cap: float) -> CollectiveModel:
-            tiers = {**caps, CAP_TIER: cap}
-            return dataclasses.replace(model, transfer_cap_gbps=tuple(
-                (tier, gbps) for tier, gbps in tiers.items() if math.isfinite(gbps)))
-
-        cap_gbps = _search_rate(lambda cap: error(crossing, capped(cap)))
-        model = capped(cap_gbps)
-    if not world and not crossing:
+    model, fits = _fit_spans(topology_for, spanned, base)
+    if not crossing:
         return model, fits
+    caps = dict(model.transfer_cap_gbps)
 
-    def final(rows: Sequence[Measurement]) -> tuple[tuple[Measurement, float], ...]:
-        return tuple((m, m.simulated_s(topology_for(m.nodes), model)) for m in rows)
+    def capped(cap_gbps: float) -> CollectiveModel:
+        tiers = {**caps, CAP_TIER: cap_gbps}
+        return dataclasses.replace(model, transfer_cap_gbps=tuple(
+            (tier, gbps) for tier, gbps in tiers.items() if math.isfinite(gbps)))
 
-    # Every row where the final model puts it (the spans' rows moved with the patterns').
-    return model, [*(SpanFit(fit.span, model.cost(fit.span), final([m for m, _ in fit.rows]))
-                     for fit in fits), PatternFit(final(world + crossing))]
+    def error(cap_gbps: float) -> float:
+        candidate = capped(cap_gbps)
+        return sum(m.weight * (m.simulated_s(topology_for(m.nodes), candidate) / m.time_s - 1)
+                   ** 2 for m in crossing)
+
+    model = capped(_search_rate(error))
+    # Every row where the final model puts it (the cap moves the spans' rows too).
+    return model, [*(SpanFit(fit.span, model.cost(fit.span), _times([m for m, _ in fit.rows],
+                                                                    topology_for, model))
+                     for fit in fits), PatternFit(_times(crossing, topology_for, model))]
+
+
+def _times(rows: Sequence[Measurement], topology_for, model: CollectiveModel
+           ) -> tuple[tuple[Measurement, float], ...]:
+    return tuple((m, m.simulated_s(topology_for(m.nodes), model)) for m in rows)
 
 
 def _fit_spans(topology_for, measurements: Sequence[Measurement], base: CollectiveModel
