@@ -18,20 +18,27 @@ the fit accounts for what the links already explain. ``cocodiff calibrate`` fits
 own sweeps this way; Aurora's preset is this fit on :data:`AURORA_TABLE`.
 
 A step's exchange patterns (:mod:`cocodiff.simulator.collective`), timed by calibrate at a
-step's size and four times it, join in:
+step's size and four times it, come after the spans and price what the sweeps cannot:
 
 * ``world`` (the flat all-to-all as a step issues it: every rank at once, back to back)
-  is one more row of its span's fit;
+  sets the world span's ``rank_gbps``, searched the same way on these rows alone with the
+  set-up kept, and only ever lowered. The sweeps' rows cannot set it: their smallest
+  all-to-all is mostly the host's CPU, which no rate speeds up, and the span's form (a
+  set-up and a rate) did not bend to both (on 2 x 2 at 0.2 Gbit/s the fit kept the links
+  alone while the world at four times a step's size ran 21% slower than they say);
 * ``column+sync`` (TAPA's cross-node phase: every rank's column exchange at once, then a
   one-row sync over the node) prices what one transfer across the node boundary reaches
   while the others share its link: the ``inter-node`` entry of ``transfer_cap_gbps``,
-  searched like a span's rate (``inf`` included) with the spans fixed. On a shaped TCP
-  link the columns' few transfers per link filled it far less than the world
-  all-to-all's many (docs/validate.md, "Why TAPA alone loses on 2 x 2 slow links"),
-  where a fluid link shares perfectly and prices both alike. The world's transfers each
-  get less than such a cap (more of them share the link), so it leaves the flat
-  all-to-all alone. Two sizes, because a rate must hold for both: at one size alone, a
-  pattern slowed by its fixed costs would be read as a crushing cap.
+  searched the same way (``inf`` included) with the rest fixed. On a shaped TCP link the
+  columns' few transfers per link filled it far less than the world all-to-all's many
+  (docs/validate.md, "Why TAPA alone loses on 2 x 2 slow links"), where a fluid link
+  shares perfectly and prices both alike. The world's transfers each get less than such
+  a cap (more of them share the link), so it leaves the flat all-to-all alone.
+
+Two sizes, because a rate has to hold at both: at one size, a pattern slowed by its fixed
+costs was read as bandwidth (on 4 x 2 at 5 Gbit/s one world exchange of 17 KiB per rank
+set the several-node rate to 3.7 MB/s, and the sweep's 2 MiB all-to-all then simulated in
+502 ms against 12 measured).
 """
 
 from __future__ import annotations
@@ -110,11 +117,11 @@ class SpanFit:
 
 @dataclass(frozen=True, slots=True)
 class PatternFit:
-    """How far the final model lands from each measured cross-node pattern (the cap
-    fitted on them is in the model's ``transfer_cap_gbps``)."""
+    """How far the final model lands from each measured exchange pattern (what was fitted
+    on them, the world span's rate and the transfer cap, is in the model)."""
 
     rows: tuple[tuple[Measurement, float], ...]
-    span: str = "inter-node cap"  # the key reports list the fit's rows under
+    span: str = "patterns"  # the key reports list the fit's rows under
 
     @property
     def max_rel_error(self) -> float:
@@ -178,9 +185,9 @@ def measurement_span(topology: Topology, measurement: Measurement) -> str:
 def fit_collective(topology_for: Callable[[int], Topology],
                    measurements: Sequence[Measurement], base: CollectiveModel
                    ) -> tuple[CollectiveModel, list[SpanFit | PatternFit]]:
-    """``base`` with each measured span's cost fitted (spans not measured keep theirs;
-    the ``world`` pattern is one more row of its span), then, from TAPA's cross-node
-    pattern when measured, the ``inter-node`` transfer cap (see the module doc).
+    """``base`` with each measured span's cost fitted (spans not measured keep theirs),
+    then, from a step's exchange patterns when measured, the world span's rate and the
+    ``inter-node`` transfer cap (see the module doc).
 
     Args:
         topology_for: the machine with a given number of nodes.
@@ -188,31 +195,42 @@ def fit_collective(topology_for: Callable[[int], Topology],
         base: the model to extend (its per-tier transfer caps are used while fitting).
 
     Returns:
-        The fitted model and, per span, its fit (then the cross-node pattern's, when
-        measured).
+        The fitted model and, per span, its fit (then the patterns', when measured).
     """
-    spanned = [m for m in measurements if m.pattern in (None, "world")]
+    model, fits = _fit_spans(topology_for, [m for m in measurements if m.pattern is None],
+                             base)
+    world = [m for m in measurements if m.pattern == "world"]
     crossing = [m for m in measurements if m.pattern not in (None, "world")]
-    model, fits = _fit_spans(topology_for, spanned, base)
-    if not crossing:
+    if not world and not crossing:
         return model, fits
-    caps = dict(model.transfer_cap_gbps)
 
-    def capped(cap_gbps: float) -> CollectiveModel:
-        tiers = {**caps, CAP_TIER: cap_gbps}
-        return dataclasses.replace(model, transfer_cap_gbps=tuple(
-            (tier, gbps) for tier, gbps in tiers.items() if math.isfinite(gbps)))
-
-    def error(cap_gbps: float) -> float:
-        candidate = capped(cap_gbps)
+    def error(rows: Sequence[Measurement], candidate: CollectiveModel) -> float:
         return sum(m.weight * (m.simulated_s(topology_for(m.nodes), candidate) / m.time_s - 1)
-                   ** 2 for m in crossing)
+                   ** 2 for m in rows)
 
-    model = capped(_search_rate(error))
-    # Every row where the final model puts it (the cap moves the spans' rows too).
+    if world:
+        span = measurement_span(topology_for(world[0].nodes), world[0])
+        cost = model.cost(span)
+
+        def with_rate(rate_gbps: float) -> CollectiveModel:
+            rate_gbps = min(rate_gbps, cost.rank_gbps)  # only ever lowered
+            spans = {**dict(model.spans), span: dataclasses.replace(cost, rank_gbps=rate_gbps)}
+            return dataclasses.replace(model, spans=tuple(spans.items()))
+
+        model = with_rate(_search_rate(lambda rate: error(world, with_rate(rate))))
+    if crossing:
+        caps = dict(model.transfer_cap_gbps)
+
+        def capped(cap_gbps: float) -> CollectiveModel:
+            tiers = {**caps, CAP_TIER: cap_gbps}
+            return dataclasses.replace(model, transfer_cap_gbps=tuple(
+                (tier, gbps) for tier, gbps in tiers.items() if math.isfinite(gbps)))
+
+        model = capped(_search_rate(lambda cap: error(crossing, capped(cap))))
+    # Every row where the final model puts it (the patterns' fits move the spans' rows).
     return model, [*(SpanFit(fit.span, model.cost(fit.span), _times([m for m, _ in fit.rows],
                                                                     topology_for, model))
-                     for fit in fits), PatternFit(_times(crossing, topology_for, model))]
+                     for fit in fits), PatternFit(_times(world + crossing, topology_for, model))]
 
 
 def _times(rows: Sequence[Measurement], topology_for, model: CollectiveModel
