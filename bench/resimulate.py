@@ -9,9 +9,9 @@ Per configuration, the report's models are exported again from their shapes and 
 schedule is simulated twice with ``cocodiff simulate``: on the topology as calibrated (it
 must give the report's predictions again: the check that this re-simulation is the
 validate one) and with the keys replaced. Prints each row's error both ways, the planner's
-pick both ways, and the overall figures. The topology's own collective model is used (a
-calibrated TOML's: links only), so a report whose calibration fitted a collective beyond
-the links is not reproduced: the first column says so.
+pick both ways, and the overall figures. Both simulations use the collective model the
+report's calibration fitted (its JSON, written beside each topology file, where
+``cocodiff simulate`` finds it as validate did).
 
 ``--refit-call-wait`` fits ``call_wait_us`` again as calibrate would now, on the loops the
 report's calibrations measured (microbenchmarks, never a step), and prints how the
@@ -84,7 +84,7 @@ def refit_call_wait(config: dict[str, Any], calibrated: Path
 def simulate(topology: Path, model_dir: Path, resolution: int, steps: int) -> dict[str, float]:
     """Step seconds per schedule, ``cocodiff simulate`` on ``topology``: the mean over the
     steps but the first, which validate leaves out as it leaves out the measured one."""
-    out = topology.with_suffix(".json")
+    out = topology.with_name(f"{topology.stem}-simulated.json")  # not the calibration beside it
     subprocess.run([sys.executable, "-m", "cocodiff", "simulate", "--topology", str(topology),
                     "--model", str(model_dir), "--resolution", str(resolution), "--dtype",
                     "float32", "--steps", str(steps), "--schedule", ",".join(SCHEDULES),
@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.refit_call_wait:
             print(f"| {config['label']} | loops | | none measured: call wait as calibrated |")
         replaced = replaced_topology(calibrated, config_changes, work / f"replaced-{index}.toml")
+        for topology in (calibrated, replaced):  # its fitted collective, as validate used it
+            topology.with_suffix(".json").write_text(json.dumps(config["calibration"]["measured"]))
         steps = config["validate"]["steps"]
         times = {name: simulate(path, models[key], shape["resolution"], steps)
                  for name, path in (("calibrated", calibrated), ("replaced", replaced))}

@@ -13,6 +13,7 @@ import json
 import re
 from pathlib import Path
 
+from cocodiff.commands.plan import COLLECTIVE_HELP
 from cocodiff.util.errors import CocodiffError
 
 OPS = ("all-to-all",)
@@ -60,9 +61,8 @@ def add_collective_arguments(parser: argparse.ArgumentParser, positive_int) -> N
     parser.add_argument("--schedule", default="flat",
                         help="flat (every block sent directly) or tapa (topology-aligned "
                         "phases); default: flat")
-    parser.add_argument("--collective", default="auto",
-                        help="collective model: auto (the preset's), ideal (links only), "
-                        "aurora, dgx-h100, cluster")
+    parser.add_argument("--collective", default="auto", metavar="auto|NAME|FILE.json",
+                        help=COLLECTIVE_HELP)
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
 
 
@@ -80,7 +80,7 @@ def collective_command(args: argparse.Namespace) -> int:
         raise CocodiffError(f"unknown --schedule {args.schedule!r}; valid: "
                             f"{', '.join(SCHEDULES)}")
     sizes = parse_sizes(args.bytes)
-    collective = collective_arg(args.collective)
+    collective = collective_arg(args)
     topology = build_topology(resolve_topology(args.topology, args.nodes))
     ranks = len(topology.tiles)
     if ranks < 2:

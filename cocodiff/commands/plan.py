@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from cocodiff.layout import DEFAULT_ORDER, RING_INNER_ORDER, ParallelLayout, parse_degrees
 from cocodiff.util.errors import CocodiffError
@@ -116,9 +117,8 @@ def add_machine_arguments(parser: argparse.ArgumentParser, positive_int) -> None
     parser.add_argument("--frames", type=positive_int, default=None,
                         help="video frames (video models only; default: 1, a tiny video "
                         "model's own)")
-    parser.add_argument("--collective", default=AUTO,
-                        help="collective model: auto (the preset's), ideal (links only), "
-                        "aurora, dgx-h100, cluster")
+    parser.add_argument("--collective", default=AUTO, metavar="auto|NAME|FILE.json",
+                        help=COLLECTIVE_HELP)
 
 
 def add_schedule_option_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
@@ -176,13 +176,45 @@ def add_plan_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         "execute it")
 
 
-def collective_arg(name: str):
-    from transports.sim import COLLECTIVE_MODELS
+COLLECTIVE_HELP = ("the simulator's collective model: a name (ideal: links only; aurora, "
+                   "dgx-h100, cluster), or calibrate's --json file (its `collective`); auto: "
+                   "the JSON beside a topology TOML (same name, .json) when calibrate wrote "
+                   "one, else the topology's preset model")
 
-    if name != AUTO and name not in COLLECTIVE_MODELS:
-        raise CocodiffError(f"unknown collective model {name!r}; valid: auto, "
-                            f"{', '.join(COLLECTIVE_MODELS)}")
-    return None if name == AUTO else COLLECTIVE_MODELS[name]
+
+def collective_source(source: str, topology: str | None) -> tuple[Any, str]:
+    """(the collective model ``--collective source`` names, None for the topology's preset
+    model; where it came from). One rule for plan, simulate, collective and validate, so a
+    calibrated cluster is predicted with its fitted collective wherever it is simulated."""
+    from cocodiff.util.jsonfile import read_json
+    from transports.sim import COLLECTIVE_MODELS, CollectiveModel
+
+    if source == AUTO:
+        beside = Path(topology).with_suffix(".json") \
+            if topology and topology.endswith(".toml") else None
+        if beside is None or not beside.is_file():
+            return None, "the topology's preset model"
+        path = beside
+    elif source in COLLECTIVE_MODELS:
+        return COLLECTIVE_MODELS[source], source
+    elif source.endswith(".json"):
+        path = Path(source)
+    else:
+        raise CocodiffError(f"unknown collective model {source!r}; valid: auto, "
+                            f"{', '.join(COLLECTIVE_MODELS)}, or calibrate's JSON file")
+    data = read_json(path, "calibration file", CocodiffError)
+    measured = data.get("collective") if isinstance(data, dict) else None
+    if not isinstance(measured, dict):
+        if source == AUTO:  # a JSON beside the topology that is not calibrate's
+            return None, "the topology's preset model"
+        raise CocodiffError(f"{path} holds no fitted collective model (`collective`); "
+                            "write it with `cocodiff calibrate --json PATH`")
+    return CollectiveModel.from_json(measured, "calibrated"), str(path)
+
+
+def collective_arg(args: argparse.Namespace):
+    """The collective model of ``args.collective`` (None: the topology's preset model)."""
+    return collective_source(args.collective, args.topology)[0]
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -204,7 +236,7 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.steps > MAX_STEPS:
         raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
     names = schedule_names(args.schedule)
-    collective = collective_arg(args.collective)
+    collective = collective_arg(args)
     options = plan_options(args)
     described = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
     model = model_spec(args.model)

@@ -92,7 +92,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
     names = schedule_names(args.schedule)
     options = plan_options(args)
-    collective = collective_arg(args.collective)
+    collective = collective_arg(args)
     if args.activity_trace is not None:
         from cocodiff.schedules.activity import load_activity
 
@@ -121,7 +121,7 @@ def _from_plan_file(args) -> int:
     from topology import Placement, build_topology, resolve_topology
 
     refuse_plan_fixed(args, PLAN_FIXES)
-    collective = collective_arg(args.collective)
+    collective = collective_arg(args)
     run_plan = load_run_plan(args.plan)
     machine = run_plan.machine or {}
     name = args.topology or machine.get("topology") or DEFAULT_TOPOLOGY

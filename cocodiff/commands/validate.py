@@ -23,12 +23,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cocodiff.commands.plan import COLLECTIVE_HELP, collective_source
 from cocodiff.commands.run import MAX_TIMEOUT_S, run_on_every_rank
 from cocodiff.util.errors import CocodiffError
 
 DEFAULT_SCHEDULES = "flat,tapa,vfirst,cocodiff,diffusers"
 DTYPES = ("float32", "bfloat16")
-COLLECTIVE_AUTO = "auto"
 
 
 def add_validate_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
@@ -39,11 +39,8 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
     parser.add_argument("--nodes", type=positive_int, default=None,
                         help="nodes of a preset topology (default: the file's, or the nodes "
                         "the launch spans)")
-    parser.add_argument("--collective", default=COLLECTIVE_AUTO, metavar="auto|NAME|FILE.json",
-                        help="the simulator's collective model: a name (ideal, aurora, ...), "
-                        "or calibrate's --json file (its `collective`); auto: the JSON beside "
-                        "the topology file (same name, .json) when calibrate wrote one, else "
-                        "the topology's preset model")
+    parser.add_argument("--collective", default="auto", metavar="auto|NAME|FILE.json",
+                        help=COLLECTIVE_HELP)
     parser.add_argument("--model", default="tiny-flux",
                         help="a tiny model's name or a local diffusers pipeline directory")
     parser.add_argument("--resolution", default=None,
@@ -103,7 +100,7 @@ def _check_arguments(args: argparse.Namespace, launch) -> dict[str, Any]:
     if args.resolution is not None:
         parse_resolution(args.resolution)
     check_output_paths([args.json])
-    collective = _collective(args)
+    collective = collective_source(args.collective, args.topology)
     if not launch.is_distributed:
         raise CocodiffError("validate runs parallel schedules: launch it on 2 or more ranks "
                             "(mpiexec -n N cocodiff validate ..., or torchrun "
@@ -122,33 +119,6 @@ def _check_arguments(args: argparse.Namespace, launch) -> dict[str, Any]:
         raise CocodiffError("--nodes shapes a preset topology: give --topology too")
     return {"schedules": schedules, "layouts": layouts, "described": described,
             "collective": collective}
-
-
-def _collective(args: argparse.Namespace) -> tuple[Any, str]:
-    """(the collective model or None for the topology's preset, where it came from)."""
-    from cocodiff.util.jsonfile import read_json
-    from transports.sim import COLLECTIVE_MODELS, CollectiveModel
-
-    source = args.collective
-    if source == COLLECTIVE_AUTO:
-        beside = Path(args.topology).with_suffix(".json") if args.topology and \
-            args.topology.endswith(".toml") else None
-        if beside is None or not beside.is_file():
-            return None, "the topology's preset model"
-        source = str(beside)
-    if source in COLLECTIVE_MODELS:
-        return COLLECTIVE_MODELS[source], source
-    if not source.endswith(".json"):
-        raise CocodiffError(f"unknown collective model {source!r}; valid: auto, "
-                            f"{', '.join(COLLECTIVE_MODELS)}, or calibrate's JSON file")
-    data = read_json(Path(source), "calibration file", CocodiffError)
-    measured = data.get("collective") if isinstance(data, dict) else None
-    if not isinstance(measured, dict):
-        if args.collective == COLLECTIVE_AUTO:
-            return None, "the topology's preset model"
-        raise CocodiffError(f"{source} holds no fitted collective model (`collective`); "
-                            "write it with `cocodiff calibrate --json PATH`")
-    return CollectiveModel.from_json(measured, "calibrated"), source
 
 
 def _validate(args: argparse.Namespace, launch) -> int:

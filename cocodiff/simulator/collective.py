@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cocodiff.plan.steps import Exchange, HeadSplit, LayerPlan, Plan, RankProgram, Wait
+from cocodiff.plan.steps import Exchange, HeadSplit, LayerPlan, Plan, RankProgram, Tensor, Wait
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.tapa import TapaRows
 from topology import Placement, Topology, TopologyError
@@ -155,7 +155,7 @@ def pattern_plan(pattern: str, num_nodes: int, per_node: int, rows: int,
         for index, (name, one_row) in enumerate(PATTERN_CALLS[pattern]):
             members = groups[name]
             split = (1 if one_row else rows // len(members),) * len(members)
-            tensor = ("q", "k")[index]
+            tensor: Tensor = ("q", "k")[index]
             steps += [Exchange(tensor, members, split, split, row_bytes, "scatter_heads"),
                       Wait(tensor)]
         programs.append(RankProgram(rank, (LayerPlan((), tuple(steps), ()),)))

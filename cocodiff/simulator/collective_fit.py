@@ -321,7 +321,8 @@ def aurora_topology(num_nodes: int) -> Topology:
     return build_topology(get_preset("aurora", num_nodes))
 
 
-def fit_aurora(path: Path = AURORA_TABLE) -> tuple[CollectiveModel, list[SpanFit]]:
+def fit_aurora(path: Path = AURORA_TABLE
+               ) -> tuple[CollectiveModel, list[SpanFit | PatternFit]]:
     """Aurora's collective model, fitted on the published table (the preset's numbers
     in ``transports.sim.AURORA_SPANS`` are this function's output, rounded)."""
     from transports.sim import COLLECTIVE_MODELS

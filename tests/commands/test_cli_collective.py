@@ -58,6 +58,27 @@ def test_a_topology_file(tmp_path):
     assert (row["nodes"], row["ranks"]) == (2, 24)
 
 
+def test_a_calibrated_collective_beside_the_topology_is_used_as_validate_uses_it(tmp_path):
+    """plan, simulate and collective read calibrate's JSON beside a topology TOML (auto)
+    or named, as validate does: a cluster is predicted with its fitted collective."""
+    path = tmp_path / "machine.toml"
+    path.write_text('preset = "aurora"\n[nodes]\ncount = 2\n')
+    (preset,) = collective(tmp_path, "--topology", str(path), "--bytes", "64KiB",
+                           "--collective", "ideal")
+    path.with_suffix(".json").write_text(json.dumps(
+        {"collective": {"name": "calibrated", "startup_us": 500.0}}))
+    (beside,) = collective(tmp_path, "--topology", str(path), "--bytes", "64KiB")
+    named = tmp_path / "other.json"
+    named.write_text(path.with_suffix(".json").read_text())
+    (given,) = collective(tmp_path, "--topology", str(path), "--bytes", "64KiB",
+                          "--collective", str(named))
+    # 23 messages per rank, each 500 us to set up, on top of what the links take.
+    assert beside["time_s"] == pytest.approx(preset["time_s"] + 23 * 500e-6, rel=0.05)
+    assert given["time_s"] == beside["time_s"]
+    named.write_text("{}")
+    assert exit_code(["collective", "--topology", str(path), "--collective", str(named)]) == 2
+
+
 def test_sizes_parse_like_nccl_tests_and_si():
     assert parse_sizes("1MiB,2M,4096,1KB, 3GiB") == [1 << 20, 2 << 20, 4096, 1000, 3 << 30]
 
