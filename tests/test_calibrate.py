@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,7 +143,8 @@ def _run_cli(args: list[str], tmp_path: Path, timeout_s: float = 180):
 def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     output, record = tmp_path / "cluster.toml", tmp_path / "calibration.json"
     done = _run_cli(["calibrate", "--quick", "--nodes", "2", "--ranks-per-node", "1",
-                     "--output", str(output), "--json", str(record)], tmp_path)
+                     "--fit-patterns", "--output", str(output), "--json", str(record)],
+                    tmp_path)
     assert done.returncode == 0, done.stderr
     assert "calibrated 2 node(s) x 1 ranks over torch" in done.stdout
     spec = load_topology(output)
@@ -202,12 +204,16 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     assert [(row["pattern"], row["bytes_per_rank"]) for row in data["patterns"]] == [
         ("world", 10 << 10), ("world", 40 << 10)]
     assert all(row["measured_s"] > 0 and len(row["rounds_s"]) == 3 for row in data["patterns"])
+    for row in data["patterns"]:  # each beside the simulator (the emulated test: unfitted)
+        assert row["error"] == pytest.approx(row["simulated_s"] / row["measured_s"] - 1)
+    # --fit-patterns: the collective is fitted on them too.
     assert {row["label"] for row in collective["fit"]} == {
         "pair inter", "all-to-all", "world as a step issues it, 10 KiB per rank",
         "world as a step issues it, 40 KiB per rank"}
     assert all(row["fitted_s"] > 0 and row["measured_s"] > 0 for row in collective["fit"])
     assert "collective model fitted on these: calibrated (pair:" in done.stdout
-    assert "world as a step issues it, 40 KiB per rank: measured" in done.stdout
+    assert re.search(r"world as a step issues it, 40 KiB per rank: measured [\d.]+ ms, "
+                     r"simulated [\d.]+ ms", done.stdout)
     simulated = _run_cli(["simulate", "--topology", str(output), "--model", "flux1-dev",
                           "--resolution", "256", "--steps", "2"], tmp_path)
     assert simulated.returncode == 0, simulated.stderr

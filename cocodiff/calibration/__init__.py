@@ -63,8 +63,11 @@ What is measured (all on the real transport, between real processes):
   ``flat``'s world all-to-all and TAPA's cross-node phase (every column at once, then a
   one-row sync over the node). The links come from a pair alone and a step never sends
   one alone: on a shaped link the columns' few transfers filled it far less than the
-  world's many. The collective fit takes from these the world span's rate and what one
-  cross-node transfer reaches (``transfer_cap_gbps``).
+  world's many. Each is printed and written (``simulated_s``, ``error``) beside what the
+  simulator gives it, timed alone (no wait per call). ``--fit-patterns`` also fits the
+  world span's rate and what one cross-node transfer reaches (``transfer_cap_gbps``) on
+  them; by default they are only checked (docs/validate.md, "Measured on 2026-11-26,
+  evening": on the emulated cluster the fit read fixed host costs as bandwidth).
 
 Nodes are the ranks' (hostname, network namespace) pairs, so the ranks of an emulated
 cluster's namespaces (``python -m bench.cluster run -- cocodiff calibrate``) group into their

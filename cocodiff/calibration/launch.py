@@ -80,6 +80,8 @@ def _argv_of(options: CalibrateOptions, num_nodes: int) -> list[str]:
         argv += ["--json", str(options.json.resolve())]
     if options.quick:
         argv.append("--quick")
+    if options.fit_patterns:
+        argv.append("--fit-patterns")
     return argv
 
 

@@ -37,6 +37,8 @@ class CalibrateOptions:
         transport: ``"auto"``, ``"torch"`` or ``"mpi"``.
         timeout_s: seconds a rank waits for its peers.
         quick: fewer sizes and repeats.
+        fit_patterns: also fit the collective on a step's exchange patterns (the several-
+            node rate, the inter-node per-transfer cap); by default they are only checked.
         output: the topology TOML to write.
         json: where to write every measurement as JSON, or None.
     """
@@ -53,6 +55,7 @@ class CalibrateOptions:
     transport: str = "auto"
     timeout_s: float = 120.0
     quick: bool = False
+    fit_patterns: bool = False
     output: Path = Path("cluster.toml")
     json: Path | None = None
 

@@ -251,15 +251,22 @@ def unconstrained_host_links(spec) -> dict[str, Any]:
     return {"port_link": free, "host_link": free}
 
 
-def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
+def fit_calibrated_collective(result: Calibration, fit_patterns: bool = False
+                              ) -> dict[str, Any]:
     """The simulator's collective model fitted on what calibrate measured: the two-rank
-    exchanges (pairs), the world all-to-alls, and a step's exchange patterns (the world as
-    a step issues it, one more row of its span; TAPA's cross-node phase, which prices one
-    cross-node transfer), on the calibrated topology (the fit of
-    :mod:`cocodiff.simulator.collective_fit`, as for Aurora's preset). JSON: the model
-    (``transports.sim.CollectiveModel.to_json``) and each measurement's fitted time."""
+    exchanges (pairs) and the world all-to-alls, and with ``fit_patterns`` a step's
+    exchange patterns too (the world as a step issues it sets the several-node rate;
+    TAPA's cross-node phase, the inter-node per-transfer cap), on the calibrated topology
+    (the fit of :mod:`cocodiff.simulator.collective_fit`, as for Aurora's preset). JSON:
+    the model (``transports.sim.CollectiveModel.to_json``) and each measurement's fitted
+    time.
+
+    The patterns are left out by default: over five full runs of the emulated cluster
+    (docs/validate.md, "Measured on 2026-11-26, evening") they did not predict the steps
+    better than the sweeps alone, and on fast links they read the hosts' fixed costs as
+    bandwidth (a 6.8 MB/s cap per transfer on a 5 Gbit/s link). :func:`check_patterns`
+    sets each beside the simulator instead."""
     from cocodiff.simulator.collective_fit import Measurement, fit_collective
-    from topology import build_topology
     from transports.sim import CollectiveModel
 
     world = result.num_nodes * result.ranks_per_node
@@ -269,28 +276,52 @@ def fit_calibrated_collective(result: Calibration) -> dict[str, Any]:
             for num_bytes, seconds in fit.points]
     rows += [Measurement(result.num_nodes, world, row["bytes_per_peer"] * world,
                          row["measured_s"], label="all-to-all") for row in result.all_to_all]
-    rows += [Measurement(result.num_nodes, world, row["bytes_per_rank"], row["measured_s"],
-                         label=pattern_label(row), pattern=row["pattern"])
-             for row in result.patterns]
-    # With no wait per call: that wait is a call's on a host busy computing (the loops'),
-    # and these exchanges were timed on hosts doing nothing else. Fitted with the loops'
-    # wait, the patterns' own scheduling was counted twice (2 x 2 at 5 Gbit/s: a 1.8 ms
-    # world exchange simulated 6.8 ms), and the wait refitted on that collective moved
-    # 1.0 -> 1.8 ms, so the written wait was not the one its loops give.
-    spec = result.topology()
-    if spec.host is not None:
-        spec = dataclasses.replace(spec, host=dataclasses.replace(spec.host, call_wait_us=0.0))
+    if fit_patterns:
+        rows += [Measurement(result.num_nodes, world, row["bytes_per_rank"], row["measured_s"],
+                             label=pattern_label(row), pattern=row["pattern"])
+                 for row in result.patterns]
     if not rows:
         return CollectiveModel("calibrated").to_json()
-
-    def topology_for(num_nodes: int):
-        return build_topology(dataclasses.replace(spec, num_nodes=num_nodes))
-
-    model, fits = fit_collective(topology_for, rows, CollectiveModel("calibrated"))
+    model, fits = fit_collective(_alone_topology(result), rows, CollectiveModel("calibrated"))
     return {**model.to_json(), "fit": [
         {"span": fit.span, "label": m.label, "ranks": m.ranks, "nodes": m.nodes,
          "bytes_per_rank": m.bytes_per_rank, "measured_s": m.time_s, "fitted_s": fitted}
         for fit in fits for m, fitted in fit.rows]}
+
+
+def _alone_topology(result: Calibration):
+    """The calibrated topology at a node count, with no wait per call: that wait is a
+    call's on a host busy computing (the loops'), and the exchanges the collective is
+    fitted and checked on were timed on hosts doing nothing else. With the loops' wait,
+    their own scheduling was counted twice (2 x 2 at 5 Gbit/s: a 1.8 ms world exchange
+    simulated 6.8 ms)."""
+    from topology import build_topology
+
+    spec = result.topology()
+    if spec.host is not None:
+        spec = dataclasses.replace(spec, host=dataclasses.replace(spec.host, call_wait_us=0.0))
+
+    def topology_for(num_nodes: int):
+        return build_topology(dataclasses.replace(spec, num_nodes=num_nodes))
+
+    return topology_for
+
+
+def check_patterns(result: Calibration) -> None:
+    """Each measured exchange pattern's simulated time (``simulated_s``) and error, on the
+    calibrated topology and collective: how the simulator meets a step's exchanges as the
+    schedules issue them, timed alone."""
+    from cocodiff.simulator.collective import simulate_pattern
+    from transports.sim import CollectiveModel
+
+    if not result.patterns:
+        return
+    topology = _alone_topology(result)(result.num_nodes)
+    collective = CollectiveModel.from_json(result.collective) if result.collective else None
+    for row in result.patterns:
+        row["simulated_s"] = simulate_pattern(topology, row["pattern"], row["bytes_per_rank"],
+                                              collective)
+        row["error"] = row["simulated_s"] / row["measured_s"] - 1
 
 
 def pattern_label(row: dict[str, Any]) -> str:
@@ -463,12 +494,10 @@ def summary(result: Calibration, output: Path) -> str:
         lines.append(f"  flat all-to-all, {row['bytes_per_peer'] // 1024} KiB per peer: "
                      f"measured {row['measured_s'] * 1e3:.2f} ms, links predict "
                      f"{row['link_model_s'] * 1e3:.2f} ms ({row['error']:+.0%})")
-    fitted = {row["label"]: row["fitted_s"] for row in (result.collective or {}).get("fit", ())}
     for row in result.patterns:
-        label = pattern_label(row)
-        text = f"  {label}: measured {row['measured_s'] * 1e3:.2f} ms"
-        if label in fitted:
-            text += f", the fitted collective {fitted[label] * 1e3:.2f} ms"
+        text = f"  {pattern_label(row)}: measured {row['measured_s'] * 1e3:.2f} ms"
+        if "simulated_s" in row:
+            text += f", simulated {row['simulated_s'] * 1e3:.2f} ms ({row['error']:+.0%})"
         lines.append(text)
     if result.collective:
         from transports.sim import CollectiveModel
@@ -489,7 +518,8 @@ def write_outputs(result: Calibration, options: CalibrateOptions) -> None:
 
     # The collective first (it prices exchanges timed alone, with no wait), then the wait
     # on the loops with that collective: one order, so what is written refits to itself.
-    result.collective = fit_calibrated_collective(result)
+    result.collective = fit_calibrated_collective(result, options.fit_patterns)
+    check_patterns(result)
     loops = Loops.of(result)
     if loops is not None:
         result.host = dataclasses.replace(result.host, call_wait_us=loops.fitted_call_wait_us())

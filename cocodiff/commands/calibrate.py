@@ -45,6 +45,11 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser, positive_int) -> No
                         "run) before giving up (default 120)")
     parser.add_argument("--quick", action="store_true",
                         help="fewer sizes and repeats (a few seconds of measuring)")
+    parser.add_argument("--fit-patterns", action="store_true",
+                        help="also fit the collective model on a step's exchange patterns "
+                        "(they are always timed and checked against the simulator); "
+                        "experimental: on the emulated cluster it read hosts' fixed costs "
+                        "as bandwidth (docs/validate.md)")
     parser.add_argument("--output", type=Path, default=Path("cluster.toml"),
                         help="topology TOML to write (default: cluster.toml)")
     parser.add_argument("--json", type=Path, default=None,
@@ -57,7 +62,8 @@ def options_from_args(args: argparse.Namespace) -> CalibrateOptions:
         model=args.model, tokens=args.tokens, resolution=args.resolution, dtype=args.dtype,
         nodes=args.nodes, ranks_per_node=args.ranks_per_node, inter_gbps=args.inter_gbps,
         inter_latency_us=args.inter_latency_us, max_kib=args.max_kib, transport=args.transport,
-        timeout_s=args.timeout, quick=args.quick, output=args.output, json=args.json)
+        timeout_s=args.timeout, quick=args.quick, fit_patterns=args.fit_patterns,
+        output=args.output, json=args.json)
 
 
 def calibrate_command(args: argparse.Namespace) -> int:

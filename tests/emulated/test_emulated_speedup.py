@@ -53,6 +53,11 @@ def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, cap
                                         "diffusers@pure"}
     assert all(row["max_abs_diff"] <= 1e-5 for row in summary.values() if row["exact"])
     assert report["rows"] == len(SCHEDULES)
+    # A step's exchange patterns are timed and checked, not fitted (no --fit-patterns).
+    measured = config["calibration"]["measured"]
+    assert {row["pattern"] for row in measured["patterns"]} == {"world", "column+sync"}
+    assert all(row["simulated_s"] > 0 for row in measured["patterns"])
+    assert not [row for row in measured["collective"]["fit"] if "step issues" in row["label"]]
     assert (tmp_path / "plot.png").stat().st_size > 0
 
     # bench/resimulate.py simulates the report's rows again: on the topology as calibrated
