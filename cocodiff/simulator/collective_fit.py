@@ -18,7 +18,9 @@ the fit accounts for what the links already explain. ``cocodiff calibrate`` fits
 own sweeps this way; Aurora's preset is this fit on :data:`AURORA_TABLE`.
 
 A step's exchange patterns (:mod:`cocodiff.simulator.collective`), timed by calibrate at a
-step's size and four times it, come after the spans and price what the sweeps cannot:
+step's size and four times it, come after the spans when given (``cocodiff calibrate
+--fit-patterns``; by default calibrate only checks them, docs/validate.md, "Measured on
+2026-11-26, evening and night") and price what the sweeps cannot:
 
 * ``world`` (the flat all-to-all as a step issues it: every rank at once, back to back)
   sets the world span's ``rank_gbps``, searched the same way on these rows alone with the
