@@ -12,7 +12,9 @@ shape):
    shapes: the calibrated topology TOML and its collective model (JSON beside it);
 3. run ``cocodiff validate`` across it on that topology: every schedule (``flat``,
    ``tapa``, ``vfirst``, ``cocodiff`` and ``diffusers``) ``--repeats`` rounds,
-   interleaved, the order rotated every round, the first step of each run left out; the
+   interleaved, the order rotated every round, the first step of each run left out, and
+   up to ``--max-repeats`` rounds while a row's 95% interval is wider than
+   ``--precision``; the
    plans that ran simulated on the calibrated topology; the exact schedules' final
    latents (float32) checked against one single-process run.
 
@@ -24,7 +26,7 @@ validate's report), prints a table per configuration, and with ``--plot`` /
     python bench/emulated_speedup.py --plot docs/emulated_speedup.png \\
         --markdown docs/emulated_speedup.md                     # the default 8 configurations
     python bench/emulated_speedup.py --configs results/regime_search.json --top 6
-    python bench/emulated_speedup.py --configs 2x2@1 --repeats 1 --steps 2 \\
+    python bench/emulated_speedup.py --configs 2x2@1 --repeats 1 --max-repeats 1 --steps 2 \\
         --quick-calibration --heads 4 --head-dim 16 --layers 1 --single-layers 1 \\
         --resolution 128                                                 # ~2 min smoke
 
@@ -269,7 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedules", default=DEFAULT_SCHEDULES,
                         help="comma-separated schedules, run interleaved; 'diffusers' is "
                         f"diffusers' own context parallelism (default: {DEFAULT_SCHEDULES})")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds over the schedules")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds over the schedules, at least (default 3)")
+    parser.add_argument("--max-repeats", type=int, default=10,
+                        help="rounds at most: after --repeats, validate adds rounds while a "
+                        "row's 95%% interval is wider than --precision (default 10)")
+    parser.add_argument("--precision", type=float, default=0.04,
+                        help="the widest 95%% interval a row may keep, as a fraction of its "
+                        "step (default 0.04: the small model's runs vary ~11%% round to round "
+                        "here, so its rows reach --max-repeats)")
     parser.add_argument("--steps", type=int, default=6,
                         help="denoising steps per run; the first is not counted (default 6)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
@@ -338,6 +348,9 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps must be at least 2 (the first is not counted), got {args.steps}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.max_repeats < args.repeats:
+        raise ValueError(f"--max-repeats ({args.max_repeats}) is below --repeats "
+                         f"({args.repeats})")
     began = time.monotonic()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cocodiff-emulated-speedup-"))
@@ -354,6 +367,8 @@ def _run(args: argparse.Namespace) -> int:
     report = {
         "steps": args.steps,
         "repeats": args.repeats,
+        "max_repeats": args.max_repeats,
+        "precision": args.precision,
         "dtype": args.dtype,
         "schedules": schedules,
         "configs": report_configs,
@@ -396,18 +411,22 @@ def overall(configs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def picks_table(report: dict[str, Any]) -> str:
     """Per configuration: the planner's pick against the measured best."""
-    lines = ["| cluster | planner's pick (predicted, measured) | measured best | pick slower by |",
-             "|---|---|---|---|"]
+    lines = ["| cluster | rounds | planner's pick (predicted, measured) | measured best "
+             "| pick slower by (95%, paired by round) |", "|---|---|---|---|---|"]
     for config in report["configs"]:
         validated = config["validate"]
         pick, best = validated.get("planner_pick"), validated.get("measured_best")
         if pick is None or best is None:
             continue
+        interval = validated.get("pick_slower_95")
+        paired = ("" if interval is None or interval == [0.0, 0.0]
+                  else f" ({interval[0]:+.1%} to {interval[1]:+.1%}"
+                  f"{'' if validated.get('pick_resolved', True) else ', unresolved'})")
         lines.append(
-            f"| {config['label']} | `{pick['schedule']}` {pick['layout']} "
+            f"| {config['label']} | {validated['rounds']} | `{pick['schedule']}` {pick['layout']} "
             f"({pick['predicted_step_s'] * 1e3:.1f} ms, {pick['measured_step_s'] * 1e3:.1f} ms)"
             f" | `{best['schedule']}` {best['layout']} ({best['measured_step_s'] * 1e3:.1f} ms)"
-            f" | {validated['pick_slower_than_best']:+.1%}"
+            f" | {validated['pick_slower_than_best']:+.1%}{paired}"
             f"{'' if validated['pick_within_5pct'] else ' (not within 5%)'} |")
     return "\n".join(lines)
 
@@ -453,7 +472,8 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
         started = time.monotonic()
         run_job(cluster, [sys.executable, "-m", "cocodiff", "validate", *common,
                           "--topology", str(calibration), "--steps", str(args.steps),
-                          "--rounds", str(args.repeats), "--schedules", ",".join(schedules),
+                          "--rounds", str(args.repeats), "--max-rounds", str(args.max_repeats),
+                          "--precision", str(args.precision), "--schedules", ",".join(schedules),
                           "--transport", config.transport, "--dtype", args.dtype,
                           "--timeout", str(args.timeout), "--quiet", "--json", str(validated)],
                 config.transport, timeout_s=args.timeout, log_dir=here / "validate-logs")

@@ -139,7 +139,7 @@ step "emulated cluster, a core per rank, GPU hidden (the 2-core machine's config
 if command -v ip >/dev/null && command -v tc >/dev/null; then
   for config in 4x2@5 2x4@5; do
     CUDA_VISIBLE_DEVICES= bounded 180 python3 bench/emulated_speedup.py --configs $config \
-      --json $RES/emulated_${config/@/_}.json
+      --max-repeats 3 --json $RES/emulated_${config/@/_}.json
   done
 else
   echo "no ip/tc here: emulated cluster skipped"

@@ -16,6 +16,7 @@ The argument parsing and printing live in :mod:`cocodiff.commands.validate`.
 from __future__ import annotations
 
 import gc
+import math
 import re
 import statistics
 import time
@@ -35,6 +36,11 @@ PROMPT = "a lighthouse on a cliff at dawn"  # cocodiff run's default
 PLAN_OF = {"diffusers": "flat"}
 EXACT_ATOL = 1e-5
 PICK_TOLERANCE = 0.05  # the planner's pick counts as right within 5% of the measured best
+# Student's t at 97.5% (a two-sided 95% interval) by degrees of freedom 1..30; beyond 30
+# the normal's 1.96 is within 4% of it.
+_T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
+          2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069,
+          2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 T = TypeVar("T")
 _LAYOUT_NAME = re.compile(r"U(\d+)xR(\d+)xB(\d+)(/ring-inner)?")
 
@@ -296,6 +302,35 @@ class Measurements:
                 if (run["schedule"], run["layout"]) == (case.schedule, case.layout_name)]
 
 
+def log_interval_95(values: Sequence[float]) -> tuple[float, float] | None:
+    """A 95% interval of the values' geometric mean as ratios to it, ``(low, high)``:
+    Student's t over their logs. Rounds are the independent units here (steps within one
+    run share its state: on the emulated cluster a run's level moves by ~9% on the small
+    model, its steps by ~19% about it), so the values are per-round. None under 2."""
+    if len(values) < 2:
+        return None
+    logs = [math.log(value) for value in values]
+    half = _T_975[min(len(logs) - 1, len(_T_975)) - 1] * statistics.stdev(logs) \
+        / math.sqrt(len(logs))
+    return math.exp(-half), math.exp(half)
+
+
+def precision_95(values: Sequence[float]) -> float | None:
+    """The relative half-width of :func:`log_interval_95` (its upper ratio - 1): how
+    precisely the rounds pin a row's step. None under 2 values."""
+    interval = log_interval_95(values)
+    return None if interval is None else interval[1] - 1
+
+
+def widest_precision(measurements: Measurements, cases: Sequence[Case]) -> float | None:
+    """The least precise row's :func:`precision_95` (None while any has under 2 rounds)."""
+    widths = [precision_95(measurements.medians(case)) for case in cases
+              if case.name not in measurements.skipped]
+    if not widths or any(width is None for width in widths):
+        return None
+    return max(width for width in widths if width is not None)
+
+
 def predicted_plan(case: Case, measurements: Measurements):
     """The plan the simulator runs for ``case``: the one it executed, or for a baseline
     the flat plan its pure-Ulysses peers executed (None when none ran)."""
@@ -349,6 +384,7 @@ def summarise(cases: Sequence[Case], measurements: Measurements, topology, colle
             "schedule": case.schedule, "layout": case.layout_name,
             "measured_step_s": measured, "min_step_s": min(medians),
             "max_step_s": max(medians), "round_medians_s": medians,
+            "precision_95": precision_95(medians),
         }
         comm = [run["comm_s"] for run in measurements.runs
                 if (run["schedule"], run["layout"]) == (case.schedule, case.layout_name)
@@ -375,7 +411,14 @@ def summarise(cases: Sequence[Case], measurements: Measurements, topology, colle
 
 def pick_against_best(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The planner's pick (least predicted step among plan schedules), the measured best
-    (least measured step), and how much slower the pick measured than the best."""
+    (least measured step), and how much slower the pick measured than the best.
+
+    With ``round_medians_s`` in the rows (the n-th of each row is round n's), the gap
+    also gets a 95% interval paired by round (``pick_slower_95``: the rounds share the
+    machine's load as it drifts, so their ratios vary less than either row), and
+    ``pick_resolved`` says whether that interval lies on one side of the 5% tolerance:
+    when it does not, the rounds cannot tell the pick's verdict, and more rounds can.
+    """
     from cocodiff.runtime.baseline import BASELINES
 
     def brief(row: dict[str, Any]) -> dict[str, Any]:
@@ -391,8 +434,21 @@ def pick_against_best(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {"planner_pick": None, "measured_best": brief(best)}
     pick = min(planned, key=lambda row: row["predicted_step_s"])
     gap = pick["measured_step_s"] / best["measured_step_s"] - 1
-    return {"planner_pick": brief(pick), "measured_best": brief(best),
-            "pick_slower_than_best": gap, "pick_within_5pct": gap <= PICK_TOLERANCE}
+    verdict: dict[str, Any] = {"planner_pick": brief(pick), "measured_best": brief(best),
+                               "pick_slower_than_best": gap,
+                               "pick_within_5pct": gap <= PICK_TOLERANCE}
+    if pick is best:
+        return {**verdict, "pick_slower_95": [0.0, 0.0], "pick_resolved": True}
+    # Every row ran every round (a refused case is refused from round 1 and has no row).
+    ratios = [mine / theirs for mine, theirs in zip(pick.get("round_medians_s", ()),
+                                                   best.get("round_medians_s", ()), strict=True)]
+    interval = log_interval_95(ratios)
+    if interval is None:
+        return {**verdict, "pick_slower_95": None, "pick_resolved": False}
+    centre = statistics.geometric_mean(ratios)
+    low, high = centre * interval[0] - 1, centre * interval[1] - 1
+    return {**verdict, "pick_slower_95": [low, high],
+            "pick_resolved": high <= PICK_TOLERANCE or low > PICK_TOLERANCE}
 
 
 def error_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

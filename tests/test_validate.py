@@ -1,10 +1,13 @@
 """``cocodiff validate``: real runs against the simulator's prediction of the same plans.
 
 The multi-process tests launch 2 ranks (torchrun/gloo and mpiexec/MPI) of tiny-flux, 2
-steps, 1 round, on a hand-written topology file, and check what the JSON holds; they
-never assert a time."""
+steps, 1 round and a second added (--max-rounds), on a hand-written topology file, and
+check what the JSON holds; they never assert a time."""
 
 import json
+import math
+import statistics
+from types import SimpleNamespace
 
 import pytest
 from jobwatch import watch_job
@@ -16,11 +19,16 @@ from cocodiff.plan.file import load_run_plan
 from cocodiff.util.errors import CocodiffError
 from cocodiff.validation import (
     Case,
+    Measurements,
+    RunResult,
     error_summary,
+    log_interval_95,
     make_cases,
     parse_layout_name,
     pick_against_best,
+    precision_95,
     round_order,
+    widest_precision,
 )
 
 SCHEDULES = ["flat", "tapa", "vfirst", "cocodiff", "diffusers"]
@@ -54,6 +62,8 @@ def test_validate_measures_predicts_and_compares_every_schedule(launcher, tmp_pa
     report_path = tmp_path / "validate.json"
     job = run_job([*launcher_prefix(launcher, 2), "-m", "cocodiff", "validate",
                    "--topology", str(topology), "--steps", "2", "--rounds", "1",
+                   # one round gives no interval: a second is always added (rank 0's word)
+                   "--max-rounds", "2", "--precision", "0.5",
                    "--schedules", ",".join(SCHEDULES), "--json", str(report_path)],
                   tmp_path)
     assert job.returncode == 0, job.stderr[-3000:]
@@ -73,6 +83,7 @@ def test_validate_measures_predicts_and_compares_every_schedule(launcher, tmp_pa
         assert row["error"] == pytest.approx(row["predicted_step_s"] / row["measured_step_s"]
                                              - 1)
         assert len(row["plan_sha256"]) == 64
+        assert len(row["round_medians_s"]) == 2 and row["precision_95"] > 0
     if "diffusers" in rows:
         assert rows["diffusers"]["predicted_with_plan"] == "flat"
         assert rows["diffusers"]["plan_sha256"] == rows["flat"]["plan_sha256"]
@@ -82,8 +93,8 @@ def test_validate_measures_predicts_and_compares_every_schedule(launcher, tmp_pa
                  "--steps", "2", "--dtype", "float32", "--schedule", "tapa", "--ulysses", "2",
                  "--out", str(planned)]) == 0
     assert rows["tapa"]["plan_sha256"] == load_run_plan(planned).sha256
-    # 1 round x (steps) per row, all recorded
-    assert len(report["runs"]) == len(expected)
+    # 2 rounds x (steps) per row, all recorded
+    assert report["rounds"] == 2 and len(report["runs"]) == 2 * len(expected)
     assert all(len(run["step_times_s"]) == 2 for run in report["runs"])
     pick, best = report["planner_pick"], report["measured_best"]
     assert pick["schedule"] in expected and pick["schedule"] != "diffusers"
@@ -92,6 +103,7 @@ def test_validate_measures_predicts_and_compares_every_schedule(launcher, tmp_pa
     assert best["measured_step_s"] == min(row["measured_step_s"] for row in rows.values())
     assert report["pick_within_5pct"] == (pick["measured_step_s"]
                                           <= 1.05 * best["measured_step_s"])
+    assert report["pick_slower_95"] is not None and isinstance(report["pick_resolved"], bool)
     assert report["calibration"]["collective_source"] == str(topology.with_suffix(".json"))
     assert report["calibration"]["collective"]["startup_us"] == 40.0
     assert report["num_ranks"] == 2 and report["grid"] == [1, 2, 1]
@@ -124,6 +136,8 @@ def test_a_rank_that_dies_mid_validation_stops_the_job(tmp_path):
     (["--layouts", "U2R2"], "not a layout name"),
     (["--steps", "1"], "--steps must be at least 2"),
     (["--collective", "nope"], "unknown collective model 'nope'"),
+    (["--rounds", "3", "--max-rounds", "2"], "--max-rounds (2) is below --rounds (3)"),
+    (["--precision", "0"], "--precision must be in (0, 1)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(["validate", *argv]) == 2
@@ -184,3 +198,75 @@ def test_the_pick_is_the_least_predicted_plan_schedule_against_the_least_measure
     summary = error_summary(rows)
     assert summary["median_abs_error"] == pytest.approx(0.1)
     assert summary["within_15pct"] == pytest.approx(2 / 3)
+
+
+def test_a_rows_95pct_interval_is_students_t_over_its_rounds_logs():
+    assert log_interval_95([2.0]) is None
+    assert log_interval_95([2.0, 2.0, 2.0]) == (1.0, 1.0)
+    # logs 0, 0.1, 0, 0.1: sd 0.0577, t(3) = 3.182 -> half-width 0.0919 in log
+    values = [1.0, math.exp(0.1), 1.0, math.exp(0.1)]
+    low, high = log_interval_95(values)
+    assert math.log(high) == pytest.approx(3.182 * statistics.stdev([0, 0.1, 0, 0.1]) / 2)
+    assert low == pytest.approx(1 / high)
+    assert precision_95(values) == pytest.approx(high - 1)
+
+
+def _rounds(schedule, medians, predicted):
+    return {**_row(schedule, statistics.median(medians), predicted),
+            "round_medians_s": medians}
+
+
+def test_the_picks_gap_is_paired_by_round_and_says_when_the_rounds_cannot_tell():
+    # The machine's load drifts from round to round; the pick runs 8% slower than the best
+    # in every round: each row alone varies by 20%, their ratio not at all.
+    load = [1.0, 1.2, 0.9, 1.1]
+    rows = [_rounds("flat", [1.08 * x for x in load], 0.9),
+            _rounds("vfirst", load, 1.0)]
+    result = pick_against_best(rows)
+    assert result["planner_pick"]["schedule"] == "flat"
+    assert result["pick_slower_95"] == pytest.approx([0.08, 0.08])
+    assert result["pick_within_5pct"] is False and result["pick_resolved"] is True
+    # Ratios 0.98 and 1.10 in two rounds: the interval straddles 5%, unresolved.
+    rows = [_rounds("flat", [0.98, 1.10], 0.9), _rounds("vfirst", [1.0, 1.0], 1.0)]
+    result = pick_against_best(rows)
+    low, high = result["pick_slower_95"]
+    assert low < 0.05 < high and result["pick_resolved"] is False
+    # The pick is the best: nothing to resolve.
+    result = pick_against_best([_rounds("flat", [1.0, 1.3], 0.9),
+                                _rounds("vfirst", [1.1, 1.4], 1.0)])
+    assert result["pick_slower_95"] == [0.0, 0.0] and result["pick_resolved"] is True
+
+
+class _OneRank:
+    """A transport of one rank: enough for rank 0's word to reach every rank."""
+
+    world = SimpleNamespace(size=1)
+
+    def all_to_all(self, send, send_splits, recv_splits, group=None):
+        return SimpleNamespace(wait=lambda: send)
+
+
+def test_extra_rounds_run_while_the_least_precise_row_is_wider_than_asked():
+    from cocodiff.commands.validate import _another_round
+
+    cases = [Case("flat"), Case("vfirst")]
+    measurements = Measurements()
+
+    def add_round(index, flat, vfirst):
+        for case, step in zip(cases, (flat, vfirst), strict=True):
+            measurements.add(case, index, RunResult([9.0, step, step], None, None, None))
+
+    args = SimpleNamespace(rounds=2, max_rounds=4, precision=0.05)
+    add_round(0, 1.0, 2.0)
+    assert _another_round(_OneRank(), args, measurements, cases, 1)  # below --rounds
+    add_round(1, 1.2, 2.0)  # flat +-116% after 2 rounds
+    assert widest_precision(measurements, cases) > 0.05
+    assert _another_round(_OneRank(), args, measurements, cases, 2)
+    add_round(2, 1.1, 2.0)
+    add_round(3, 1.1, 2.0)
+    assert not _another_round(_OneRank(), args, measurements, cases, 4)  # --max-rounds
+    steady = Measurements()
+    for index in range(2):
+        for case in cases:
+            steady.add(case, index, RunResult([9.0, 1.0, 1.0], None, None, None))
+    assert not _another_round(_OneRank(), args, steady, cases, 2)  # precise: stop

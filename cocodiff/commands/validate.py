@@ -50,6 +50,13 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
                         "(default 4)")
     parser.add_argument("--rounds", type=positive_int, default=3,
                         help="rounds over every case, the order rotated each round (default 3)")
+    parser.add_argument("--max-rounds", type=positive_int, default=None,
+                        help="after --rounds, keep adding rounds up to this many while a "
+                        "row's 95%% interval is wider than --precision (default: --rounds, "
+                        "no extra round)")
+    parser.add_argument("--precision", type=float, default=0.03,
+                        help="with --max-rounds: the widest 95%% interval a row may keep, as a "
+                        "fraction of its step (default 0.03: +-3%%)")
     parser.add_argument("--schedules", default=DEFAULT_SCHEDULES,
                         help="comma-separated: flat, tapa, vfirst, cocodiff, and diffusers "
                         f"(diffusers' own context parallelism) (default {DEFAULT_SCHEDULES})")
@@ -94,6 +101,11 @@ def _check_arguments(args: argparse.Namespace, launch) -> dict[str, Any]:
                             f"{args.steps}")
     if args.transport != AUTO and args.transport not in TRANSPORTS:
         create_transport(args.transport)  # the registry's one-line error
+    if args.max_rounds is not None and args.max_rounds < args.rounds:
+        raise CocodiffError(f"--max-rounds ({args.max_rounds}) is below --rounds "
+                            f"({args.rounds})")
+    if not (math.isfinite(args.precision) and 0 < args.precision < 1):
+        raise CocodiffError(f"--precision must be in (0, 1), got {args.precision}")
     if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
         raise CocodiffError(f"--timeout must be in (0, {MAX_TIMEOUT_S:g}] seconds, "
                             f"got {args.timeout}")
@@ -191,9 +203,9 @@ def _validate(args: argparse.Namespace, launch) -> int:
         transport.barrier()
 
         measurements = Measurements()
-        total = args.rounds * len(cases) * args.steps
-        with StepProgress(is_root=is_root and not args.quiet, steps=total,
-                       label="validate") as show_step:
+        progress = StepProgress(is_root=is_root and not args.quiet,
+                                steps=args.rounds * len(cases) * args.steps, label="validate")
+        with progress as show_step:
             steps_done = 0
 
             def advance() -> None:
@@ -203,21 +215,25 @@ def _validate(args: argparse.Namespace, launch) -> int:
                 if step_fault is not None:  # counts the steps of every run
                     step_fault.after_step(steps_done)
 
-            for round_index in range(args.rounds):
-                for case in round_order(cases, round_index):
-                    if case.name in measurements.skipped:
-                        continue
-                    try:
-                        generation = generate(setup, transport, case, advance)
-                    except CocodiffError as error:  # refused alike on every rank
-                        measurements.skipped[case.name] = str(error)
-                        for _ in range(args.steps * (args.rounds - round_index)):
-                            show_step()
-                        continue
-                    measurements.add(case, round_index, generation)
+            rounds = 0
+            while rounds == 0 or _another_round(transport, args, measurements, cases, rounds):
+                if rounds >= args.rounds:
+                    progress.grow(len(cases) * args.steps)
+                for case in round_order(cases, rounds):
+                    if case.name not in measurements.skipped:
+                        try:
+                            measurements.add(case, rounds,
+                                             generate(setup, transport, case, advance))
+                            continue
+                        except CocodiffError as error:  # refused alike on every rank
+                            measurements.skipped[case.name] = str(error)
+                    for _ in range(args.steps):
+                        show_step()
+                rounds += 1
         if is_root:
             report = _report(args, cases, measurements, topology, checked, grid, spec,
-                             (width, height, frames), transport.name, reference, notes)
+                             (width, height, frames), transport.name, reference, notes,
+                             rounds)
             _print(report)
             if args.json is not None:
                 from cocodiff.util.atomic import atomic_write_text
@@ -229,8 +245,27 @@ def _validate(args: argparse.Namespace, launch) -> int:
     return 0
 
 
+def _another_round(transport, args: argparse.Namespace, measurements, cases,
+                   rounds: int) -> bool:
+    """Whether the ranks run round ``rounds + 1``: always up to ``--rounds``; then, up to
+    ``--max-rounds``, while rank 0's least precise row is wider than ``--precision``
+    (rank 0 decides, as it reports; every rank takes its word)."""
+    if rounds < args.rounds:
+        return True
+    if rounds >= (args.max_rounds or args.rounds):
+        return False
+    import torch
+
+    from cocodiff.runtime.exchange import all_gather_rows
+    from cocodiff.validation import widest_precision
+
+    widest = widest_precision(measurements, cases)
+    mine = torch.tensor([int(widest is None or widest > args.precision)], dtype=torch.int64)
+    return bool(all_gather_rows(transport, mine)[0].item())
+
+
 def _report(args, cases, measurements, topology, checked, grid, spec, size, transport_name,
-            reference, notes) -> dict[str, Any]:
+            reference, notes, rounds) -> dict[str, Any]:
     from dataclasses import asdict
 
     from cocodiff.validation import EXACT_ATOL, layouts_json, summarise
@@ -258,7 +293,9 @@ def _report(args, cases, measurements, topology, checked, grid, spec, size, tran
         "transport": transport_name,
         "dtype": args.dtype,
         "steps": args.steps,
-        "rounds": args.rounds,
+        "rounds": rounds,
+        "max_rounds": args.max_rounds or args.rounds,
+        "precision_target": args.precision if args.max_rounds else None,
         "layouts": layouts_json(cases),
         "calibration": {"topology": args.topology or "cluster (preset, uncalibrated)",
                         "topology_toml": dump_topology(topology.spec),
@@ -270,6 +307,19 @@ def _report(args, cases, measurements, topology, checked, grid, spec, size, tran
     }
 
 
+def pick_verdict(report: dict[str, Any]) -> str:
+    """How much slower the pick measured than the best, with the rounds' 95% interval, and
+    whether that is within 5% (and whether the rounds can tell)."""
+    text = f"{report['pick_slower_than_best']:+.1%}"
+    interval = report.get("pick_slower_95")
+    if interval is not None and interval != [0.0, 0.0]:
+        text += f" (95%: {interval[0]:+.1%} to {interval[1]:+.1%})"
+    text += ", within 5%" if report["pick_within_5pct"] else ", NOT within 5%"
+    if not report.get("pick_resolved", True):
+        text += " (unresolved: the interval straddles 5%; more rounds can tell)"
+    return text
+
+
 def _print(report: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -278,26 +328,28 @@ def _print(report: dict[str, Any]) -> None:
     table = Table(title=f"{report['model']['name']} on {report['num_ranks']} ranks "
                   f"({'x'.join(map(str, report['grid']))}), {report['transport']}, "
                   f"{report['steps']} steps x {report['rounds']} round(s), first step left out")
-    for column in ("schedule", "layout", "measured step (min-max)", "predicted", "error"):
+    for column in ("schedule", "layout", "measured step (min-max)", "95%", "predicted",
+                   "error"):
         table.add_column(column, justify="left" if column in ("schedule", "layout")
                          else "right")
     for row in report["rows"]:
-        predicted, error = row["predicted_step_s"], row["error"]
+        predicted, error, precision = row["predicted_step_s"], row["error"], \
+            row.get("precision_95")
         table.add_row(row["schedule"], row["layout"],
                       f"{row['measured_step_s'] * 1e3:.2f} ms ({row['min_step_s'] * 1e3:.2f}-"
                       f"{row['max_step_s'] * 1e3:.2f})",
+                      "-" if precision is None else f"+-{precision:.1%}",
                       "-" if predicted is None else f"{predicted * 1e3:.2f} ms",
                       "-" if error is None else f"{error:+.1%}")
     console = plain_console()
     console.print(table)
     pick, best = report["planner_pick"], report["measured_best"]
     if pick is not None:
-        verdict = "within 5%" if report["pick_within_5pct"] else "NOT within 5%"
         console.print(f"planner's pick: {pick['schedule']} {pick['layout']} (predicted "
                       f"{pick['predicted_step_s'] * 1e3:.2f} ms, measured "
                       f"{pick['measured_step_s'] * 1e3:.2f} ms); measured best: "
                       f"{best['schedule']} {best['layout']} ({best['measured_step_s'] * 1e3:.2f}"
-                      f" ms): {report['pick_slower_than_best']:+.1%}, {verdict}")
+                      f" ms): {pick_verdict(report)}")
     if "median_abs_error" in report:
         console.print(f"median |error| {report['median_abs_error']:.1%}; within 15%: "
                       f"{report['within_15pct']:.0%} of rows, within 20%: "

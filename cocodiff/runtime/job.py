@@ -299,6 +299,13 @@ class StepProgress:
         self._steps = steps
         self._label = label
         self._bar: Any = None
+        self._task: Any = None
+
+    def grow(self, steps: int) -> None:
+        """More steps than first announced (e.g. validate's extra rounds)."""
+        self._steps += steps
+        if self._bar is not None:
+            self._bar.update(self._task, total=self._steps)
 
     def __enter__(self):
         if not self._enabled:
@@ -308,8 +315,8 @@ class StepProgress:
         self._bar = Progress(TextColumn(self._label), BarColumn(), TextColumn("{task.completed}/"
                              "{task.total}"), TimeElapsedColumn(), transient=False)
         self._bar.start()
-        task = self._bar.add_task("steps", total=self._steps)
-        return lambda: self._bar.advance(task)
+        self._task = self._bar.add_task("steps", total=self._steps)
+        return lambda: self._bar.advance(self._task)
 
     def __exit__(self, *exc) -> None:
         if self._bar is not None:

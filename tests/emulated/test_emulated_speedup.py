@@ -31,8 +31,8 @@ def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, cap
     report_path = tmp_path / "report.json"
     code = emulated_speedup.main([
         "--configs", "2x2@1", "--schedules", ",".join(SCHEDULES), "--repeats", "1",
-        "--steps", "2", "--quick-calibration", "--heads", "4", "--head-dim", "16",
-        "--layers", "1", "--single-layers", "1", "--resolution", "128",
+        "--max-repeats", "1", "--steps", "2", "--quick-calibration", "--heads", "4",
+        "--head-dim", "16", "--layers", "1", "--single-layers", "1", "--resolution", "128",
         "--json", str(report_path), "--plot", str(tmp_path / "plot.png"),
     ])
     assert code == 0, capsys.readouterr().err[-3000:]
