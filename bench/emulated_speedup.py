@@ -402,11 +402,16 @@ def overall(configs: list[dict[str, Any]]) -> dict[str, Any]:
     errors = [abs(row["error"]) for config in configs for row in config["summary"].values()
               if row.get("error") is not None]
     picks = [config["validate"].get("pick_within_5pct") for config in configs]
+    # A miss whose interval (paired by round) straddles 5%: the rounds could not tell.
+    unresolved = [config["label"] for config in configs
+                  if config["validate"].get("pick_within_5pct") is False
+                  and config["validate"].get("pick_resolved") is False]
     return {"rows": len(errors),
             "median_abs_error": statistics.median(errors) if errors else None,
             "within_15pct": sum(e <= 0.15 for e in errors) / len(errors) if errors else None,
             "within_20pct": sum(e <= 0.20 for e in errors) / len(errors) if errors else None,
-            "pick_within_5pct": f"{sum(bool(p) for p in picks)} of {len(picks)}"}
+            "pick_within_5pct": f"{sum(bool(p) for p in picks)} of {len(picks)}",
+            "picks_missed_unresolved": unresolved}
 
 
 def picks_table(report: dict[str, Any]) -> str:
@@ -437,7 +442,9 @@ def overall_text(report: dict[str, Any]) -> str:
     return (f"{report['rows']} rows: median |error| {report['median_abs_error']:.1%}, "
             f"{report['within_15pct']:.0%} within 15%, {report['within_20pct']:.0%} within "
             f"20%; the planner's pick within 5% of the measured best in "
-            f"{report['pick_within_5pct']} configurations")
+            f"{report['pick_within_5pct']} configurations"
+            + (f" (misses the rounds could not tell: {', '.join(unresolved)})"
+               if (unresolved := report.get("picks_missed_unresolved")) else ""))
 
 
 def single_process_env() -> dict[str, str]:

@@ -10,6 +10,11 @@ and warms caches). The plan each run executed (``runtime.run_plan``, made by
 of one plan; ``diffusers`` (diffusers' own context parallelism, which is flat Ulysses) is
 predicted with the flat plan of the same run.
 
+How sure a measurement is comes from its rounds: each row's 95% interval over its round
+medians (:func:`log_interval_95`), and the pick's gap to the best paired round by round
+(:func:`pick_against_best`); ``validate --max-rounds`` adds rounds while the least
+precise row is wider than asked (:func:`widest_precision`).
+
 The argument parsing and printing live in :mod:`cocodiff.commands.validate`.
 """
 

@@ -8,7 +8,8 @@ interleaved, the order rotated every round, ``--rounds`` times; rank 0 simulates
 plans that ran and prints, per row, the measured step (the median over rounds of each
 run's median step, the first step left out; min-max over rounds), the predicted step
 and the error (predicted / measured - 1), then the planner's pick against the measured
-best. The logic is :mod:`cocodiff.validation`.
+best, with the rounds' 95% intervals; ``--max-rounds`` adds rounds (up to that many) while
+a row's interval is wider than ``--precision``. The logic is :mod:`cocodiff.validation`.
 
 Failures never hang the job: every wait on a peer is bounded by ``--timeout``, and a
 rank that fails ends the job as ``cocodiff run`` does.

@@ -87,9 +87,33 @@ def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, cap
         (["--schedules", "flat,nope"], "unknown schedule"),
         (["--configs", "missing.json"], "--configs missing.json"),
         (["--steps", "1"], "--steps must be at least 2"),
+        (["--repeats", "4", "--max-repeats", "3"], "--max-repeats (3) is below --repeats (4)"),
     ],
 )
 def test_bad_input_is_one_line(argv, message, capsys):
     assert emulated_speedup.main(argv) == 1
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def _validated(label, slower, within, interval, resolved):
+    pick = {"schedule": "vfirst", "layout": "pure", "measured_step_s": 1.0 + slower,
+            "predicted_step_s": 0.9}
+    best = {"schedule": "flat", "layout": "pure", "measured_step_s": 1.0,
+            "predicted_step_s": 1.0}
+    return {"label": label, "summary": {},
+            "validate": {"rounds": 10, "planner_pick": pick, "measured_best": best,
+                         "pick_slower_than_best": slower, "pick_within_5pct": within,
+                         "pick_slower_95": interval, "pick_resolved": resolved}}
+
+
+def test_the_summary_names_the_missed_picks_the_rounds_could_not_tell():
+    configs = [_validated("a", 0.02, True, [0.01, 0.03], True),
+               _validated("b", 0.09, False, [0.07, 0.11], True),
+               _validated("c", 0.07, False, [-0.01, 0.15], False)]
+    summary = emulated_speedup.overall(configs)
+    assert summary["pick_within_5pct"] == "1 of 3"
+    assert summary["picks_missed_unresolved"] == ["c"]
+    table = emulated_speedup.picks_table({"configs": configs})
+    assert "| c | 10 |" in table and "-1.0% to +15.0%, unresolved" in table
+    assert "+7.0% to +11.0%)" in table
