@@ -92,9 +92,20 @@ def text_table(config: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def error_bar(row: dict[str, Any]) -> tuple[float, float]:
+    """(below, above) the measured step, ms: the row's 95% interval when validate gave one
+    (a ratio either side), else the rounds' min-max."""
+    measured = row["measured_step_s"] * 1e3
+    precision = row.get("precision_95")
+    if precision:
+        return measured - measured / (1 + precision), measured * precision
+    return measured - row["min_step_s"] * 1e3, row["max_step_s"] * 1e3 - measured
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
-    """Measured (bars, with the rounds' min-max) and predicted (markers) step time of
-    every schedule, one panel per configuration."""
+    """Measured (bars, with each row's 95% interval over its rounds, or in reports
+    without one the rounds' min-max) and predicted (markers) step time of every schedule,
+    one panel per configuration."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,11 +123,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
         names = list(config["summary"])
         rows = [config["summary"][name] for name in names]
         measured = [row["measured_step_s"] * 1e3 for row in rows]
-        low = [m - row["min_step_s"] * 1e3 for m, row in zip(measured, rows, strict=True)]
-        high = [row["max_step_s"] * 1e3 - m for m, row in zip(measured, rows, strict=True)]
+        low, high = zip(*(error_bar(row) for row in rows), strict=True)
         positions = range(len(names))
         ax.bar(positions, measured, yerr=[low, high], color="#4c72b0", capsize=3,
-               label="measured")
+               label="measured" + (", 95%" if rows and rows[0].get("precision_95") else
+                                   ", min-max"))
         predicted = [(i, row["predicted_step_s"] * 1e3) for i, row in enumerate(rows)
                      if row.get("predicted_step_s") is not None]
         before = [(i, row["predicted_matmul_rate_step_s"] * 1e3) for i, row in enumerate(rows)

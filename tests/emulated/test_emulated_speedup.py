@@ -117,3 +117,12 @@ def test_the_summary_names_the_missed_picks_the_rounds_could_not_tell():
     table = emulated_speedup.picks_table({"configs": configs})
     assert "| c | 10 |" in table and "-1.0% to +15.0%, unresolved" in table
     assert "+7.0% to +11.0%)" in table
+
+
+def test_the_plots_error_bars_are_the_rows_interval_else_the_rounds_min_max():
+    from bench.emulated_report import error_bar
+
+    row = {"measured_step_s": 0.1, "min_step_s": 0.09, "max_step_s": 0.12}
+    assert error_bar(row) == pytest.approx((10.0, 20.0))
+    # +-10%: a ratio either side of the measured 100 ms
+    assert error_bar({**row, "precision_95": 0.1}) == pytest.approx((100 - 100 / 1.1, 10.0))
