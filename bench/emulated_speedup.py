@@ -486,6 +486,9 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
                 config.transport, timeout_s=args.timeout, log_dir=here / "validate-logs")
         print(f"  validated in {time.monotonic() - started:.0f} s", flush=True)
     report = json.loads(validated.read_text())
+    from cocodiff.commands.validate import machine_text
+
+    print(f"  {machine_text(report['machine'])}", flush=True)
     for name, message in report["skipped"].items():
         notes.append(f"{name} skipped on {config.label}: the runtime refused it ({message})")
     summary = {(row["schedule"] if row["layout"] == "pure"

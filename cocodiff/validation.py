@@ -307,6 +307,44 @@ class Measurements:
                 if (run["schedule"], run["layout"]) == (case.schedule, case.layout_name)]
 
 
+def blocks_layer_s(model: str, resolution: str | None, dtype_name: str,
+                   transport) -> float | None:
+    """The model's real blocks timed as ``calibrate --quick`` times them (every rank at
+    once, CPU seconds per layer, the median over ranks; collective): how fast this machine
+    computes now, to hold against the calibration's ``compute.block.layer_s``. Between a
+    calibration and its validation, minutes apart, this machine's compute moved by up to
+    26% (docs/validate.md, 2026-11-27) while calibrate's own reference work did not show
+    it. None (on every rank) when calibrate does not time this model's blocks."""
+    from cocodiff.calibration.blocks import build_transformer, time_blocks, timed_model
+    from cocodiff.calibration.collect import WorldLineup, gather_floats
+    from cocodiff.calibration.options import CalibrateOptions
+    from cocodiff.runtime.hooks import UnsupportedModelError
+
+    timed = timed_model(CalibrateOptions(model=model, resolution=resolution,
+                                         dtype=dtype_name, quick=True))
+    if timed is None:
+        return None
+    config, _spec, streams = timed
+    try:
+        timing = time_blocks(build_transformer(config), streams, transport.world_size,
+                             transport.rank, dtype_name, rounds=3, round_s=0.1,
+                             lineup=WorldLineup(transport))
+    except UnsupportedModelError:  # the same on every rank
+        return None
+    return statistics.median(row[0] for row in gather_floats(transport, [timing.layer_s]))
+
+
+def machine_drift(layer_s: Sequence[float | None], calibrated_layer_s: float | None
+                  ) -> dict[str, Any]:
+    """The blocks' time per layer during a validation (at its start and end) against the
+    calibration's: ``drift`` = their mean / the calibration's - 1 (None without both)."""
+    timed = [value for value in layer_s if value is not None]
+    drift = (statistics.fmean(timed) / calibrated_layer_s - 1
+             if timed and calibrated_layer_s else None)
+    return {"layer_s": list(layer_s), "calibrated_layer_s": calibrated_layer_s,
+            "drift": drift}
+
+
 def log_interval_95(values: Sequence[float]) -> tuple[float, float] | None:
     """A 95% interval of the values' geometric mean as ratios to it, ``(low, high)``:
     Student's t over their logs. Rounds are the independent units here (steps within one

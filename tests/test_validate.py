@@ -23,6 +23,7 @@ from cocodiff.validation import (
     RunResult,
     error_summary,
     log_interval_95,
+    machine_drift,
     make_cases,
     parse_layout_name,
     pick_against_best,
@@ -104,6 +105,11 @@ def test_validate_measures_predicts_and_compares_every_schedule(launcher, tmp_pa
     assert report["pick_within_5pct"] == (pick["measured_step_s"]
                                           <= 1.05 * best["measured_step_s"])
     assert report["pick_slower_95"] is not None and isinstance(report["pick_resolved"], bool)
+    # The model's blocks timed at the start and the end (no blocks in this calibration JSON)
+    machine = report["machine"]
+    assert len(machine["layer_s"]) == 2 and all(value > 0 for value in machine["layer_s"])
+    assert machine["calibrated_layer_s"] is None and machine["drift"] is None
+    assert "ms of CPU per layer" in " ".join(job.stdout.split())  # the console wraps lines
     assert report["calibration"]["collective_source"] == str(topology.with_suffix(".json"))
     assert report["calibration"]["collective"]["startup_us"] == 40.0
     assert report["num_ranks"] == 2 and report["grid"] == [1, 2, 1]
@@ -270,3 +276,16 @@ def test_extra_rounds_run_while_the_least_precise_row_is_wider_than_asked():
         for case in cases:
             steady.add(case, index, RunResult([9.0, 1.0, 1.0], None, None, None))
     assert not _another_round(_OneRank(), args, steady, cases, 2)  # precise: stop
+
+
+def test_the_machines_drift_is_the_blocks_time_now_against_the_calibrations():
+    from cocodiff.commands.validate import machine_text
+
+    machine = machine_drift([0.012, 0.014], 0.010)
+    assert machine["drift"] == pytest.approx(0.3)
+    text = machine_text(machine)
+    assert "12.00 at the start, 14.00 at the end" in text and "+30%" in text
+    assert "calibrate again" in text
+    assert "calibrate again" not in machine_text(machine_drift([0.0105], 0.010))
+    assert machine_drift([0.012, 0.014], None)["drift"] is None
+    assert "not timed here" in machine_text(machine_drift([None, None], 0.010))

@@ -152,7 +152,9 @@ def _validate(args: argparse.Namespace, launch) -> int:
     from cocodiff.validation import (
         Measurements,
         RunSetup,
+        blocks_layer_s,
         generate,
+        machine_drift,
         make_cases,
         reference_latents,
         round_order,
@@ -203,6 +205,8 @@ def _validate(args: argparse.Namespace, launch) -> int:
             reference = reference_latents(setup)
         transport.barrier()
 
+        # The machine's compute now, at the start and the end, against the calibration's.
+        machine = [blocks_layer_s(args.model, args.resolution, args.dtype, transport)]
         measurements = Measurements()
         progress = StepProgress(is_root=is_root and not args.quiet,
                                 steps=args.rounds * len(cases) * args.steps, label="validate")
@@ -231,10 +235,11 @@ def _validate(args: argparse.Namespace, launch) -> int:
                     for _ in range(args.steps):
                         show_step()
                 rounds += 1
+        machine.append(blocks_layer_s(args.model, args.resolution, args.dtype, transport))
         if is_root:
             report = _report(args, cases, measurements, topology, checked, grid, spec,
                              (width, height, frames), transport.name, reference, notes,
-                             rounds)
+                             rounds, machine_drift(machine, _calibrated_layer_s(args.topology)))
             _print(report)
             if args.json is not None:
                 from cocodiff.util.atomic import atomic_write_text
@@ -265,8 +270,20 @@ def _another_round(transport, args: argparse.Namespace, measurements, cases,
     return bool(all_gather_rows(transport, mine)[0].item())
 
 
+def _calibrated_layer_s(topology: str | None) -> float | None:
+    """calibrate's time per layer of the model's blocks (``compute.block.layer_s`` in the
+    JSON beside the topology TOML), or None."""
+    if topology is None or not Path(topology).with_suffix(".json").is_file():
+        return None
+    try:
+        measured = json.loads(Path(topology).with_suffix(".json").read_text())
+        return float(measured["compute"]["block"]["layer_s"])
+    except (ValueError, KeyError, TypeError):  # not calibrate's JSON, or no blocks timed
+        return None
+
+
 def _report(args, cases, measurements, topology, checked, grid, spec, size, transport_name,
-            reference, notes, rounds) -> dict[str, Any]:
+            reference, notes, rounds, machine) -> dict[str, Any]:
     from dataclasses import asdict
 
     from cocodiff.validation import EXACT_ATOL, layouts_json, summarise
@@ -302,6 +319,7 @@ def _report(args, cases, measurements, topology, checked, grid, spec, size, tran
                         "topology_toml": dump_topology(topology.spec),
                         "collective": used.to_json(), "collective_source": source},
         "exactness": exactness,
+        "machine": machine,
         "skipped": measurements.skipped,
         "runs": measurements.runs,
         "notes": notes,
@@ -318,6 +336,27 @@ def pick_verdict(report: dict[str, Any]) -> str:
     text += ", within 5%" if report["pick_within_5pct"] else ", NOT within 5%"
     if not report.get("pick_resolved", True):
         text += " (unresolved: the interval straddles 5%; more rounds can tell)"
+    return text
+
+
+# Past this drift of the blocks' time from the calibration's, validate says recalibrate.
+DRIFT_WARNING = 0.10
+
+
+def machine_text(machine: dict[str, Any]) -> str:
+    """The blocks' time per layer at the validation's start and end against calibrate's."""
+    timed = [value for value in machine["layer_s"] if value is not None]
+    if not timed:
+        return "the model's blocks: not timed here (calibrate does not time this model)"
+    text = ("the model's blocks, every rank at once: "
+            + " at the start, ".join(f"{value * 1e3:.2f}" for value in timed)
+            + (" at the end" if len(timed) > 1 else "") + " ms of CPU per layer")
+    if machine["drift"] is None:
+        return text + " (no calibration JSON with the blocks beside the topology)"
+    text += (f"; calibrate measured {machine['calibrated_layer_s'] * 1e3:.2f}: "
+             f"{machine['drift']:+.0%}")
+    if abs(machine["drift"]) > DRIFT_WARNING:
+        text += " (the machine is not the one calibrated: calibrate again before judging)"
     return text
 
 
@@ -362,6 +401,7 @@ def _print(report: dict[str, Any]) -> None:
         console.print(f"final latents against one single-process run (round 1): {diffs}; "
                       f"exact schedules within {exactness['atol']:g}: "
                       f"{'yes' if exactness['passed'] else 'NO'}")
+    console.print(machine_text(report["machine"]))
     console.print(f"collective model: {report['calibration']['collective_source']}")
     for note in report["notes"]:
         console.print(f"note: {note}")
