@@ -284,7 +284,8 @@ def test_the_machines_drift_is_the_blocks_time_now_against_the_calibrations():
     machine = machine_drift([0.012, 0.014], 0.010)
     assert machine["drift"] == pytest.approx(0.3)
     text = machine_text(machine)
-    assert "12.00 at the start, 14.00 at the end" in text and "+30%" in text
+    assert "12.00 ms of CPU per layer at the start, 14.00 at the end" in text
+    assert "calibrate measured 10.00: +30%" in text
     assert "calibrate again" in text
     assert "calibrate again" not in machine_text(machine_drift([0.0105], 0.010))
     assert machine_drift([0.012, 0.014], None)["drift"] is None

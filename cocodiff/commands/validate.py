@@ -348,9 +348,9 @@ def machine_text(machine: dict[str, Any]) -> str:
     timed = [value for value in machine["layer_s"] if value is not None]
     if not timed:
         return "the model's blocks: not timed here (calibrate does not time this model)"
-    text = ("the model's blocks, every rank at once: "
-            + " at the start, ".join(f"{value * 1e3:.2f}" for value in timed)
-            + (" at the end" if len(timed) > 1 else "") + " ms of CPU per layer")
+    text = f"the model's blocks, every rank at once: {timed[0] * 1e3:.2f} ms of CPU per layer"
+    if len(timed) > 1:
+        text += f" at the start, {timed[-1] * 1e3:.2f} at the end"
     if machine["drift"] is None:
         return text + " (no calibration JSON with the blocks beside the topology)"
     text += (f"; calibrate measured {machine['calibrated_layer_s'] * 1e3:.2f}: "
