@@ -290,3 +290,14 @@ def test_the_machines_drift_is_the_blocks_time_now_against_the_calibrations():
     assert "calibrate again" not in machine_text(machine_drift([0.0105], 0.010))
     assert machine_drift([0.012, 0.014], None)["drift"] is None
     assert "not timed here" in machine_text(machine_drift([None, None], 0.010))
+
+
+def test_the_calibrations_blocks_come_from_calibrates_json_beside_the_topology(tmp_path):
+    from cocodiff.commands.validate import _calibrated_layer_s
+
+    topology = _topology(tmp_path)  # its JSON holds a collective, no blocks
+    assert _calibrated_layer_s(str(topology)) is None
+    topology.with_suffix(".json").write_text(json.dumps(
+        {"compute": {"block": {"layer_s": 0.0125}}}))
+    assert _calibrated_layer_s(str(topology)) == 0.0125
+    assert _calibrated_layer_s("cluster") is None and _calibrated_layer_s(None) is None

@@ -182,6 +182,14 @@ COLLECTIVE_HELP = ("the simulator's collective model: a name (ideal: links only;
                    "one, else the topology's preset model")
 
 
+def calibration_beside(topology: str | None) -> Path | None:
+    """calibrate's JSON beside a topology TOML (same name, ``.json``), when there is one."""
+    if not topology or not topology.endswith(".toml"):
+        return None
+    beside = Path(topology).with_suffix(".json")
+    return beside if beside.is_file() else None
+
+
 def collective_source(source: str, topology: str | None) -> tuple[Any, str]:
     """(the collective model ``--collective source`` names, None for the topology's preset
     model; where it came from). One rule for plan, simulate, collective and validate, so a
@@ -190,9 +198,8 @@ def collective_source(source: str, topology: str | None) -> tuple[Any, str]:
     from transports.sim import COLLECTIVE_MODELS, CollectiveModel
 
     if source == AUTO:
-        beside = Path(topology).with_suffix(".json") \
-            if topology and topology.endswith(".toml") else None
-        if beside is None or not beside.is_file():
+        beside = calibration_beside(topology)
+        if beside is None:
             return None, "the topology's preset model"
         path = beside
     elif source in COLLECTIVE_MODELS:

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cocodiff.commands.plan import COLLECTIVE_HELP, collective_source
+from cocodiff.commands.plan import COLLECTIVE_HELP, calibration_beside, collective_source
 from cocodiff.commands.run import MAX_TIMEOUT_S, run_on_every_rank
 from cocodiff.util.errors import CocodiffError
 
@@ -272,12 +272,12 @@ def _another_round(transport, args: argparse.Namespace, measurements, cases,
 
 def _calibrated_layer_s(topology: str | None) -> float | None:
     """calibrate's time per layer of the model's blocks (``compute.block.layer_s`` in the
-    JSON beside the topology TOML), or None."""
-    if topology is None or not Path(topology).with_suffix(".json").is_file():
+    JSON beside the topology TOML: :func:`calibration_beside`), or None."""
+    beside = calibration_beside(topology)
+    if beside is None:
         return None
     try:
-        measured = json.loads(Path(topology).with_suffix(".json").read_text())
-        return float(measured["compute"]["block"]["layer_s"])
+        return float(json.loads(beside.read_text())["compute"]["block"]["layer_s"])
     except (ValueError, KeyError, TypeError):  # not calibrate's JSON, or no blocks timed
         return None
 
