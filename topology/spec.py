@@ -83,10 +83,12 @@ class HostSpec:
         codec_cpu_us: CPU time of V-Major's codec per message of a selective phase, at
             each end: the sender choosing and packing the blocks that changed most, the
             receiver unpacking them into its copy (``cocodiff.runtime.vmajor``).
-        phase_cpu_us: CPU time per TAPA phase (and chunk) beyond its call: the runtime
-            routing the blocks' rows from one phase to the next (splitting what arrived,
-            concatenating each member's message; ``cocodiff.runtime.tapa``), which a flat
-            exchange does not do.
+        phase_cpu_us: CPU time per TAPA phase (and chunk) beyond what its call and
+            messages are charged: the runtime routing the blocks' rows from one phase to
+            the next (splitting what arrived, concatenating each member's message;
+            ``cocodiff.runtime.tapa``), which a flat exchange does not do, and what the
+            transport spends on a phase's calls beyond their price
+            (``cocodiff.calibration.routing``).
     """
 
     cores: float

@@ -43,7 +43,7 @@ A file describes one node and how many of them there are; every node is identica
     call_cpu_us = 300.0        # CPU per exchange call (each TAPA phase is one; default 0)
     call_wait_us = 500.0       # a call done while every core is busy waits this (no CPU; default 0)
     codec_cpu_us = 80.0        # CPU of V-Major's codec per selective message, each end (default 0)
-    phase_cpu_us = 100.0       # CPU routing rows between TAPA phases, per phase (default 0)
+    phase_cpu_us = 100.0       # CPU per TAPA phase beyond its call's price (default 0)
     message_cpu_us = 30.0      # CPU per message sent or received in an exchange (default 0)
     copy_gbps = 2.0            # GB/s one core moves exchange bytes (default: bytes are free)
     busy_poll = false          # a rank blocked on an exchange spins on a core (MPI progress)

@@ -399,14 +399,14 @@ class _ExchangeCpu:
 
     @staticmethod
     def of(host: HostSpec, sent: tuple[int, int], received: tuple[int, int],
-           routing_s: float = 0.0) -> _ExchangeCpu:
+           routing_s: float = 0.0, wire_s: float = 0.0) -> _ExchangeCpu:
         """From ``(messages, bytes)`` sent and received (:func:`_messages`): the call, its
         rows' routing (``routing_s``) and the first message sent before, the last message
-        received after (a message of the mean size each), the rest during. Its sum is what
-        ``host`` charges the call, so a wire that takes no time gives the call its whole CPU
-        in a row."""
-        total = routing_s + host.exchange_cpu_s(sent[0] + received[0], sent[1] + received[1],
-                                                calls=1)
+        received after (a message of the mean size each), the rest during, with
+        ``wire_s`` more. Its sum is what ``host`` charges the call, so a wire that takes
+        no time gives the call its whole CPU in a row."""
+        total = routing_s + wire_s + host.exchange_cpu_s(
+            sent[0] + received[0], sent[1] + received[1], calls=1)
         before = routing_s + host.exchange_cpu_s(min(sent[0], 1), sent[1] / max(sent[0], 1),
                                                  calls=1)
         after = host.exchange_cpu_s(min(received[0], 1), received[1] / max(received[0], 1))
@@ -481,12 +481,15 @@ class SimTransport:
         group: Group | None = None,
         tag: Hashable = None,
         routing_cpu_s: float = 0.0,
+        wire_cpu_s: float = 0.0,
     ) -> SimHandle:
         """As :meth:`Transport.all_to_all`; ``tag`` (simulator only) matches calls that
         several concurrent exchanges make on one group, whatever order they post in;
         ``routing_cpu_s`` (simulator only) is the CPU the caller spends readying the call's
-        rows (TAPA routing a phase's blocks), charged with the call's own before any byte
-        leaves: it does not part the call from the one before it."""
+        rows (V-Major's sender packing a phase's blocks), charged with the call's own
+        before any byte leaves: it does not part the call from the one before it;
+        ``wire_cpu_s`` (simulator only) is CPU the call spends while its bytes travel
+        beyond its messages' (a TAPA phase's, ``[host] phase_cpu_us``)."""
         group = group or self._world_group
         if len(send_splits) != group.size or len(recv_splits) != group.size:
             raise TransportError(
@@ -499,13 +502,13 @@ class SimTransport:
         send_bytes = tuple(rows * send.row_bytes for rows in send_splits)
         received = VirtualBuffer(sum(recv_splits), send.row_bytes)
         host = self.simulation.host
-        if host is None or not (host.charges_exchanges or routing_cpu_s):
+        if host is None or not (host.charges_exchanges or routing_cpu_s or wire_cpu_s):
             event = self._world.post_all_to_all(self._rank, group, send_bytes, tag)
             return SimHandle(event, received)
         me = group.group_rank(self._rank)
         recv_bytes = [rows * send.row_bytes for rows in recv_splits]
         cpu = _ExchangeCpu.of(host, _messages(send_bytes, me), _messages(recv_bytes, me),
-                              routing_cpu_s)
+                              routing_cpu_s, wire_cpu_s)
         sequence = self._world.reserve(self._rank, group, tag)
         follows_call = self._last_call_done_s == self.simulation.env.now
         process = self.simulation.env.process(

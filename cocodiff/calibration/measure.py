@@ -140,9 +140,10 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
 
     loaded, loaded_note = _loaded_cpu(transport, options, shapes, node_of, cpu, compute)
     codec_cpu_s = measure_codec_cpu_s(transport, shapes, options.dtype)
+    host = _host_of_ranks(transport, cpu, loaded, loaded_note)
     phase_cpu_s = measure_phase_cpu_s(transport, options.model, options.tokens,
                                       options.resolution, options.dtype, num_nodes,
-                                      ranks_per_node)
+                                      ranks_per_node, host.spec())
 
     all_to_all = []
     a2a_sizes = QUICK_ALL_TO_ALL_KIB if options.quick else ALL_TO_ALL_KIB
@@ -168,7 +169,7 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                        compute, fits["intra"], fits["inter"], all_to_all,
                        time.perf_counter() - began,
                        host=dataclasses.replace(
-                           _host_of_ranks(transport, cpu, loaded, loaded_note),
+                           host,
                            codec_cpu_us=codec_cpu_s * 1e6, phase_cpu_us=phase_cpu_s * 1e6,
                            compute_core_demand=1.0 if device.type == "cpu" else 0.0),
                        intra_wire=wires["intra"], inter_wire=wires["inter"],

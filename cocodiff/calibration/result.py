@@ -36,7 +36,8 @@ class HostMeasurement:
             busy host (:meth:`Loops.fitted_call_wait_us`, from the same loops).
         codec_cpu_us: CPU of V-Major's codec per selective message at one end
             (:mod:`cocodiff.calibration.codec`).
-        phase_cpu_us: CPU of TAPA's routing per phase, beyond the call
+        phase_cpu_us: CPU per TAPA phase posting beyond its call's price: the routing
+            and the transport's extra
             (:mod:`cocodiff.calibration.routing`; 0 on one node: no phases).
         compute_core_demand: cores a rank's compute takes: 1 where it computes on the CPU,
             0 where it computes on an accelerator (the runtime's device).
@@ -198,9 +199,10 @@ class Calibration:
             f"CPU time, every rank computing at once); exchange CPU: {charged}; V-Major's "
             f"codec: {self.host.codec_cpu_us:.0f} us per selective message at each end (an "
             f"encode and a decode of the model's V message to one member, every rank at once); "
-            f"TAPA's routing: {self.host.phase_cpu_us:.0f} us per phase (the model's phased "
-            f"exchanges of one layer through a transport that moves nothing, every rank at "
-            f"once, less the same exchanges made flat).",
+            f"TAPA's phases: {self.host.phase_cpu_us:.0f} us per phase beyond their calls' "
+            f"price (the model's phased exchanges of one layer through the transport, every "
+            f"rank at once, less the same exchanges made flat and less what the prices "
+            f"above charge the difference).",
         ]
 
     def _block_text(self) -> str:

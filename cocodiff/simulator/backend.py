@@ -177,7 +177,7 @@ class SimBackend:
         encode_s = self._messages(phase, send) * self._codec_s(phase)
         handle = self.transport.all_to_all(
             VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
-            tag=(step.tensor, chunk, p), routing_cpu_s=self._routing_s() + encode_s,
+            tag=(step.tensor, chunk, p), routing_cpu_s=encode_s, wire_cpu_s=self._phase_s(),
         )
         yield handle.event
         handle.wait()
@@ -270,9 +270,10 @@ class SimBackend:
         host = self.simulation.host
         return host.codec_cpu_us * 1e-6 if host is not None and phase.selective else 0.0
 
-    def _routing_s(self) -> float:
-        """CPU seconds the runtime spends routing one phase's rows (the host's
-        ``phase_cpu_us``); 0 without a host."""
+    def _phase_s(self) -> float:
+        """CPU seconds one phase posting costs beyond its call's price, spent while its
+        bytes travel (the host's ``phase_cpu_us``: calibrate found it in the waits); 0
+        without a host."""
         host = self.simulation.host
         return host.phase_cpu_us * 1e-6 if host is not None else 0.0
 

@@ -278,9 +278,10 @@ def tapa_exchange(rank: int, ranks: tuple[int, ...], selective: bool = False) ->
     return Exchange("k", ranks, ones, ones, 64, "scatter_heads", phases=phases)
 
 
-def test_each_tapa_phase_costs_its_routing_before_the_call() -> None:
-    # Cores to spare: nothing is shared, so the step grows by the two phases' routing,
-    # one after the other (each phase's rows are routed once the one before landed).
+def test_each_tapa_phase_costs_its_phase_cpu_with_its_call() -> None:
+    # Cores to spare: nothing is shared, so the step grows by the two phases' CPU, one
+    # after the other (each phase goes out once the one before landed, and a call ends
+    # when both its bytes and its CPU are done).
     ranks = (0, 1, 2, 3)
     plan = plan_of([(tapa_exchange(rank, ranks), Wait("k")) for rank in ranks])
     host = HostSpec(cores=8, call_cpu_us=10.0)
