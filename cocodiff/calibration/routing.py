@@ -10,9 +10,10 @@ operations (on this 2-core machine, one rank alone, 76-128 us per exchange). And
 cost the transport more than their count and messages say: exchanges alone across the
 emulated 4 x 2 cluster at 0.2 Gbit/s, the enlarged model's size (``bench/phase_coupling.py``),
 TAPA's two phases took 2.66 ms of process CPU per rank and call where the world all-to-all
-of the same bytes took 1.13, and a real step of ``tapa`` took 40 ms more CPU per rank than
-``flat``'s (``bench/step_cpu.py``: 131 against 91 ms, all of it in the exchanges' waits),
-where the host's prices said 4 ms (docs/validate.md, "2026-11-27, morning").
+of the same bytes took 1.13, and a real step of ``tapa`` took 41 ms more CPU per rank than
+``flat``'s (``bench/step_cpu.py``: 132 against 91 ms, 40 of them in the exchanges' waits),
+where the host's prices and the routing alone said 5 ms (docs/validate.md, "Measured on
+2026-11-27, morning").
 
 Measured as a step pays it: the model's exchanges of one layer of a ``tapa`` step on the
 calibrated grid, through the transport, every rank at once, process CPU time (every

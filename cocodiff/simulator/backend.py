@@ -171,9 +171,10 @@ class SimBackend:
         step = flight.step
         phase = step.phases[p]
         send, recv = self._chunk_splits(step, phase, chunk)
-        # V-Major's sender picks and packs each message's blocks as it makes the call,
-        # as the routing between phases is: CPU of the call, not a task before it that
-        # would part a selective phase from the phase before (which skips the call wait).
+        # V-Major's sender picks and packs each message's blocks as it makes the call:
+        # CPU of the call, not a task before it that would part a selective phase from
+        # the phase before (which skips the call wait). The phase's own extra CPU
+        # (phase_cpu_us) is spent while its bytes travel.
         encode_s = self._messages(phase, send) * self._codec_s(phase)
         handle = self.transport.all_to_all(
             VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
