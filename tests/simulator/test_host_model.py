@@ -292,6 +292,26 @@ def test_each_tapa_phase_costs_its_phase_cpu_with_its_call() -> None:
         step_s(plan, None) + 140e-6, rel=1e-6)
 
 
+def test_a_phases_cpu_hides_behind_its_bytes_on_the_wire() -> None:
+    # TAPA's two phases over a slow link (1 GB/s), cores to spare: the phase's own CPU
+    # (phase_cpu_us) is spent while its bytes travel, so 10 us per phase costs the step
+    # nothing where charging it before the call would add 20 us.
+    ranks = (0, 1, 2, 3)
+    plan = plan_of([(dataclasses.replace(tapa_exchange(rank, ranks), row_bytes=250_000),
+                     Wait("k")) for rank in ranks])
+    spec = cluster(num_nodes=1, ranks_per_node=4, intra_gbps=1.0, intra_latency_us=0.0,
+                   tile_tflops=TFLOPS, tile_memory_gbps=1e8)
+
+    def on_host(phase_cpu_us: float) -> float:
+        host = HostSpec(cores=8, call_cpu_us=10.0, phase_cpu_us=phase_cpu_us)
+        topology = build_topology(dataclasses.replace(spec, name="host-test", host=host))
+        return simulate_plan(plan, topology, fold=False).step_time_s
+
+    bare = on_host(0.0)
+    assert bare > 1e-3  # each phase's bytes take far longer than 10 us
+    assert on_host(10.0) == pytest.approx(bare, rel=1e-9)
+
+
 def test_routing_a_phase_does_not_part_it_from_the_phase_before() -> None:
     # Rank 0 computes 10 ms on the one core; ranks 1-4 run TAPA's two phases, each routed
     # first (1 us). The first phase waits 6 ms to be scheduled; the second follows it at
