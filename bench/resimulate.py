@@ -81,13 +81,14 @@ def refit_call_wait(config: dict[str, Any], calibrated: Path
                      zip(loops.points, loops.simulated_s(wait_us), strict=True)]
 
 
-def simulate(topology: Path, model_dir: Path, resolution: int, steps: int) -> dict[str, float]:
+def simulate(topology: Path, model_dir: Path, resolution: int, steps: int,
+             schedules: tuple[str, ...] = SCHEDULES) -> dict[str, float]:
     """Step seconds per schedule, ``cocodiff simulate`` on ``topology``: the mean over the
     steps but the first, which validate leaves out as it leaves out the measured one."""
     out = topology.with_name(f"{topology.stem}-simulated.json")  # not the calibration beside it
     subprocess.run([sys.executable, "-m", "cocodiff", "simulate", "--topology", str(topology),
                     "--model", str(model_dir), "--resolution", str(resolution), "--dtype",
-                    "float32", "--steps", str(steps), "--schedule", ",".join(SCHEDULES),
+                    "float32", "--steps", str(steps), "--schedule", ",".join(schedules),
                     "--json", str(out)], check=True, capture_output=True, cwd=REPO)
     times = {}
     for row in json.loads(out.read_text())["results"]:
@@ -95,6 +96,23 @@ def simulate(topology: Path, model_dir: Path, resolution: int, steps: int) -> di
         times[row["schedule"]] = statistics.fmean(per_step[1:] if len(per_step) > 1
                                                   else per_step)
     return times
+
+
+def with_diffusers(times: dict[str, float], topology: Path, model_dir: Path, resolution: int,
+                   steps: int) -> dict[str, float]:
+    """``times`` and the ``diffusers`` baseline's step: flat's plan, its calls at the
+    ``[host]``'s ``diffusers_call_cpu_us`` where the topology has one (as validate
+    predicts it), else flat's step."""
+    from topology.toml_format import load_topology
+
+    host = load_topology(topology).host
+    if host is None or host.diffusers_call_cpu_us is None:
+        return {**times, "diffusers": times["flat"]}
+    priced = replaced_topology(topology, {"call_cpu_us": host.diffusers_call_cpu_us},
+                               topology.with_name(f"{topology.stem}-diffusers.toml"))
+    priced.with_suffix(".json").write_text(topology.with_suffix(".json").read_text())
+    flat = simulate(priced, model_dir, resolution, steps, ("flat",))["flat"]
+    return {**times, "diffusers": flat}
 
 
 def summary(errors: list[float], picked: list[bool]) -> str:
@@ -153,20 +171,20 @@ def main(argv: list[str] | None = None) -> int:
         for topology in (calibrated, replaced):  # its fitted collective, as validate used it
             topology.with_suffix(".json").write_text(json.dumps(config["calibration"]["measured"]))
         steps = config["validate"]["steps"]
-        times = {name: simulate(path, models[key], shape["resolution"], steps)
+        times = {name: with_diffusers(simulate(path, models[key], shape["resolution"], steps),
+                                      path, models[key], shape["resolution"], steps)
                  for name, path in (("calibrated", calibrated), ("replaced", replaced))}
         rows = []
         for schedule, row in config["summary"].items():
-            simulated = "flat" if schedule == "diffusers" else schedule  # diffusers: flat's plan
-            if simulated not in SCHEDULES:
+            if schedule not in times["calibrated"]:
                 continue
             measured = row["measured_step_s"]
-            error = {name: times[name][simulated] / measured - 1 for name in times}
+            error = {name: times[name][schedule] / measured - 1 for name in times}
             for name in times:
                 errors[name].append(error[name])
             rows.append({"schedule": schedule, "measured_step_s": measured,
                          "report_error": row.get("error"),
-                         **{f"{name}_step_s": times[name][simulated] for name in times},
+                         **{f"{name}_step_s": times[name][schedule] for name in times},
                          **{f"{name}_error": error[name] for name in times}})
             print(f"| {config['label']} | {schedule} | {measured * 1e3:.1f} | "
                   f"{row.get('error', float('nan')):+.0%} / {error['calibrated']:+.0%} / "

@@ -4,7 +4,7 @@ model's terms (docs/host-model.md).
 Run under a launcher, every rank on this machine:
 
     torchrun --nproc-per-node 4 bench/step_cpu.py --model DIR --resolution 256 \\
-        --schedules flat,tapa --grid 2x2x1 --json results/step_cpu.json
+        --schedules flat,tapa,diffusers --grid 2x2x1 --json results/step_cpu.json
 
 For each schedule (rounds interleave them), one generation per round; per step (the first
 left out, medians over the rest and the rounds) each rank reports its wall time and
@@ -14,8 +14,11 @@ wait and finish (unpacking), the forward's work outside the blocks, how long its
 threads waited runnable for a core (Linux schedstat, every thread), and the core-seconds
 the whole machine left idle (``/proc/stat``: a step that is a queue for the cores leaves
 none). Timers wrap the runtime's backend methods and forward hooks; they cost a few
-microseconds per call. With ``--standin`` the same steps run over calibrate's stand-in
-transport (nothing communicated, every rank computing at once): what calibrate times.
+microseconds per call. ``diffusers`` (its own context parallelism) has no backend: its
+exchange calls (``_all_to_all_single``: the collective and its wait) are timed as the wait,
+and their packing stays in the blocks' CPU. With ``--standin`` the same steps run over
+calibrate's stand-in transport (nothing communicated, every rank computing at once): what
+calibrate times.
 """
 
 from __future__ import annotations
@@ -62,10 +65,11 @@ def machine_idle_s() -> float:
 
 
 class CpuMeter:
-    """Process CPU accumulated per part."""
+    """Process CPU accumulated per part, and the wall time of diffusers' exchange calls."""
 
     def __init__(self) -> None:
         self.cpu_s: dict[str, float] = dict.fromkeys(METERED, 0.0)
+        self.baseline_comm_s = 0.0
 
     def timed(self, part: str, function):
         def wrapper(*args, **kwargs):
@@ -86,6 +90,23 @@ def instrument(meter: CpuMeter) -> None:
         setattr(backend.TensorBackend, method,
                 meter.timed(part, getattr(backend.TensorBackend, method)))
     backend.TimedHandle.wait = meter.timed("exchange_wait_cpu", backend.TimedHandle.wait)
+
+
+def instrument_diffusers(meter: CpuMeter) -> None:
+    """Wrap diffusers' Ulysses exchange (its attention looks the function up at each call):
+    its CPU as the wait's, its wall time as the step's communication wait."""
+    from diffusers.models import attention_dispatch
+
+    timed = meter.timed("exchange_wait_cpu", attention_dispatch._all_to_all_single)
+
+    def exchange(*args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return timed(*args, **kwargs)
+        finally:
+            meter.baseline_comm_s += time.perf_counter() - began
+
+    attention_dispatch._all_to_all_single = exchange
 
 
 def hook_blocks(transformer, meter: CpuMeter) -> None:
@@ -113,6 +134,7 @@ def generation(transport, args, schedule: str, grid, meter: CpuMeter) -> list[di
     """One generation of ``schedule``; per step, each part's seconds."""
     import torch
 
+    from cocodiff.runtime.baseline import DIFFUSERS, enable_diffusers_ulysses
     from cocodiff.runtime.parallel import parallelize
     from cocodiff.runtime.pipelines import load_pipeline, run_pipeline
 
@@ -121,14 +143,19 @@ def generation(transport, args, schedule: str, grid, meter: CpuMeter) -> list[di
         from cocodiff.calibration.standin import StandInTransport
 
         transport = StandInTransport(transport.rank, transport.world_size)
-    runtime = parallelize(pipe, transport, schedule, grid)
+    runtime = None
+    if schedule == DIFFUSERS:
+        enable_diffusers_ulysses(pipe, transport)
+    else:
+        runtime = parallelize(pipe, transport, schedule, grid)
     meter.cpu_s["forward_cpu"] = 0.0
     hook_blocks(pipe.transformer, meter)
     steps: list[dict[str, float]] = []
 
     def reading() -> dict[str, float]:
         """Every counter a step's row is the difference of."""
-        return {"wall": time.perf_counter(), "cpu": time.process_time(), "comm": runtime.comm_s,
+        comm = meter.baseline_comm_s if schedule == DIFFUSERS else runtime.comm_s
+        return {"wall": time.perf_counter(), "cpu": time.process_time(), "comm": comm,
                 "runqueue": runqueue_wait_s(), "idle": machine_idle_s(), **dict(meter.cpu_s)}
 
     last = reading()
@@ -182,6 +209,7 @@ def main() -> None:
         grid = RankGrid(shape, tuple(range(transport.world_size)))
     meter = CpuMeter()
     instrument(meter)
+    instrument_diffusers(meter)
     schedules = args.schedules.split(",")
     rows: dict[str, list[dict[str, float]]] = {s: [] for s in schedules}
     for _ in range(args.rounds):

@@ -8,7 +8,8 @@ and warms caches). The plan each run executed (``runtime.run_plan``, made by
 :func:`cocodiff.plan.file.build_run_plan`) is then simulated on the given topology
 (:func:`cocodiff.simulator.simulate.simulate_run_plan`), so the prediction and the measurement are
 of one plan; ``diffusers`` (diffusers' own context parallelism, which is flat Ulysses) is
-predicted with the flat plan of the same run.
+predicted with the flat plan of the same run, its calls priced at what calibrate measured
+diffusers' own exchange call to cost (``[host] diffusers_call_cpu_us``, where there is one).
 
 How sure a measurement is comes from its rounds: each row's 95% interval over its round
 medians (:func:`log_interval_95`), and the pick's gap to the best paired round by round
@@ -393,6 +394,21 @@ def predicted_plan(case: Case, measurements: Measurements):
                           frames=peer.frames)
 
 
+def topology_of(schedule: str, topology):
+    """The machine ``schedule`` is simulated on: ``topology``, except that diffusers'
+    baseline pays its own exchange call's CPU (``[host] diffusers_call_cpu_us``) where ours
+    pay ``call_cpu_us``: the same plan, made by other code."""
+    import dataclasses
+
+    from topology import build_topology
+
+    host = topology.spec.host
+    if schedule != "diffusers" or host is None or host.diffusers_call_cpu_us is None:
+        return topology
+    return build_topology(dataclasses.replace(topology.spec, host=dataclasses.replace(
+        host, call_cpu_us=host.diffusers_call_cpu_us)))
+
+
 def predict_step_s(run_plan, topology, collective) -> dict[str, Any]:
     """The simulated step of ``run_plan``, averaged over the steps that are measured (all
     but the first), with its compute and exposed communication."""
@@ -436,7 +452,8 @@ def summarise(cases: Sequence[Case], measurements: Measurements, topology, colle
             row["comm_s"] = statistics.median(comm)
         run_plan = predicted_plan(case, measurements)
         if run_plan is not None:
-            row.update(predict_step_s(run_plan, topology, collective))
+            row.update(predict_step_s(run_plan, topology_of(case.schedule, topology),
+                                      collective))
             row["predicted_with_plan"] = run_plan.schedule
             row["plan_sha256"] = run_plan.sha256
             row["error"] = row["predicted_step_s"] / measured - 1

@@ -169,6 +169,11 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     loaded = host["loaded"]
     assert {p["shape"] for p in loaded["points"]} == {"world"}
     assert spec.host.call_cpu_us == pytest.approx(loaded["call_cpu_us"])
+    # The same loops with diffusers' exchange call making the calls (over torch), priced
+    # apart for its baseline, never fitted with ours.
+    assert {p["shape"] for p in loaded["diffusers_points"]} == {"world via diffusers"}
+    assert spec.host.diffusers_call_cpu_us == pytest.approx(loaded["diffusers_call_cpu_us"])
+    assert 0 <= loaded["diffusers_call_cpu_us"] < 1e6
     assert loaded["call_cpu_us"] > 0
     assert spec.host.message_cpu_us == loaded["message_cpu_us"] == 0.0
     assert host["cpu"]["wait_spin"] < 0.5 and not spec.host.busy_poll  # gloo's waits sleep

@@ -8,7 +8,12 @@ import dataclasses
 import pytest
 
 from cocodiff.calibration import Calibration, ComputeRates, CpuFit, HostMeasurement, LinkFit
-from cocodiff.calibration.loaded import LoadedPoint, fit_call_cpu
+from cocodiff.calibration.loaded import (
+    DIFFUSERS_WORLD,
+    LoadedPoint,
+    diffusers_call_cpu_us,
+    fit_call_cpu,
+)
 from cocodiff.calibration.model_shapes import LayerShapes
 from cocodiff.calibration.options import CalibrationError
 
@@ -66,6 +71,23 @@ def test_one_call_shape_gives_everything_to_the_call() -> None:
     assert fit.call_cpu_us == pytest.approx((CALL_S + 6 * MESSAGE_S) * 1e6, rel=1e-6)
 
 
+def test_diffusers_call_costs_ours_plus_its_loops_extra_per_call() -> None:
+    # The world loops again with diffusers' call: 150 us more per call at 2 KiB, 250 us
+    # at 16 KiB (the median of the two: 200 us), the calls made at 4 places per iteration.
+    world = [dataclasses.replace(p, calls=4) for p in loops() if p.shape == "world"]
+    theirs = [dataclasses.replace(p, shape=DIFFUSERS_WORLD, cpu_s=p.cpu_s + 4 * extra)
+              for p, extra in zip(world, (150e-6, 250e-6), strict=True)]
+    assert diffusers_call_cpu_us([*world, *theirs], 500.0) == pytest.approx(700.0)
+    # A cheaper call than ours is priced so; never below zero; none without its loops.
+    cheaper = [dataclasses.replace(p, cpu_s=p.cpu_s - 4 * 100e-6) for p in world]
+    assert diffusers_call_cpu_us(
+        [*world, *(dataclasses.replace(p, shape=DIFFUSERS_WORLD) for p in cheaper)],
+        500.0) == pytest.approx(400.0)
+    assert diffusers_call_cpu_us(
+        [*world, *(dataclasses.replace(p, shape=DIFFUSERS_WORLD) for p in cheaper)], 50.0) == 0
+    assert diffusers_call_cpu_us(world, 500.0) is None
+
+
 def test_fit_refuses_loops_that_cost_nothing() -> None:
     free = [dataclasses.replace(p, cpu_s=0.0) for p in loops()]
     with pytest.raises(CalibrationError, match="at least two loaded exchange loops"):
@@ -96,6 +118,12 @@ def test_loaded_fit_prices_the_hosts_calls_and_messages() -> None:
     assert spec.host.call_cpu_us == pytest.approx(loaded.call_cpu_us)
     assert spec.host.message_cpu_us == pytest.approx(loaded.message_cpu_us)
     assert spec.host.copy_gbps == 3.0 and not spec.host.busy_poll
+    assert spec.host.diffusers_call_cpu_us is None  # no loops with diffusers' call
+    priced = dataclasses.replace(loaded, diffusers_call_cpu_us=640.0)
+    spec = _calibration(HostMeasurement(2.0, None, cpu, priced)).topology()
+    assert spec.host.diffusers_call_cpu_us == 640.0
+    assert HostMeasurement(2.0, None, cpu, priced).to_json()["loaded"][
+        "diffusers_call_cpu_us"] == 640.0
     # Without the loops, the pair exchange's costs as before, and the note says why.
     host = HostMeasurement(2.0, None, cpu, None, "not fitted: need at least two")
     spec = _calibration(host).topology()

@@ -29,6 +29,7 @@ from cocodiff.validation import (
     pick_against_best,
     precision_95,
     round_order,
+    topology_of,
     widest_precision,
 )
 
@@ -301,3 +302,20 @@ def test_the_calibrations_blocks_come_from_calibrates_json_beside_the_topology(t
         {"compute": {"block": {"layer_s": 0.0125}}}))
     assert _calibrated_layer_s(str(topology)) == 0.0125
     assert _calibrated_layer_s("cluster") is None and _calibrated_layer_s(None) is None
+
+
+def test_diffusers_is_simulated_with_its_own_call_price_where_calibrate_measured_one():
+    import dataclasses
+
+    from topology import HostSpec, build_topology, get_preset
+
+    host = HostSpec(cores=2.0, call_cpu_us=400.0, diffusers_call_cpu_us=650.0)
+    topology = build_topology(dataclasses.replace(get_preset("cluster"), host=host))
+    priced = topology_of("diffusers", topology)
+    assert priced.spec.host == dataclasses.replace(host, call_cpu_us=650.0)
+    assert topology_of("flat", topology) is topology  # our schedules pay our call
+    # No price measured (an older calibration, MPI, no host): flat's machine as before.
+    unpriced = build_topology(dataclasses.replace(get_preset("cluster"), host=HostSpec(2.0)))
+    assert topology_of("diffusers", unpriced) is unpriced
+    bare = build_topology(get_preset("cluster"))
+    assert topology_of("diffusers", bare) is bare

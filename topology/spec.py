@@ -37,7 +37,8 @@ PHYSICAL_RANGE: dict[str, tuple[float, float, str, str]] = {
 }
 
 HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "call_cpu_us", "message_cpu_us",
-               "copy_gbps", "busy_poll", "call_wait_us", "codec_cpu_us", "phase_cpu_us")
+               "copy_gbps", "busy_poll", "call_wait_us", "codec_cpu_us", "phase_cpu_us",
+               "diffusers_call_cpu_us")
 
 
 def exchange_cpu_s(calls: int, num_messages: int, num_bytes: float, *, call_cpu_us: float,
@@ -89,6 +90,9 @@ class HostSpec:
             ``cocodiff.runtime.tapa``), which a flat exchange does not do, and what the
             transport spends on a phase's calls beyond their price
             (``cocodiff.calibration.routing``).
+        diffusers_call_cpu_us: CPU time per exchange call that diffusers' own context
+            parallelism makes (its functional collective and wait), in place of
+            ``call_cpu_us`` when its baseline is predicted; ``None``: the same as ours.
     """
 
     cores: float
@@ -101,6 +105,7 @@ class HostSpec:
     call_wait_us: float = 0.0
     codec_cpu_us: float = 0.0
     phase_cpu_us: float = 0.0
+    diffusers_call_cpu_us: float | None = None
 
     def host_of(self, rank: int) -> int:
         """The host of global ``rank``."""
@@ -326,6 +331,9 @@ def _check_host(host: object, where) -> None:
                   where("host.codec_cpu_us"))
     _check_number(host.phase_cpu_us, "TAPA phase routing CPU time", "us",
                   where("host.phase_cpu_us"))
+    if host.diffusers_call_cpu_us is not None:
+        _check_number(host.diffusers_call_cpu_us, "CPU time per diffusers exchange call", "us",
+                      where("host.diffusers_call_cpu_us"))
     if host.copy_gbps is not None:
         _check_number(host.copy_gbps, "copy rate", "GB/s", where("host.copy_gbps"),
                       positive=True)

@@ -44,6 +44,7 @@ A file describes one node and how many of them there are; every node is identica
     call_wait_us = 500.0       # a call done while every core is busy waits this (no CPU; default 0)
     codec_cpu_us = 80.0        # CPU of V-Major's codec per selective message, each end (default 0)
     phase_cpu_us = 100.0       # CPU per TAPA phase beyond its call's price (default 0)
+    diffusers_call_cpu_us = 450.0  # CPU per call of diffusers' baseline (default: call_cpu_us)
     message_cpu_us = 30.0      # CPU per message sent or received in an exchange (default 0)
     copy_gbps = 2.0            # GB/s one core moves exchange bytes (default: bytes are free)
     busy_poll = false          # a rank blocked on an exchange spins on a core (MPI progress)
@@ -210,6 +211,8 @@ def _host_lines(host: HostSpec) -> list[str]:
         lines.append(f"codec_cpu_us = {_toml_float(host.codec_cpu_us)}")
     if host.phase_cpu_us:
         lines.append(f"phase_cpu_us = {_toml_float(host.phase_cpu_us)}")
+    if host.diffusers_call_cpu_us is not None:
+        lines.append(f"diffusers_call_cpu_us = {_toml_float(host.diffusers_call_cpu_us)}")
     lines.append(f"message_cpu_us = {_toml_float(host.message_cpu_us)}")
     if host.copy_gbps is not None:
         lines.append(f"copy_gbps = {_toml_float(host.copy_gbps)}")
@@ -350,6 +353,10 @@ class _Loader:
         copy_gbps = table.get("copy_gbps", base.copy_gbps)
         if copy_gbps is not None:
             copy_gbps = self.number(table, "host", "copy_gbps", base.copy_gbps)
+        diffusers_call = table.get("diffusers_call_cpu_us", base.diffusers_call_cpu_us)
+        if diffusers_call is not None:
+            diffusers_call = self.number(table, "host", "diffusers_call_cpu_us",
+                                         base.diffusers_call_cpu_us)
         busy_poll = table.get("busy_poll", base.busy_poll)
         if not isinstance(busy_poll, bool):
             raise TopologyError(f"expected true or false for {self.where('host', 'busy_poll')},"
@@ -363,6 +370,7 @@ class _Loader:
             call_wait_us=self.number(table, "host", "call_wait_us", base.call_wait_us),
             codec_cpu_us=self.number(table, "host", "codec_cpu_us", base.codec_cpu_us),
             phase_cpu_us=self.number(table, "host", "phase_cpu_us", base.phase_cpu_us),
+            diffusers_call_cpu_us=diffusers_call,
             message_cpu_us=self.number(table, "host", "message_cpu_us", base.message_cpu_us),
             copy_gbps=copy_gbps,
             busy_poll=busy_poll,

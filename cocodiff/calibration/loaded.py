@@ -28,6 +28,11 @@ machine moves every shape alike).
 both at least 0, once each byte's CPU is taken out at the pair sweep's copy rate (the
 loops move small messages: timing large ones across a 0.2 Gbit/s emulated link would take
 minutes, and the pair sweep already prices bytes).
+
+Under torch.distributed the world loop runs once more with the call made as diffusers'
+own context parallelism makes it (:data:`DIFFUSERS_WORLD`: its ``_all_to_all_single``, a
+functional collective and its wait): the ``diffusers`` baseline runs flat's plan, and its
+calls cost what that loop costs beyond ours (:func:`diffusers_call_cpu_us`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from cocodiff.calibration.options import ROW_BYTES, CalibrationError
 from topology.spec import exchange_cpu_s
 
 LOADED_KIB = (2, 16)
+# The world loop with diffusers' exchange call in place of the transport's.
+DIFFUSERS_WORLD = "world via diffusers"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +59,16 @@ class CallShape:
     """The exchange calls one loop iteration makes: for each call, this rank's group.
 
     Attributes:
-        name: what the calls are (``world``, ``pairs``, ``phases``).
+        name: what the calls are (``world``, ``pairs``, ``phases``, or
+            :data:`DIFFUSERS_WORLD`).
         groups: per call, the group this rank exchanges over (transport groups).
+        via: who makes each call: ``transport`` (the runtime's ``all_to_all``) or
+            ``diffusers`` (its Ulysses attention's exchange, torch.distributed only).
     """
 
     name: str
     groups: tuple[Any, ...]
+    via: str = "transport"
 
     def messages(self) -> int:
         """Messages this rank sends and receives per iteration (one per other member and
@@ -126,6 +137,9 @@ class CallCpuFit:
         points: the loops fitted.
         max_error: the fit's largest relative miss over the points.
         compute: what the loops computed around the calls (:attr:`LoopWork.source`).
+        diffusers_call_cpu_us: CPU per exchange call made as diffusers makes it
+            (:func:`diffusers_call_cpu_us`); None: not measured.
+        diffusers_points: the world loops with diffusers' call (not fitted).
     """
 
     call_cpu_us: float
@@ -136,6 +150,8 @@ class CallCpuFit:
     points: tuple[LoadedPoint, ...]
     max_error: float
     compute: str = ""
+    diffusers_call_cpu_us: float | None = None
+    diffusers_points: tuple[LoadedPoint, ...] = ()
 
     def cpu_s(self, calls: int, messages: int, num_bytes: float) -> float:
         """CPU seconds of ``calls`` calls moving ``messages`` messages of ``num_bytes``."""
@@ -147,7 +163,9 @@ class CallCpuFit:
                 "copy_gbps": self.copy_gbps, "burst_cpu_s": self.burst_cpu_s,
                 "burst_wall_s": self.burst_wall_s, "max_error": self.max_error,
                 "compute": self.compute,
-                "points": [p.to_json() for p in self.points]}
+                "points": [p.to_json() for p in self.points],
+                "diffusers_call_cpu_us": self.diffusers_call_cpu_us,
+                "diffusers_points": [p.to_json() for p in self.diffusers_points]}
 
 
 def shape_groups(name: str, num_nodes: int, per_node: int) -> list[list[tuple[int, ...]]]:
@@ -309,7 +327,7 @@ def measure_loaded(transport, shapes_of_calls: Sequence[CallShape], sizes_bytes:
     for _ in range(rounds):
         round_values: list[float] = []
         for _name, num_bytes, shape in loops:
-            calls = [] if shape is None else [_call(transport, g, num_bytes, torch)
+            calls = [] if shape is None else [_call(transport, g, num_bytes, torch, shape.via)
                                               for g in shape.groups]
 
             def make_calls(calls=calls) -> None:
@@ -345,13 +363,37 @@ def measure_loaded(transport, shapes_of_calls: Sequence[CallShape], sizes_bytes:
     return burst_cpu, burst_wall, points
 
 
-def _call(transport, group, num_bytes: int, torch) -> Callable[[], None]:
-    """One all-to-all over ``group`` sending ``num_bytes`` to every other member."""
+def _call(transport, group, num_bytes: int, torch, via: str = "transport"
+          ) -> Callable[[], None]:
+    """One all-to-all over ``group`` sending ``num_bytes`` to every other member, made by
+    the transport or, ``via="diffusers"``, as diffusers' Ulysses attention makes it (even
+    splits: a block to itself too, a local copy of a few KiB)."""
     rows = max(1, num_bytes // ROW_BYTES)
+    if via == "diffusers":
+        import torch.distributed as dist
+        from diffusers.models.attention_dispatch import _all_to_all_single
+
+        blocks = torch.empty((group.size * rows, ROW_BYTES), dtype=torch.uint8)
+        process_group = group.handle if group.handle is not None else dist.group.WORLD
+        return lambda: _all_to_all_single(blocks, process_group)
     me = group.group_rank(transport.rank)
     splits = [0 if member == me else rows for member in range(group.size)]
     send = torch.empty((sum(splits), ROW_BYTES), dtype=torch.uint8)
     return lambda: transport.all_to_all(send, splits, splits, group).wait()
+
+
+def diffusers_call_cpu_us(points: Sequence[LoadedPoint], call_cpu_us: float) -> float | None:
+    """CPU per exchange call made as diffusers makes it: ``call_cpu_us`` (the transport's
+    call, fitted) plus what the :data:`DIFFUSERS_WORLD` loop costs per call beyond the
+    ``world`` loop of the same size (the same compute, calls, messages and bytes: only
+    the function making the call differs), the median over sizes, at least 0. None
+    without such a pair of loops."""
+    world = {p.bytes_per_peer: p for p in points if p.shape == "world"}
+    extra_us = [(p.cpu_s - world[p.bytes_per_peer].cpu_s) / p.calls * 1e6 for p in points
+                if p.shape == DIFFUSERS_WORLD and p.bytes_per_peer in world]
+    if not extra_us:
+        return None
+    return max(0.0, call_cpu_us + statistics.median(extra_us))
 
 
 def fit_call_cpu(points: Sequence[LoadedPoint], copy_gbps: float | None,

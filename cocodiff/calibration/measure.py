@@ -23,10 +23,13 @@ from cocodiff.calibration.exchanges import (
 )
 from cocodiff.calibration.fits import CpuFit, LinkFit, fit_exchange_cpu, wire_points
 from cocodiff.calibration.loaded import (
+    DIFFUSERS_WORLD,
     LOADED_KIB,
     CallCpuFit,
+    CallShape,
     call_shapes,
     compute_burst,
+    diffusers_call_cpu_us,
     fit_call_cpu,
     measure_loaded,
     model_work,
@@ -227,12 +230,19 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
         iterations = model_loop_iterations(WorldLineup(transport), forward_s, iterations)
     else:
         work = compute_burst(transport, shapes, options.dtype, _compute_per_exchange_s(compute))
+    shapes_of_calls = call_shapes(transport, node_of)
+    if transport.name == "torch":  # the diffusers baseline runs over torch.distributed only
+        shapes_of_calls.append(CallShape(DIFFUSERS_WORLD, (transport.world,), via="diffusers"))
     burst_cpu, burst_wall, points = measure_loaded(
-        transport, call_shapes(transport, node_of), sizes, work, iterations, rounds=3)
+        transport, shapes_of_calls, sizes, work, iterations, rounds=3)
+    ours = [p for p in points if p.shape != DIFFUSERS_WORLD]
     try:
-        return fit_call_cpu(points, cpu.copy_gbps, burst_cpu, burst_wall, work.source), ""
+        fit = fit_call_cpu(ours, cpu.copy_gbps, burst_cpu, burst_wall, work.source)
     except CalibrationError as exc:
         return None, f"not fitted: {exc}"
+    return dataclasses.replace(
+        fit, diffusers_call_cpu_us=diffusers_call_cpu_us(points, fit.call_cpu_us),
+        diffusers_points=tuple(p for p in points if p.shape == DIFFUSERS_WORLD)), ""
 
 
 # The reference work: this many products of two 128 x 128 float32 matrices (a few ms).

@@ -68,7 +68,8 @@ class HostMeasurement:
         if self.loaded is not None:
             return HostSpec(**mine, call_cpu_us=self.loaded.call_cpu_us,
                             message_cpu_us=self.loaded.message_cpu_us, copy_gbps=cpu.copy_gbps,
-                            call_wait_us=self.call_wait_us)
+                            call_wait_us=self.call_wait_us,
+                            diffusers_call_cpu_us=self.loaded.diffusers_call_cpu_us)
         return HostSpec(**mine, message_cpu_us=cpu.message_cpu_us, copy_gbps=cpu.copy_gbps)
 
     def to_json(self) -> dict[str, Any]:
@@ -202,8 +203,15 @@ class Calibration:
             f"TAPA's phases: {self.host.phase_cpu_us:.0f} us per phase beyond their calls' "
             f"price (the model's phased exchanges of one layer through the transport, every "
             f"rank at once, less the same exchanges made flat and less what the prices "
-            f"above charge the difference).",
+            f"above charge the difference).{self._diffusers_note()}",
         ]
+
+    def _diffusers_note(self) -> str:
+        loaded = self.host.loaded if self.host is not None else None
+        if loaded is None or loaded.diffusers_call_cpu_us is None:
+            return ""
+        return (f" diffusers' baseline: {loaded.diffusers_call_cpu_us:.0f} us per call (the "
+                "world loops again with its exchange function making the calls).")
 
     def _block_text(self) -> str:
         block = self.compute.block or {}
@@ -486,6 +494,10 @@ def summary(result: Calibration, output: Path) -> str:
                 f"message (max fit error {loaded.max_error:.0%}); a call completing on busy "
                 f"cores waits {host.call_wait_us:.0f} us more (the loops' median): written to "
                 "[host]")
+            if loaded.diffusers_call_cpu_us is not None:
+                lines.append(f"  diffusers' exchange call under load: "
+                             f"{loaded.diffusers_call_cpu_us:.0f} us CPU per call (the world "
+                             "loops with its call in place of ours): written to [host]")
         elif host.loaded_note:
             lines.append(f"  exchanges under load: {host.loaded_note}")
         for name, fit in (("intra", result.intra_wire), ("inter", result.inter_wire)):
