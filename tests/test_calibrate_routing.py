@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from launching import launcher_prefix, needs_torchrun, run_job
+from launching import WORKERS, launcher_prefix, needs_torchrun, run_job
 
 from cocodiff.calibration import routing
 from cocodiff.calibration.routing import _layer_exchanges, measure_phase_cpu_s, priced_cpu_s
@@ -95,27 +95,12 @@ def test_the_prices_count_a_phased_exchanges_calls_and_messages() -> None:
     assert priced_cpu_s(None, step, 0, phased=True) == 0.0
 
 
-SCRIPT = """\
-import json, sys
-from cocodiff.calibration.routing import measure_phase_cpu_s
-from topology import HostSpec
-from transports import create_transport
-transport = create_transport("torch")
-host = HostSpec(cores=2, call_cpu_us=50.0, message_cpu_us=5.0)
-value = measure_phase_cpu_s(transport, "tiny-flux", None, None, "float32", 2, 2, host)
-json.dump({"rank": transport.rank, "phase_cpu_s": value},
-          open(sys.argv[1] + f".{transport.rank}", "w"))
-transport.close()
-"""
-
-
 @pytest.mark.multiprocess
 @needs_torchrun
 def test_every_rank_measures_the_same_value_through_the_real_transport(tmp_path) -> None:
-    script = tmp_path / "measure.py"
-    script.write_text(SCRIPT)
     out = tmp_path / "phase_cpu"
-    job = run_job([*launcher_prefix("torchrun", 4), str(script), str(out)], tmp_path)
+    job = run_job([*launcher_prefix("torchrun", 4), str(WORKERS / "phase_cpu.py"), str(out)],
+                  tmp_path)
     assert job.returncode == 0, job.stderr[-3000:]
     values = [json.loads(Path(f"{out}.{rank}").read_text())["phase_cpu_s"] for rank in range(4)]
     assert len(set(values)) == 1, values  # one median, shared
