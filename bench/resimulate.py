@@ -100,16 +100,19 @@ def simulate(topology: Path, model_dir: Path, resolution: int, steps: int,
 
 def with_diffusers(times: dict[str, float], topology: Path, model_dir: Path, resolution: int,
                    steps: int) -> dict[str, float]:
-    """``times`` and the ``diffusers`` baseline's step: flat's plan, its calls at the
-    ``[host]``'s ``diffusers_call_cpu_us`` where the topology has one (as validate
-    predicts it), else flat's step."""
-    from topology.toml_format import load_topology
+    """``times`` and the ``diffusers`` baseline's step: flat's plan on the machine validate
+    predicts it on (:func:`cocodiff.validation.topology_of`: its calls at the ``[host]``'s
+    ``diffusers_call_cpu_us`` where the topology has one), else flat's step."""
+    from cocodiff.validation import topology_of
+    from topology import build_topology
+    from topology.toml_format import dump_topology, load_topology
 
-    host = load_topology(topology).host
-    if host is None or host.diffusers_call_cpu_us is None:
+    calibrated = build_topology(load_topology(topology))
+    machine = topology_of("diffusers", calibrated)
+    if machine is calibrated:
         return {**times, "diffusers": times["flat"]}
-    priced = replaced_topology(topology, {"call_cpu_us": host.diffusers_call_cpu_us},
-                               topology.with_name(f"{topology.stem}-diffusers.toml"))
+    priced = topology.with_name(f"{topology.stem}-diffusers.toml")
+    priced.write_text(dump_topology(machine.spec))
     priced.with_suffix(".json").write_text(topology.with_suffix(".json").read_text())
     flat = simulate(priced, model_dir, resolution, steps, ("flat",))["flat"]
     return {**times, "diffusers": flat}
