@@ -8,7 +8,7 @@ topology, and print both predictions and their ratio beside the numbers each cal
 wrote (tile rate, link fits, the host's exchange CPU). The target: predictions within 10%
 of each other. Writes JSON (``--json``).
 
-    python bench/calibration_stability.py --json docs/data/calibration_stability.json
+    python bench/calibration_stability.py --json results/calibration_stability.json
 
 Each calibration is a microbenchmark run only; no step time is measured or fitted here.
 """

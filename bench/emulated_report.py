@@ -1,6 +1,7 @@
 """Tables and the plot of ``bench/emulated_speedup.py``'s JSON report.
 
-    python bench/emulated_report.py results/emulated_speedup.json --plot docs/emulated_speedup.png
+    python bench/emulated_report.py results/emulated_speedup.json \\
+        --plot results/emulated_speedup.png
 
 prints the README's Markdown table (every configuration and schedule: measured step time,
 its spread over the rounds, the speedup over flat and over diffusers, the simulator's

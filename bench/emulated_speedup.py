@@ -23,8 +23,8 @@ validate's report), prints a table per configuration, and with ``--plot`` /
 ``--markdown`` draws measured against predicted step times and writes the table
 (``bench/emulated_report.py`` does both from the JSON).
 
-    python bench/emulated_speedup.py --plot docs/emulated_speedup.png \\
-        --markdown docs/emulated_speedup.md                     # the default 8 configurations
+    python bench/emulated_speedup.py --plot docs/validate_emulated.png \\
+        --markdown results/emulated_speedup.md                     # the default 8 configurations
     python bench/emulated_speedup.py --configs results/regime_search.json --top 6
     python bench/emulated_speedup.py --configs 2x2@1 --repeats 1 --max-repeats 1 --steps 2 \\
         --quick-calibration --heads 4 --head-dim 16 --layers 1 --single-layers 1 \\

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checklist (shared/gpu-checklist.md) as one script, for a lent machine with one GPU
+# The GPU checklist (docs/gpu.md) as one script, for a lent machine with one GPU
 # and no package registry: install, doctor, exactness on the GPU, the cost model against a
 # real-size block, calibrate, the emulated cluster with a core per rank, and the tests on the
 # machine's own torch. Every step is bounded and logged; a failing step does not stop the

@@ -21,7 +21,7 @@ keeps its own share, as the runtime's exchanges do):
 Patterns run interleaved, ``--rounds`` times, each timed over ``--repeats`` back-to-back
 calls between barriers; rank 0 prints the median per call and ``tapa`` over ``node`` +
 ``column`` (1.00: the phases cost what they cost apart). Measured on 2026-11-26, 4 x 2 at
-0.2 Gbit/s over gloo (docs/validate.md, "TAPA's phases on a shaped link").
+0.2 Gbit/s over gloo (docs/changelog.md, "TAPA's phases on a shaped link").
 """
 
 from __future__ import annotations

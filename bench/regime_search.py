@@ -13,7 +13,7 @@ its best predicted gain, as JSON that ``bench/emulated_speedup.py --configs`` ru
     python -m bench.cluster run --nodes 2 --ranks-per-node 2 --gbit 1 -- \\
         python -m cocodiff calibrate --output cal-gloo.toml --json cal-gloo.json
     python bench/regime_search.py --calibration gloo=cal-gloo.toml --calibrated-gbit 1 \\
-        --json results/regime_search.json --markdown docs/regime_search.md
+        --json results/regime_search.json --markdown results/regime_search.md
 
 How a calibration made on one cluster stands for another (assumptions, written into the
 JSON):

@@ -314,7 +314,7 @@ def blocks_layer_s(model: str, resolution: str | None, dtype_name: str,
     once, CPU seconds per layer, the median over ranks; collective): how fast this machine
     computes now, to hold against the calibration's ``compute.block.layer_s``. Between a
     calibration and its validation, minutes apart, this machine's compute moved by up to
-    26% (docs/validate.md, 2026-11-27) while calibrate's own reference work did not show
+    26% (docs/changelog.md, 2026-11-27) while calibrate's own reference work did not show
     it. None (on every rank) when calibrate does not time this model's blocks."""
     from cocodiff.calibration.blocks import build_transformer, time_blocks, timed_model
     from cocodiff.calibration.collect import WorldLineup, gather_floats

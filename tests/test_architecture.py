@@ -24,16 +24,9 @@ ENTRY_POINTS = {"cocodiff.__main__"}
 # Modules outside the command layer that may parse flags: none.
 ARGPARSE_ELSEWHERE: tuple[str, ...] = ()
 # Imports inside functions (deferred: they run when called) that close a loop, with why
-# they stay: a model spec checks its family against the family records when it is made
-# (a plan file's spec is checked so), and the records build specs; the tiny builders
-# build tiny-digits from digits.py, which reuses their T5 and scheduler (the runtime's
-# table of tiny builders is filled when the package is imported, so digits.py cannot be
-# named there directly).
-DEFERRED_LOOPS = {
-    frozenset({"cocodiff.runtime.tiny.builders", "cocodiff.runtime.digits"}),
-    frozenset({"cocodiff.models.spec", "cocodiff.models.families"}),
-    frozenset({"cocodiff.models.spec", "cocodiff.models.families", "cocodiff.models.configs"}),
-}
+# they stay: none. A deferred import hides a loop from the module-level check, not from
+# the reader.
+DEFERRED_LOOPS: set[frozenset[str]] = set()
 
 
 def _modules() -> dict[str, Path]:

@@ -1,6 +1,7 @@
-"""Every relative link and image in README.md and docs/*.md points at a file that exists
-(and, where it names an anchor, at a heading of that file): the README is a user's entry
-point and sends its reader to docs/ for every full log, so a broken link loses a result."""
+"""Every relative link and image in README.md, docs/*.md and the READMEs of bench/ and
+results/ points at a file that exists (and, where it names an anchor, at a heading of
+that file): the README is a user's entry point and sends its reader to docs/ for every
+answer and to results/measured/ for its data, so a broken link loses a result."""
 
 import re
 from pathlib import Path
@@ -8,7 +9,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# The README, the docs, and the indexes of bench/ and results/ that the docs send readers to.
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *(path for path in (ROOT / "bench" / "README.md", ROOT / "bench" / "cluster" /
+                                 "README.md", ROOT / "results" / "README.md") if path.is_file())]
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", flags=re.S | re.M)
 INLINE_CODE = re.compile(r"`[^`\n]*`")

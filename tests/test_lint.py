@@ -20,7 +20,8 @@ BIN = Path(sys.executable).parent
 
 TYPED = (
     "topology", "sim", "transports",
-    "cocodiff/__init__.py", "cocodiff/__main__.py", "cocodiff/cost.py", "cocodiff/quality.py",
+    "cocodiff/__init__.py", "cocodiff/__main__.py", "cocodiff/cost.py", "cocodiff/kernels.py",
+    "cocodiff/memory.py", "cocodiff/quality.py",
     "cocodiff/models",
     "cocodiff/commands", "cocodiff/plan", "cocodiff/simulator", "cocodiff/util",
     "cocodiff/runtime/__init__.py", "cocodiff/runtime/backend.py",
@@ -32,6 +33,7 @@ TYPED = (
     "cocodiff/runtime/quiet.py", "cocodiff/runtime/sharding.py", "cocodiff/runtime/tapa.py",
     "cocodiff/runtime/vmajor.py", "cocodiff/schedules/__init__.py",
     "cocodiff/schedules/hybrid.py", "cocodiff/schedules/options.py",
+    "cocodiff/schedules/pipefusion.py",
     "cocodiff/schedules/registry.py", "cocodiff/schedules/ulysses.py",
     "cocodiff/schedules/vmajor.py",
 )

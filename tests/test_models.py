@@ -15,6 +15,7 @@ from cocodiff.models import (
     FAMILIES,
     REGISTRY,
     ModelSpecError,
+    check_family,
     load_model_spec,
     parse_resolution,
     spec_from_config,
@@ -255,9 +256,10 @@ def test_transformer_2d_needs_a_known_norm_type() -> None:
 # --- ModelSpec validation --------------------------------------------------------------------
 
 
-def test_spec_rejects_unknown_family() -> None:
+def test_check_family_rejects_unknown_family() -> None:
+    assert check_family(REGISTRY["dit-xl-2"]) is REGISTRY["dit-xl-2"]
     with pytest.raises(ModelSpecError, match="unknown model family 'unet'.*valid: flux, flux2"):
-        dataclasses.replace(REGISTRY["dit-xl-2"], family="unet")
+        check_family(dataclasses.replace(REGISTRY["dit-xl-2"], family="unet"))
 
 
 @pytest.mark.parametrize(

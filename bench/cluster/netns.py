@@ -80,7 +80,7 @@ TCP_PAYLOAD_PER_FRAME = 1448 / 1514
 # loopback speed: a link that bursts where the simulator's links do not. Measured: with
 # two 64 KiB GSO packets as the floor (21 ms of traffic at 0.05 Gbit/s), 4 x 2 at
 # 0.05 Gbit/s stepped in 190 ms where the simulator predicted 327 (+72%); with this floor,
-# 291 ms against 332 (+14%) (docs/validate.md, "The emulated link burst past its rate").
+# 291 ms against 332 (+14%) (docs/changelog.md, 2026-11-25, "The emulated link made honest").
 # Its queue: 20 ms of traffic and at least 4 MiB, so that every rank's concurrent TCP
 # windows queue rather than drop: the simulator's links share their rate and lose nothing.
 # Measured: with 20 ms alone (125 KB at 0.05 Gbit/s), a flat step on 4 x 2 dropped 810

@@ -66,7 +66,7 @@ What is measured (all on the real transport, between real processes):
   world's many. Each is printed and written (``simulated_s``, ``error``) beside what the
   simulator gives it, timed alone (no wait per call). ``--fit-patterns`` also fits the
   world span's rate and what one cross-node transfer reaches (``transfer_cap_gbps``) on
-  them; by default they are only checked (docs/validate.md, "Measured on 2026-11-26,
+  them; by default they are only checked (docs/changelog.md, "Measured on 2026-11-26,
   evening": on the emulated cluster the fit read fixed host costs as bandwidth).
 
 Nodes are the ranks' (hostname, network namespace) pairs, so the ranks of an emulated

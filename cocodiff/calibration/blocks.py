@@ -193,7 +193,7 @@ def time_blocks(transformer, stream_tokens: Sequence[int], world: int, rank: int
     Why the runtime's path: a step runs the blocks through the runtime's processors and
     hooks, not diffusers' own attention (which calibrate timed before, corrected to the
     Ulysses shape: 1.67 ms per layer of the small model and 1.00 ms outside the blocks,
-    where this gives 1.73 and 1.10; 4 ranks on loopback, docs/validate.md, 2026-11-25).
+    where this gives 1.73 and 1.10; 4 ranks on loopback, docs/changelog.md, 2026-11-25).
 
     On an accelerator (``device``) the device is synchronised at each block's start and
     end, so that the wall-clock figures are its work (the CPU ones are then only the

@@ -90,7 +90,7 @@ def timed_rounds(call: Callable[[], object], rounds: int, round_s: float,
 
     Why a throughput: ranks that share cores time each call as the OS happens to
     interleave them, and a median of single calls kept that luck (block rates 1.9x apart
-    in two calibrations seconds apart, docs/host-model.md). A loop long enough to span
+    in two calibrations seconds apart, docs/changelog.md, 2026-11-23). A loop long enough to span
     many time slices averages it; the median round takes out a round a neighbour burst
     into. ``inside`` reads the cumulative (wall, CPU) seconds that hooks counted inside
     the calls; it is read at each round's start and end. ``sync`` waits for an

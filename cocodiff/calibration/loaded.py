@@ -3,7 +3,7 @@ host computes and exchanges at once, as a denoising step runs.
 
 The pair sweep (:mod:`cocodiff.calibration.exchanges`) times one exchange at a time, lined
 up, with the other ranks idle: right for the wire, far too cheap for the CPU. Measured on
-this 2-core machine with 4 ranks under gloo (docs/host-model.md, "A cost per exchange
+this 2-core machine with 4 ranks under gloo (docs/changelog.md, 2026-11-23, "A cost per exchange
 call"): lined up, a pair exchange costs a rank 0.2-0.3 ms of CPU; placed among the
 model's real blocks as a step places it, a world all-to-all costs 0.9 ms; and TAPA's two
 calls over sub-groups cost more than one world call with more messages. Much of the cost
@@ -18,7 +18,7 @@ model's own forward as the runtime runs it over the stand-in transport
 (:func:`model_work`), the loop's calls made at each of its exchanges, so the calls meet
 the cores, the caches and the ranks' wake-ups where a step meets them (a world call of
 4 ranks on 2 cores fitted 750 us of CPU among the small model's blocks, 623 us between
-repeated projections: docs/validate.md, 2026-11-25, night); without a model whose blocks
+repeated projections: docs/changelog.md, 2026-11-25, night); without a model whose blocks
 can run here, a burst of one layer's Q/K/V projection before each call
 (:func:`compute_burst`). A loop's CPU less the compute's CPU is what the calls cost;
 means over the loop (a step is a sum of calls, so the mean, not the median, is what it

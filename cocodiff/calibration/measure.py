@@ -293,7 +293,7 @@ def sweep_sizes(options: CalibrateOptions, shapes: LayerShapes, num_nodes: int,
     1-4 MiB each way runs at times one direction after the other (0.2 Gbit/s link, 1 MiB:
     44 or 86 ms, alternating run to run; 4 MiB: 181 or 350 ms), which pulled the fitted
     rate to 0.108-0.14 Gbit/s where the 16-256 KiB messages of the models measured moved at
-    0.19 (docs/validate.md, 2026-11-25). Why go on past it: on a fast link, messages of
+    0.19 (docs/changelog.md, 2026-11-25). Why go on past it: on a fast link, messages of
     256 KiB are mostly start-up (0.5 ms against 0.3 at 5 Gbit/s), and a line through them
     gave rates of 10-140 Gbit/s for a 5 Gbit/s link."""
     cap_kib = max(SWEEP_FLOOR_KIB, SWEEP_MARGIN * largest_step_message(

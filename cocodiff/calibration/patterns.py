@@ -6,7 +6,7 @@ hold at both: see :mod:`cocodiff.simulator.collective_fit`).
 Why beside the pair sweep: the links are fitted on one pair exchange alone, and a step
 never sends one alone. On a shaped TCP link, TAPA's cross-node phase of 2 x 2 ranks took
 1.3-1.6x the world all-to-all of the same bytes, where a fluid link prices both alike
-(docs/validate.md, "Why TAPA alone loses on 2 x 2 slow links"). calibrate sets each
+(docs/changelog.md, "Why TAPA alone loses on 2 x 2 slow links"). calibrate sets each
 beside the simulator's time for it; with ``--fit-patterns`` the collective fit
 (:mod:`cocodiff.simulator.collective_fit`) also prices both from these times. Measured
 as ``bench/phase_coupling.py`` measures them: the patterns interleaved in rounds, each

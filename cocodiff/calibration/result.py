@@ -272,7 +272,7 @@ def fit_calibrated_collective(result: Calibration, fit_patterns: bool = False
     time.
 
     The patterns are left out by default: over five full runs of the emulated cluster
-    (docs/validate.md, "Measured on 2026-11-26, evening and night") they did not predict the steps
+    (docs/changelog.md, "Measured on 2026-11-26, evening and night") they did not predict the steps
     better than the sweeps alone, and on fast links they read the hosts' fixed costs as
     bandwidth (a 6.8 MB/s cap per transfer on a 5 Gbit/s link). :func:`check_patterns`
     sets each beside the simulator instead."""

@@ -11,9 +11,9 @@ cost the transport more than their count and messages say: exchanges alone acros
 emulated 4 x 2 cluster at 0.2 Gbit/s, the enlarged model's size (``bench/phase_coupling.py``),
 TAPA's two phases took 2.66 ms of process CPU per rank and call where the world all-to-all
 of the same bytes took 1.13, and a real step of ``tapa`` took 41 ms more CPU per rank than
-``flat``'s (``bench/step_cpu.py``: 132 against 91 ms, 40 of them in the exchanges' waits),
-where the host's prices and the routing alone said 5 ms (docs/validate.md, "Measured on
-2026-11-27, morning").
+``flat``'s (``bench/step_cpu.py``, since retired: 132 against 91 ms, 40 of them in the
+exchanges' waits), where the host's prices and the routing alone said 5 ms
+(docs/changelog.md, 2026-11-27, "Morning").
 
 Measured as a step pays it: the model's exchanges of one layer of a ``tapa`` step on the
 calibrated grid, through the transport, every rank at once, process CPU time (every
@@ -64,7 +64,7 @@ def priced_cpu_s(host, step, rank: int, phased: bool) -> float:
     """CPU seconds ``host``'s call, message and byte prices charge ``rank`` for ``step``
     (an :class:`~cocodiff.plan.steps.Exchange` with phases), made in its phases (each
     chunk a call) or flat, as the simulator charges them; 0 without a host."""
-    from cocodiff.plan.phasing import member_bytes
+    from cocodiff.plan.phasing import chunk_member_bytes
 
     if host is None:
         return 0.0
@@ -81,10 +81,7 @@ def priced_cpu_s(host, step, rank: int, phased: bool) -> float:
     total = 0.0
     for phase in step.phases:
         for chunk in range(step.chunks):
-            send_rows, recv_rows = phase.chunk_rows(chunk, step.chunks)
-            total += call_s(phase.group,
-                            [member_bytes(phase, rows, step.row_bytes) for rows in send_rows],
-                            [member_bytes(phase, rows, step.row_bytes) for rows in recv_rows])
+            total += call_s(phase.group, *chunk_member_bytes(step, phase, chunk))
     return total
 
 

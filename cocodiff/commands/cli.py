@@ -19,6 +19,7 @@ from cocodiff.commands.run import add_run_arguments, run_command
 from cocodiff.commands.simulate import add_simulate_arguments, simulate_command
 from cocodiff.commands.validate import add_validate_arguments, validate_command
 from cocodiff.models import TINY_NAMES
+from cocodiff.runtime.quiet import quiet_third_party
 from cocodiff.util.errors import CocodiffError, one_line
 
 EXIT_USAGE = 2
@@ -134,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("name", help=f"one of {', '.join(TINY_NAMES)}")
     export.add_argument("directory", type=Path, help="where to write it")
     export.set_defaults(handler=_cmd_export_tiny)
+    for command in commands.choices.values():
+        command.add_argument(
+            "--verbose", action="store_true",
+            help="also show the warnings of the libraries underneath (transformers, diffusers, "
+            "torch), silenced by default")
     return parser
 
 
@@ -161,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    quiet_third_party(show=args.verbose)  # before any library loads and warns
     _printable_stdout()
     try:
         return args.handler(args)

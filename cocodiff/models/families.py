@@ -21,7 +21,7 @@ from typing import Any
 
 from cocodiff.models import configs
 from cocodiff.models.configs import Adapter
-from cocodiff.models.spec import ModelSpecError
+from cocodiff.models.spec import ModelSpec, ModelSpecError
 
 # What `cocodiff run` asks for when no --prompt is given (tiny-digits: a digit).
 DEFAULT_PROMPT = "a lighthouse on a cliff at dawn"
@@ -111,7 +111,10 @@ class ModelFamily:
 
 
 def _tiny(name: str, builder: str, **defaults: Any) -> TinyModel:
-    return TinyModel(name, f"cocodiff.runtime.tiny.builders:{builder}", **defaults)
+    """A tiny model whose builder is ``builder`` in the random-weight builders' module, or
+    ``"module:function"`` elsewhere (tiny-digits: its trained weights' module)."""
+    path = builder if ":" in builder else f"cocodiff.runtime.tiny.builders:{builder}"
+    return TinyModel(name, path, **defaults)
 
 
 def _adapter(module: str, attribute: str) -> str:
@@ -187,8 +190,8 @@ _FAMILY_LIST = (
         tiny_models=(
             _tiny("tiny-pixart", "build_pixart", width=128, height=128),
             # 32 x 32 pixels -> 8 x 8 latents -> 64 image tokens (patch size 1).
-            _tiny("tiny-digits", "build_digits", width=32, height=32, prompt="3",
-                  vae_scale=4, reader="cocodiff.runtime.digits:DigitReader"),
+            _tiny("tiny-digits", "cocodiff.runtime.digits:build_digits", width=32, height=32,
+                  prompt="3", vae_scale=4, reader="cocodiff.runtime.digits:DigitReader"),
         ),
     ),
     ModelFamily(
@@ -263,6 +266,18 @@ def spec_from_config(config: Mapping[str, Any], name: str = "custom"):
     if class_name is None:
         raise ModelSpecError("config has no '_class_name' field: is it a diffusers config?")
     return family_of_class(class_name, config).spec_from_config(config, name)
+
+
+def check_family(spec: ModelSpec) -> ModelSpec:
+    """``spec``, if its family is one of :data:`FAMILIES` (a spec read from a file).
+
+    Raises:
+        ModelSpecError: it is not (the message lists those that are).
+    """
+    if spec.family not in FAMILIES:
+        raise ModelSpecError(f"unknown model family {spec.family!r} for {spec.name!r}; "
+                             f"valid: {', '.join(FAMILIES)}")
+    return spec
 
 
 def tiny_model(name: str) -> TinyModel:

@@ -19,7 +19,7 @@ own sweeps this way; Aurora's preset is this fit on :data:`AURORA_TABLE`.
 
 A step's exchange patterns (:mod:`cocodiff.simulator.collective`), timed by calibrate at a
 step's size and four times it, come after the spans when given (``cocodiff calibrate
---fit-patterns``; by default calibrate only checks them, docs/validate.md, "Measured on
+--fit-patterns``; by default calibrate only checks them, docs/changelog.md, "Measured on
 2026-11-26, evening and night") and price what the sweeps cannot:
 
 * ``world`` (the flat all-to-all as a step issues it: every rank at once, back to back)
@@ -33,7 +33,7 @@ step's size and four times it, come after the spans when given (``cocodiff calib
   while the others share its link: the ``inter-node`` entry of ``transfer_cap_gbps``,
   searched the same way (``inf`` included) with the rest fixed. On a shaped TCP link the
   columns' few transfers per link filled it far less than the world all-to-all's many
-  (docs/validate.md, "Why TAPA alone loses on 2 x 2 slow links"), where a fluid link
+  (docs/changelog.md, "Why TAPA alone loses on 2 x 2 slow links"), where a fluid link
   shares perfectly and prices both alike. The world's transfers each get less than such
   a cap (more of them share the link), so it leaves the flat all-to-all alone.
 

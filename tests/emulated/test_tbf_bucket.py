@@ -1,7 +1,7 @@
 """The emulated link's shaper: its bucket holds about 1 ms of traffic, so a link that
 idled (while the ranks computed) cannot burst far past its rate afterwards, as the
 simulator's links cannot (a 128 KiB bucket made a 0.05 Gbit/s step 1.7x faster than its
-link: docs/validate.md); its queue holds at least 4 MiB, so that concurrent TCP windows
+link: docs/changelog.md); its queue holds at least 4 MiB, so that concurrent TCP windows
 queue instead of dropping (the simulator's links lose nothing). No root needed: the
 numbers only."""
 

@@ -8,6 +8,7 @@ Which tiny models exist, their builders and default settings are their family re
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from diffusers import DiffusionPipeline
@@ -18,9 +19,17 @@ from cocodiff.models import TINY_MODELS as _RECORDS
 from cocodiff.runtime.tiny.builders import SEED
 from cocodiff.runtime.tiny.text import TEXT_MAX_TOKENS
 
-# Name -> builder and name -> default settings, as the records say.
+
+def _build(builder: str) -> DiffusionPipeline:
+    """The pipeline that ``builder`` (a record's ``"module:function"``) builds."""
+    return load_object(builder)()
+
+
+# Name -> builder and name -> default settings, as the records say. A builder's module is
+# imported when it is called, not here: tiny-digits' module builds on this package's
+# builders, and importing it here would import it before they are.
 TINY_MODELS: dict[str, Callable[[], DiffusionPipeline]] = {
-    name: load_object(record.build) for name, record in _RECORDS.items()
+    name: partial(_build, record.build) for name, record in _RECORDS.items()
 }
 TINY_DEFAULTS: dict[str, TinyModel] = dict(_RECORDS)
 

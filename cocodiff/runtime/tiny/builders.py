@@ -293,10 +293,3 @@ def build_pixart() -> PixArtSigmaPipeline:
         scheduler=pixart_scheduler(),
     )
 
-
-def build_digits() -> PixArtSigmaPipeline:
-    """PixArt-Sigma-shaped, trained on 8x8 digits: the weights that ship with the package."""
-    # Imported here: cocodiff.runtime.digits builds on this module's tokenizer and T5 config.
-    from cocodiff.runtime.digits import build_digits as build_trained
-
-    return build_trained()

@@ -1,0 +1,168 @@
+"""The maintained benchmarks in bench/ still run: each one that has no test of its own runs
+here at small settings and its output is checked (never its times). bench/README.md lists
+every script that remains, with the test that runs it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from launching import job_env
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "bench"
+CALIBRATION = REPO / "results" / "measured" / "regime_search" / "gloo.toml"
+
+
+def load(name: str) -> ModuleType:
+    """A bench script as a module (bench/ is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def script(args: list[str], tmp_path: Path, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=job_env(tmp_path),
+                          capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_the_readme_lists_every_script_and_only_scripts_that_exist() -> None:
+    readme = (BENCH / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `([\w.]+\.(?:py|sh))`", readme, flags=re.M))
+    listed |= set(re.findall(r"\(\+ `([\w.]+\.py)`", readme))
+    present = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")}
+    assert listed == present, (f"not in bench/README.md: {sorted(present - listed)}; "
+                               f"listed but gone: {sorted(listed - present)}")
+    # Each row names the test that runs it, and that test exists.
+    for test in set(re.findall(r"`(tests/[\w/]+\.py)`", readme)):
+        assert (REPO / test).is_file(), test
+
+
+def test_sim_guard_fits_positive_costs_per_collective_and_message(tmp_path) -> None:
+    out = tmp_path / "guard.json"
+    done = script(["bench/sim_guard.py", "--json", str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    assert record["fit_s_per_collective"] > 0 and record["fit_s_per_message"] > 0
+    assert {run["schedule"] for run in record["runs"]} == {"tapa", "flat"}
+    assert all(run["collectives"] > 0 and run["messages"] > 0 for run in record["runs"])
+    assert "fit:" in done.stdout
+
+
+def test_sim_scaling_folded_and_unfolded_agree(tmp_path) -> None:
+    out = tmp_path / "scaling.json"
+    done = script(["bench/sim_scaling.py", "--nodes", "1,2", "--unfolded-up-to", "1",
+                   "--json", str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["folded"]["nodes"] for row in rows] == [1, 2]
+    one = rows[0]
+    assert one["unfolded"]["step_time_s"] == one["folded"]["step_time_s"] > 0
+    assert rows[1]["unfolded"] is None  # past --unfolded-up-to: folded only
+
+
+def test_sweep_report_tables_a_simulated_sweep(tmp_path) -> None:
+    from cocodiff.commands.cli import main
+
+    sweep = tmp_path / "sweep.json"
+    assert main(["simulate", "--sweep", "--sweep-models", "flux1-dev", "--sweep-nodes", "1,2",
+                 "--sweep-resolutions", "768", "--workers", "1", "--json", str(sweep)]) == 0
+    plot = tmp_path / "sweep.png"
+    done = script(["bench/sweep_report.py", str(sweep), "--plot", str(plot)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "flux1-dev" in done.stdout and plot.stat().st_size > 0
+
+
+def test_vmajor_critical_path_splits_a_layer(tmp_path) -> None:
+    out = tmp_path / "path.json"
+    assert load("vmajor_critical_path").main([
+        "--model", "flux1-dev", "--resolution", "768", "--nodes", "2", "--steps", "2",
+        "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert (record["model"], record["nodes"]) == ("flux1-dev", 2)
+    vfirst, cached = record["runs"]["vfirst"], record["runs"]["cocodiff all cached"]
+    assert vfirst["per_layer"]["compute_s"] > 0
+    # Every V block cached on the slow tier: V's inter-node bytes are gone, the rest stay.
+    assert 0 < cached["bytes_by_tier"]["inter-node"] < vfirst["bytes_by_tier"]["inter-node"]
+    assert cached["bytes_by_tier"]["intra-gpu"] == vfirst["bytes_by_tier"]["intra-gpu"]
+
+
+def test_regime_search_predicts_a_configuration_from_the_kept_calibration() -> None:
+    """One configuration of the grid from the calibration results/measured/ keeps (the
+    whole grid takes minutes): every schedule predicted, the gains as the search writes
+    them."""
+    search = load("regime_search")
+    calibration = search.load_calibration(f"gloo={CALIBRATION}", 0.2)
+    assert calibration.num_ranks == 4 and 0 < calibration.link_fraction <= 1.5
+    described = search.machine(calibration, 4, 2, 0.05, core_scaling=True)
+    assert (described.num_nodes, described.gpus_per_node) == (4, 2)
+    model = search.EnlargedModel(heads=search.HEADS, head_dim=64, layers=1, single_layers=1,
+                                 resolution=256)
+    steps = search.predict(model, described, calibration.collective)
+    assert set(steps) == set(search.SCHEDULES)
+    assert all(math.isfinite(s) and s > 0 for s in steps.values())
+    with pytest.raises(ValueError, match="gloo=PATH.toml"):
+        search.load_calibration(str(CALIBRATION), 0.2)
+
+
+def test_digits_samples_reads_the_digits(tmp_path) -> None:
+    out, plot = tmp_path / "digits.json", tmp_path / "digits.png"
+    assert load("digits_samples").main(["--seeds", "1", "--steps", "2", "--json", str(out),
+                                        "--plot", str(plot)]) == 0
+    record = json.loads(out.read_text())
+    assert record["samples"] == 10 and len(record["per_digit"]) == 10
+    assert 0 <= record["read_as_requested"] <= 1 and plot.stat().st_size > 0
+
+
+def test_v_similarity_measures_every_model(tmp_path) -> None:
+    out, plot = tmp_path / "v.json", tmp_path / "v.png"
+    assert load("v_similarity").main(["--steps", "3", "--json", str(out),
+                                      "--plot", str(plot)]) == 0
+    record = json.loads(out.read_text())
+    assert record["models"] and plot.stat().st_size > 0
+
+
+def test_vmajor_tradeoff_and_calibration_stability_parse_their_flags(tmp_path) -> None:
+    """These two launch multi-rank jobs for minutes: their flags, here; what they run is
+    tested where it lives (tests/runtime for V-Major's exchange and quality report,
+    tests/test_calibrate.py for calibrate)."""
+    done = script(["bench/vmajor_tradeoff.py", "--help"], tmp_path)
+    assert done.returncode == 0 and "--schedules" in done.stdout and "--seeds" in done.stdout
+    done = script(["bench/calibration_stability.py", "--launchers", "nope"], tmp_path)
+    assert done.returncode == 2 and "unknown launcher 'nope'" in done.stderr
+
+
+@pytest.mark.slow
+def test_calibration_stability_reads_and_predicts_a_calibration(tmp_path) -> None:
+    """Its two halves past calibrate on a kept calibration: the numbers it compares and
+    the prediction (``cocodiff simulate`` on the topology)."""
+    import argparse
+
+    stability = load("calibration_stability")
+    numbers = stability.numbers({"host": {"cpu": {"wait_spin": 0.03}}}, CALIBRATION)
+    assert numbers["wait_spin"] == 0.03 and numbers["tile_tflops"] > 0
+    assert numbers["cores"] is not None and numbers["intra_gbps"] > 0
+    args = argparse.Namespace(model="tiny-flux", resolution="256", steps=2, schedule="flat")
+    topology = tmp_path / CALIBRATION.name
+    topology.write_text(CALIBRATION.read_text())
+    topology.with_suffix(".json").write_text(CALIBRATION.with_suffix(".json").read_text())
+    predicted = stability.predict(topology, args)
+    assert set(predicted) == {"flat"} and predicted["flat"] > 0
+
+
+def test_gpu_checklist_is_valid_bash() -> None:
+    done = subprocess.run(["bash", "-n", str(BENCH / "gpu_checklist.sh")], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
