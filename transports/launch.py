@@ -20,6 +20,12 @@ torch.distributed under mpiexec has no ``MASTER_ADDR``/``MASTER_PORT``, so
    a single-node hydra job (all ranks are children of one ``hydra_pmi_proxy``). Set
    ``COCODIFF_JOB_ID`` when two jobs could share the parent and the directory. torch removes
    the file when the last rank closes it.
+
+Under Aurora's PALS ``mpiexec`` a rank sees ``PALS_RANKID``, ``PALS_LOCAL_RANKID`` and
+``PALS_LOCAL_SIZE`` but no global size (argonne-lcf/DLcomm_benchmark, docs/fixes/23): the size
+must come from MPI itself, through mpi4py. When mpi4py is missing, or links an MPI that PALS
+did not start (it then sees a world of one), every rank would run alone; :func:`detect_launch`
+refuses that with :class:`LaunchError` instead.
 """
 
 from __future__ import annotations
@@ -66,6 +72,12 @@ _JOB_ID_VARS = (
     "PBS_JOBID",
     "LSB_JOBID",
 )
+
+
+class LaunchError(ValueError):
+    """The launch cannot give this rank a correct place in the job (a one-rank world under a
+    launcher that started several, an accelerator build of torch that sees no accelerator);
+    its message is one line that names the cause."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +135,13 @@ def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
 
     Raises:
         ValueError: a launcher variable is not an integer, or rank is outside the world.
+        LaunchError: PALS started several ranks (its variables say so) but this one found a
+            world of one: mpi4py is missing or links an MPI that PALS did not start.
     """
     env = os.environ if environ is None else environ
     info = _from_torchrun(env) or _from_mpi_env(env) or _from_mpi4py(env)
     if info is None:
+        _refuse_lone_pals_rank(env, None)
         return LaunchInfo(rank=0, world_size=1, local_rank=0, launcher=SINGLE, local_size=1)
     if not 0 <= info.rank < info.world_size:
         raise ValueError(f"rank {info.rank} outside world of {info.world_size} ({info.launcher})")
@@ -173,12 +188,13 @@ def _from_mpi4py(env: Mapping[str, str]) -> LaunchInfo | None:
     hinted = any(name in env for name in _MPI_HINT_VARS)
     if not (hinted or "mpi4py.MPI" in sys.modules):
         return None
-    if find_spec("mpi4py") is None:
+    if not mpi4py_available():
         return None
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     if comm.Get_size() == 1:
+        _refuse_lone_pals_rank(env, MPI)
         return None
     local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank, local_size = local_comm.Get_rank(), local_comm.Get_size()
@@ -188,8 +204,64 @@ def _from_mpi4py(env: Mapping[str, str]) -> LaunchInfo | None:
 
 
 def mpi4py_available() -> bool:
-    """Whether mpi4py can be imported (without importing it)."""
-    return find_spec("mpi4py") is not None
+    """Whether mpi4py can be imported. Imports the package, not ``mpi4py.MPI``: that is
+    cheap and does not initialise MPI (a stale or blocked install fails here, not later)."""
+    if find_spec("mpi4py") is None:
+        return False
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pals_ranks_evidence(environ: Mapping[str, str]) -> str | None:
+    """What in PALS' variables proves that this job has more than one rank (None: nothing
+    does, or PALS did not start this process). PALS exports no global size, so the proof is
+    a rank, node or local size other than the first/one."""
+    if "PALS_RANKID" not in environ:
+        return None
+    for name, alone in (("PALS_LOCAL_SIZE", "1"), ("PALS_RANKID", "0"), ("PALS_NODEID", "0")):
+        value = environ.get(name)
+        if value is not None and value.strip() != alone:
+            return f"{name}={value}"
+    return None
+
+
+def _refuse_lone_pals_rank(env: Mapping[str, str], mpi: Any) -> None:
+    """Raise :class:`LaunchError` when PALS started several ranks but this one found a world
+    of one (DLcomm fix 23: twelve one-rank jobs per node, their XCCL bootstrap crashing).
+
+    Args:
+        env: the launcher's environment.
+        mpi: the imported ``mpi4py.MPI`` that saw one rank, or None when mpi4py is missing.
+    """
+    evidence = pals_ranks_evidence(env)
+    if evidence is None:
+        return
+    if mpi is None:
+        cause = ("mpi4py is not installed, so the size cannot be read; install the mpi4py "
+                 "built against the MPI that PALS launches (Aurora: the frameworks module's, "
+                 "Cray MPICH)")
+    else:
+        import mpi4py
+
+        lines = mpi.Get_library_version().strip().splitlines() or ["an unknown MPI"]
+        library = " ".join(lines[0].split())[:80]  # "MPICH Version: 4.3.1"
+        cause = (f"mpi4py ({Path(mpi4py.__file__).parent}) links {library}, which sees a world "
+                 "of 1: that MPI is not the one PALS launched (a venv's mpich wheel?); use the "
+                 "mpi4py built against Cray MPICH (Aurora: the frameworks module's)")
+    raise LaunchError(f"PALS started this rank among several ({evidence}) but exports no "
+                      f"global size, and {cause}: each rank would run alone")
+
+
+def in_job(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process runs inside a launcher or a batch job (any launcher's rank
+    variable, or a scheduler's job id): where falling back to the CPU is a mistake."""
+    env = os.environ if environ is None else environ
+    names = ("RANK", *(entry[0] for entry in _MPI_ENV_VARS), *_MPI_HINT_VARS, "PBS_JOBID",
+             "SLURM_JOB_ID", "LSB_JOBID")
+    return any(name in env for name in names)
 
 
 def job_id(environ: Mapping[str, str] | None = None) -> str:
@@ -216,6 +288,7 @@ def torch_store(info: LaunchInfo, timeout: timedelta, *, use_mpi4py: bool | None
     """
     import torch.distributed as dist
 
+    check_rendezvous_host(info)
     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
         return None
     if not info.is_distributed:
@@ -229,6 +302,49 @@ def torch_store(info: LaunchInfo, timeout: timedelta, *, use_mpi4py: bool | None
     store = dist.FileStore(str(path), info.world_size)
     store.set_timeout(timeout)
     return store
+
+
+LOOPBACK_HOSTS = ("localhost", "::1", "ip6-localhost")
+
+
+def check_rendezvous_host(info: LaunchInfo, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a loopback ``MASTER_ADDR`` in a job of several nodes, before any rank waits on
+    it: each node would rendezvous with itself and hang instead of failing (DLcomm).
+
+    A job spans several hosts when PALS numbers this node past the first, or when the
+    launcher says this node holds fewer ranks than the world and the scheduler gave the job
+    several hosts (``PBS_NODEFILE``, ``SLURM_JOB_NUM_NODES``). Ranks of one host split into
+    "nodes" by hand (torchrun ``--nnodes 2`` on one machine) may use loopback.
+
+    Raises:
+        LaunchError: the address is a loopback one and the job spans several nodes.
+    """
+    env = os.environ if environ is None else environ
+    host = env.get("MASTER_ADDR", "")
+    if not (host.startswith("127.") or host in LOOPBACK_HOSTS):
+        return
+    several = (env.get("PALS_NODEID", "0").strip() != "0"
+               or (info.local_size is not None and info.local_size < info.world_size
+                   and _scheduler_hosts(env) > 1))
+    if several:
+        raise LaunchError(f"MASTER_ADDR={host} in a job of {info.world_size} ranks over several "
+                          "nodes: every node would rendezvous with itself and hang; set it to "
+                          "the first node's address (Aurora: its .hsn name)")
+
+
+def _scheduler_hosts(env: Mapping[str, str]) -> int:
+    """How many hosts the batch scheduler gave the job (1 when it does not say)."""
+    nodefile = env.get("PBS_NODEFILE")
+    if nodefile:
+        try:
+            return len({line.strip() for line in Path(nodefile).read_text().splitlines()
+                        if line.strip()})
+        except OSError:
+            pass
+    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        if env.get(name, "").strip().isdecimal():
+            return int(env[name])
+    return 1
 
 
 def _tcp_store_over_mpi(info: LaunchInfo, timeout: timedelta) -> Any:

@@ -7,6 +7,7 @@ neither torch nor mpi4py.
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib.util import find_spec
 from typing import Any
 
 from transports.base import Transport
@@ -35,8 +36,22 @@ TRANSPORTS: dict[str, Callable[..., Transport]] = {
 
 
 def auto_transport_name() -> str:
-    """``"mpi"`` when launched by mpiexec and mpi4py imports, else ``"torch"``."""
-    if detect_launch().launcher == MPIEXEC and mpi4py_available():
+    """``"torch"`` when this rank's device has a collective backend of its own (nccl on
+    CUDA, xccl or oneCCL's ccl on XPU: device memory moves without host staging); else
+    ``"mpi"`` when launched by mpiexec and mpi4py imports (mpi4py stages device tensors
+    through host memory); else ``"torch"`` (gloo).
+
+    Raises:
+        LaunchError: the launch or the device is wrong (:func:`detect_launch`,
+            :func:`transports.torch_dist.default_device`).
+    """
+    launch = detect_launch()
+    if launch.is_distributed and find_spec("torch") is not None:
+        from transports.torch_dist import device_backend
+
+        if device_backend(launch) is not None:
+            return "torch"
+    if launch.launcher == MPIEXEC and mpi4py_available():
         return "mpi"
     return "torch"
 
@@ -46,7 +61,8 @@ def create_transport(name: str, **kwargs: Any) -> Transport:
 
     Args:
         name: a key of :data:`TRANSPORTS`, or ``"auto"``.
-        **kwargs: passed to the backend's constructor.
+        **kwargs: passed to the backend's constructor; ``timeout_s=None`` means the
+            backend's default.
 
     Raises:
         ValueError: ``name`` is not registered.
@@ -56,4 +72,6 @@ def create_transport(name: str, **kwargs: Any) -> Transport:
     if name not in TRANSPORTS:
         valid = ", ".join([*sorted(TRANSPORTS), AUTO])
         raise ValueError(f"unknown transport {name!r}; valid: {valid}")
+    if kwargs.get("timeout_s", 0) is None:
+        del kwargs["timeout_s"]  # the backend's own default (longer for xccl)
     return TRANSPORTS[name](**kwargs)

@@ -24,10 +24,21 @@ import torch
 import torch.distributed as dist
 
 from transports.base import Group, TransportError, check_all_to_all, check_group_ranks
-from transports.launch import LaunchInfo, detect_launch, torch_store
+from transports.launch import LaunchError, LaunchInfo, detect_launch, in_job, torch_store
 
 # Device type -> collective backend. XPU falls back to oneCCL's "ccl" when torch lacks xccl.
 BACKEND_FOR_DEVICE: dict[str, str] = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl"}
+# The backends that move device memory themselves (no staging through the host): what
+# ``--transport auto`` prefers over MPI.
+DEVICE_BACKENDS = frozenset({"nccl", "xccl", "ccl"})
+# Device type -> the variable that narrows which devices a process sees. Under it, index 0
+# is a different device in every rank that was given a different mask.
+MASK_VARIABLE: dict[str, str] = {"cuda": "CUDA_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK"}
+# Seconds a rank waits for a peer when the caller does not say. oneCCL's set-up over many
+# nodes is slow: ALCF sets CCL_KVS_CONNECTION_TIMEOUT=600 for it (docs.alcf.anl.gov,
+# aurora/data-science/frameworks/oneCCL), and its DDP examples give init_process_group 3600 s.
+DEFAULT_TIMEOUT_S = 60.0
+BACKEND_TIMEOUT_S: dict[str, float] = {"xccl": 600.0, "ccl": 600.0}
 
 
 # gloo prefixes its errors with the C++ source location and ends some with advice:
@@ -53,13 +64,67 @@ def _waiting_for(rank: int, group: Group) -> str:
 
 
 def default_device(local_rank: int) -> torch.device:
-    """This rank's accelerator (CUDA, then XPU) chosen by local rank, else the CPU."""
+    """This rank's accelerator (CUDA, then XPU) chosen by local rank, else the CPU.
+
+    Under a per-rank affinity mask (ALCF's ``gpu_tile_compact.sh``) a rank sees one device
+    and takes index 0; in Aurora's FLAT mode (the ``frameworks`` module's default) it sees a
+    node's 12 tiles and takes its local rank's.
+
+    Raises:
+        LaunchError: torch is an XPU build, no XPU is visible, and this process runs in a job
+            (a launcher's or scheduler's variables): a wrong ``ZE_AFFINITY_MASK`` or
+            ``ONEAPI_DEVICE_SELECTOR`` would otherwise put the whole run on the CPU.
+    """
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     xpu = getattr(torch, "xpu", None)
     if xpu is not None and xpu.is_available():
         return torch.device("xpu", local_rank % xpu.device_count())
+    if getattr(torch.version, "xpu", None) and in_job():
+        import os
+
+        steering = " ".join(f"{name}={os.environ[name]}" for name in
+                            ("ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR",
+                             "ZE_FLAT_DEVICE_HIERARCHY") if name in os.environ) or "none set"
+        raise LaunchError(f"torch {torch.__version__} is an XPU build but this rank sees no XPU "
+                          f"(device variables: {steering}): refusing to fall back to the CPU; "
+                          "check the affinity mask and device selector (and run on a compute "
+                          "node)")
     return torch.device("cpu")
+
+
+def device_identity(device: torch.device) -> str:
+    """What ``device`` is, in words two ranks of one node can compare: the same words only
+    when they hold the same device.
+
+    The index alone is not enough: under a per-rank affinity mask every rank takes index 0.
+    So: the mask's entry for the index where a mask is set (``ZE_AFFINITY_MASK=3.1``), else
+    the index (FLAT mode: the node's device numbering); and the device's UUID wherever the
+    runtime reports one (``get_device_properties(i).uuid``).
+    """
+    import os
+
+    if device.type == "cpu":
+        return "cpu"
+    index = 0 if device.index is None else device.index
+    mask_variable = MASK_VARIABLE.get(device.type)
+    mask = os.environ.get(mask_variable, "") if mask_variable else ""
+    entries = [entry.strip() for entry in mask.split(",") if entry.strip()]
+    where = (f"{device.type} {mask_variable}[{index}]={entries[index]}" if index < len(entries)
+             else f"{device.type}:{index}")
+    uuid = _device_uuid(device.type, index)
+    return f"{where} uuid {uuid}" if uuid else where
+
+
+def _device_uuid(device_type: str, index: int) -> str | None:
+    module = getattr(torch, device_type, None)
+    if module is None:
+        return None
+    try:
+        uuid = getattr(module.get_device_properties(index), "uuid", None)
+    except (AttributeError, RuntimeError, AssertionError):
+        return None  # a runtime that cannot describe its device: the mask/index decides
+    return str(uuid) if uuid else None
 
 
 def rank_device(transport: Any, local_rank: int) -> torch.device:
@@ -73,7 +138,10 @@ def rank_device(transport: Any, local_rank: int) -> torch.device:
 def ranks_per_device(launch: LaunchInfo, device: torch.device) -> int:
     """How many of this node's ranks take ``device`` (devices are dealt round-robin by local
     rank, :func:`default_device`); 1 when the launcher does not say how many ranks the node
-    has."""
+    has. Under a per-rank mask this over-counts (each rank's index 0 is its own device):
+    only CUDA acts on the count, and gloo there is slow but right, where nccl on a GPU
+    that a node-wide ``CUDA_VISIBLE_DEVICES`` really shares would fail. ``cocodiff doctor``
+    tells the two apart (:func:`device_identity`)."""
     if device.type == "cpu" or launch.local_size is None:
         return 1
     count = getattr(torch, device.type).device_count()
@@ -103,6 +171,18 @@ def backend_for_device(device: torch.device, sharing: int = 1) -> str:
             )
         backend = "ccl"
     return backend
+
+
+def device_backend(launch: LaunchInfo) -> str | None:
+    """The collective backend that would move this rank's device memory directly (nccl,
+    xccl, oneCCL's ccl), or None: no accelerator, ranks sharing a GPU (gloo), or no such
+    backend in this torch."""
+    device = default_device(launch.local_rank)
+    try:
+        backend = backend_for_device(device, ranks_per_device(launch, device))
+    except TransportError:
+        return None
+    return backend if backend in DEVICE_BACKENDS else None
 
 
 class _TorchHandle:
@@ -151,7 +231,8 @@ class TorchTransport:
             device and how many of the node's ranks share it (:func:`backend_for_device`).
         device: where this rank's tensors live; None picks the local accelerator or the CPU.
         timeout_s: how long a rendezvous or a collective may wait for a peer before it fails
-            with :class:`TransportError` instead of hanging.
+            with :class:`TransportError` instead of hanging; None: the backend's default
+            (:data:`BACKEND_TIMEOUT_S`, else :data:`DEFAULT_TIMEOUT_S`).
         launch: this process's place in the job; None reads the launcher's environment.
 
     If the default process group already exists (the caller initialised torch.distributed),
@@ -163,15 +244,17 @@ class TorchTransport:
         *,
         backend: str | None = None,
         device: str | torch.device | None = None,
-        timeout_s: float = 60.0,
+        timeout_s: float | None = None,
         launch: LaunchInfo | None = None,
     ) -> None:
-        if timeout_s <= 0:
+        if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         info = detect_launch() if launch is None else launch
         self._device = default_device(info.local_rank) if device is None else torch.device(device)
         self._backend = (backend_for_device(self._device, ranks_per_device(info, self._device))
                          if backend is None else backend)
+        if timeout_s is None:
+            timeout_s = BACKEND_TIMEOUT_S.get(self._backend, DEFAULT_TIMEOUT_S)
         self._timeout = timedelta(seconds=timeout_s)
         if self._device.type != "cpu":
             getattr(torch, self._device.type).set_device(self._device)
@@ -195,13 +278,21 @@ class TorchTransport:
     def _init_default_group(self, info: LaunchInfo) -> None:
         try:
             store = torch_store(info, self._timeout)
+            # device_id binds the default group to this rank's device from the start (torch's
+            # advice for device backends: nccl forms its communicator at once and splits
+            # sub-groups from it). gloo, even over CUDA tensors of ranks sharing a GPU, gets
+            # none.
+            device_id = self._device if self._backend in DEVICE_BACKENDS else None
             dist.init_process_group(
                 self._backend,
                 store=store,
                 rank=info.rank,
                 world_size=info.world_size,
                 timeout=self._timeout,
+                device_id=device_id,
             )
+        except LaunchError:
+            raise  # a launch refused before the rendezvous: its own one line
         except (RuntimeError, ValueError) as exc:
             raise TransportError(
                 f"torch.distributed ({self._backend}) init failed on rank {info.rank} of "

@@ -69,10 +69,14 @@ def options_from_args(args: argparse.Namespace) -> CalibrateOptions:
 def calibrate_command(args: argparse.Namespace) -> int:
     """The ``cocodiff calibrate`` handler: calibrate under a launcher, or launch itself."""
     from transports.launch import detect_launch
+    from transports.torch_dist import default_device
 
     options = options_from_args(args)
     check_options(options)
+    # Both raise LaunchError (a ValueError: one line, exit 2): a one-rank world under PALS,
+    # an XPU build of torch that sees no XPU. Before any rank waits for another.
     launch = detect_launch()
+    default_device(launch.local_rank)
     if not launch.is_distributed:
         return self_launch(options)
     from transports.registry import TRANSPORTS, auto_transport_name, create_transport

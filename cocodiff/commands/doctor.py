@@ -33,10 +33,12 @@ EXIT_PROBLEM = 1
 
 def add_doctor_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--transport", default="auto",
-                        help="the transport to test: auto (MPI under mpiexec with mpi4py, "
-                        "else torch.distributed), torch or mpi")
-    parser.add_argument("--timeout", type=positive_int, default=60,
-                        help="seconds a rank waits for its peers before failing (default 60)")
+                        help="the transport to test: auto (torch.distributed where the device "
+                        "has its own collective backend, nccl or xccl; else MPI under mpiexec "
+                        "with mpi4py; else torch.distributed over gloo), torch or mpi")
+    parser.add_argument("--timeout", type=positive_int, default=None,
+                        help="seconds a rank waits for its peers before failing (default 60; "
+                        "600 over xccl, whose set-up at scale is slow)")
     parser.add_argument("--kib", type=positive_int, default=4,
                         help="KiB each rank sends each peer in the all-to-all (default 4)")
     parser.add_argument("--json", type=Path, default=None,
@@ -47,6 +49,7 @@ def doctor_command(args: argparse.Namespace) -> int:
     from cocodiff.util.atomic import check_output_paths
     from cocodiff.util.errors import one_line
     from transports.base import TransportError
+    from transports.launch import LaunchError
     from transports.registry import AUTO, TRANSPORTS
 
     check_output_paths((args.json,))  # bad flags: CocodiffError, exit 2 (cocodiff.commands.cli)
@@ -55,7 +58,7 @@ def doctor_command(args: argparse.Namespace) -> int:
                             f"{', '.join([*sorted(TRANSPORTS), AUTO])}")
     try:
         return _doctor(args)
-    except (DoctorProblem, TransportError) as error:
+    except (DoctorProblem, TransportError, LaunchError) as error:
         # Every rank that fails says so (the failing one may not be rank 0).
         print(f"cocodiff doctor: error: {one_line(str(error))}", file=sys.stderr, flush=True)
         return EXIT_PROBLEM
@@ -112,7 +115,9 @@ def print_report(every: list[RankFacts], timing: dict, transport_name: str) -> N
             table.add_column(column, justify="right" if column in ("rank", "local") else "left")
         for f in ranks:
             variables = " ".join(f"{k}={v}" for k, v in f.env if k in LAUNCH_VARS) or "-"
-            table.add_row(str(f.rank), str(f.local_rank), f.device, ", ".join(f.backends),
+            taken = (f"{f.device} = {f.device_identity}"
+                     if f.device_identity and f.device_identity != f.device else f.device)
+            table.add_row(str(f.rank), str(f.local_rank), taken, ", ".join(f.backends),
                           variables)
         console.print(table)
     per_node = {len(ranks) for ranks in nodes}

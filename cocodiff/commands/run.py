@@ -116,12 +116,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         "and SSIM of the image and the max abs error of the latents against it "
                         "(tiny-digits: and the digit its classifier reads in each image)")
     parser.add_argument("--transport", default="auto",
-                        help="auto, torch or mpi (auto: mpi under mpiexec when mpi4py is "
-                        "installed, else torch)")
+                        help="auto, torch or mpi (auto: torch where the device has its own "
+                        "collective backend, nccl or xccl; else mpi under mpiexec when mpi4py "
+                        "is installed; else torch over gloo)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="activation dtype (default float32)")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds a rank waits for its peers before giving up (default 60)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds a rank waits for its peers before giving up (default 60; "
+                        "600 over xccl, whose set-up at scale is slow)")
     parser.add_argument("--output", type=Path, default=None, help="write the image here (PNG)")
     parser.add_argument("--json", type=Path, default=None, help="write timings as JSON here")
     parser.add_argument("--save-latents", type=Path, default=None,
@@ -148,9 +150,14 @@ def run_on_every_rank(command: str, body, usage_errors: tuple[type[Exception], .
     ``ValueError``, ``FileNotFoundError`` and ``usage_errors``) once from rank 0, an
     interruption or a failure (a peer died, a timeout, NaN) on every rank that saw it,
     the failure also ending the job."""
-    from transports.launch import detect_launch
+    from transports.launch import LaunchError, detect_launch
 
-    launch = detect_launch()
+    try:
+        launch = detect_launch()
+    except ValueError as error:  # LaunchError, or a launcher variable that is not a number
+        # No rank knows it is rank 0 here: every one says it, once.
+        print(f"cocodiff {command}: error: {one_line(str(error))}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
     user_errors: tuple[type[Exception], ...] = (CocodiffError, ValueError, FileNotFoundError,
                                                 *usage_errors)
     with raise_on_signals() as signals:
@@ -161,6 +168,13 @@ def run_on_every_rank(command: str, body, usage_errors: tuple[type[Exception], .
                 # Once the run is over (done or failing), a signal (the launcher ending
                 # the job) must not interrupt the reporting below with a traceback.
                 signals.disarm()
+        except LaunchError as error:
+            # This rank's own launch is wrong (no XPU seen): the others may be right and
+            # waiting for it, so it speaks for itself and ends the job.
+            print(f"cocodiff {command}: rank {launch.rank}: error: {one_line(str(error))}",
+                  file=sys.stderr, flush=True)
+            end_job_after_failure(launch)
+            return EXIT_USAGE
         except user_errors as error:
             _report(command, launch.rank == 0, str(error.args[0] if error.args else error))
             return EXIT_USAGE
@@ -218,7 +232,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
                        or not get_schedule(args.schedule).step_dependent):
         raise CocodiffError(f"{', '.join(lossy_only)}: V-Major options, for --schedule "
                             f"cocodiff (the {args.schedule} schedule is exact)")
-    if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
+    if args.timeout is not None and not (math.isfinite(args.timeout)
+                                         and 0 < args.timeout <= MAX_TIMEOUT_S):
         raise CocodiffError(f"--timeout must be in (0, {MAX_TIMEOUT_S:g}] seconds, "
                             f"got {args.timeout}")
     if args.seed not in SEED_RANGE:
@@ -342,6 +357,9 @@ def _run(args: argparse.Namespace, launch) -> int:
                                  or grid is not None and grid.shape[0] == 1):
         raise CocodiffError("--record-activity: V-Major acts on the inter-node tier; launch "
                             "ranks on more than one node (or give such a --grid)")
+    from transports.torch_dist import default_device
+
+    default_device(launch.local_rank)  # an XPU build that sees no XPU: refused before loading
 
     from cocodiff.runtime.job import RunRequest, run_job
     from cocodiff.schedules import DEFAULT_CHUNKS, PlanOptions, VMajorOptions

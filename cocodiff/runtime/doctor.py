@@ -6,8 +6,8 @@ collective backends built in, the launcher and the variables it found), then all
 run a tiny all-to-all through the transport ``cocodiff run`` would use, checking every
 byte and timing it, and rank 0 gathers the facts and prints one table per node.
 
-Launch facts it checks come from jobs others ran on Aurora (``/work/shared`` notes, from
-argonne-lcf/DLcomm_benchmark docs/fixes 23 and 24, and the ALCF user guide):
+Launch facts it checks come from jobs others ran on Aurora (the argonne-lcf/DLcomm_benchmark
+repository on GitHub, docs/fixes 23 and 24, and the ALCF Aurora user guide):
 
 * PALS' ``mpiexec`` exports ``PALS_RANKID``/``PALS_LOCAL_RANKID``/``PALS_LOCAL_SIZE`` but
   no global size; a size silently defaulted to 1 builds one-rank jobs (DLcomm fix 23),
@@ -21,7 +21,13 @@ argonne-lcf/DLcomm_benchmark docs/fixes 23 and 24, and the ALCF user guide):
   ``PATH`` is shown, and a non-PALS one is an error inside a PBS job.
 * The device is chosen by *local* rank (``transports.torch_dist.default_device``), and
   ``MASTER_ADDR`` must be the first node's address on every rank: a loopback address in a
-  job of several nodes gives each node its own rendezvous and hangs (DLcomm).
+  job of several nodes gives each node its own rendezvous and hangs (DLcomm); it is checked
+  before the rendezvous.
+* Ranks are compared by the device they hold, not by its index: under a per-rank
+  ``ZE_AFFINITY_MASK`` (ALCF's ``gpu_tile_compact.sh``) every rank takes ``xpu:0``, each a
+  different tile (``transports.torch_dist.device_identity``: the mask's entry, the index in
+  FLAT mode, the device UUID where the runtime reports one).
+* An XPU build of torch that sees no XPU is refused, never run on the CPU.
 """
 
 from __future__ import annotations
@@ -45,9 +51,10 @@ LAUNCH_VARS = (
     "PALS_RANKID", "PALS_LOCAL_RANKID", "PALS_LOCAL_SIZE", "PALS_NODEID", "PALS_PMI",
     "PMIX_RANK", "PBS_JOBID", "SLURM_JOB_ID",
 )
-# Variables that steer which devices a rank sees.
+# Variables that steer which devices a rank sees, and how oneCCL starts (ALCF's minimal set).
 DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR",
-               "ZE_FLAT_DEVICE_HIERARCHY", "CCL_ATL_TRANSPORT")
+               "ZE_FLAT_DEVICE_HIERARCHY", "CCL_ATL_TRANSPORT", "CCL_PROCESS_LAUNCHER",
+               "CCL_KVS_MODE", "FI_MR_CACHE_MONITOR")
 PALS_DIR = Path("/opt/cray/pals")
 
 
@@ -71,11 +78,18 @@ class RankFacts:
     device: str  # the one this rank takes (by local rank)
     backends: tuple[str, ...]  # collective backends built in / importable
     env: tuple[tuple[str, str], ...]  # launcher and device variables found
+    # What the device is (mask entry or index, UUID): equal only for ranks sharing a device.
+    device_identity: str = ""
 
 
 def check_environment(env, launch) -> None:
     """This rank's launch variables, before any communication (raises DoctorProblem)."""
-    from transports.launch import SINGLE
+    from transports.launch import SINGLE, LaunchError, check_rendezvous_host
+
+    try:
+        check_rendezvous_host(launch, env)
+    except LaunchError as error:
+        raise DoctorProblem(str(error)) from None
 
     if ("RANK" in env) != ("WORLD_SIZE" in env):
         given, missing = ("RANK", "WORLD_SIZE") if "RANK" in env else ("WORLD_SIZE", "RANK")
@@ -108,26 +122,30 @@ def check_job(every: list[RankFacts]) -> None:
     if len(nodes) > 1 and (master.startswith("127.") or master in ("localhost", "::1")):
         raise DoctorProblem(f"MASTER_ADDR={master} on a job of {len(nodes)} nodes: every node "
                             "would rendezvous with itself; set it to the first node's address")
-    taken: dict[tuple[int, str], list[int]] = {}
+    # Keyed by what the device is, not its index: under a per-rank affinity mask every
+    # rank takes index 0 of a different tile.
+    taken: dict[tuple[int, str], list[RankFacts]] = {}
     for f in every:
         if f.device != "cpu":
-            taken.setdefault((f.node_key, f.device), []).append(f.rank)
+            taken.setdefault((f.node_key, f.device_identity or f.device), []).append(f)
     # Ranks sharing a CUDA device run: the torch transport gives them gloo, which stages
     # through host memory (nccl refuses them), and MPI stages through host memory anyway.
-    shared = [(device, ranks) for (_, device), ranks in taken.items()
-              if len(ranks) > 1 and not device.startswith("cuda")]
+    shared = [(identity, group) for (_, identity), group in taken.items()
+              if len(group) > 1 and not group[0].device.startswith("cuda")]
     if shared:
-        device, ranks = shared[0]
-        raise DoctorProblem(f"ranks {', '.join(map(str, ranks))} of one node all take {device}: "
-                            "one rank per device (tile) is the layout the runtime assumes; "
-                            "bind each rank to its own device or start fewer ranks")
+        identity, group = shared[0]
+        device = group[0].device + (f" ({identity})" if identity != group[0].device else "")
+        raise DoctorProblem(f"ranks {', '.join(str(f.rank) for f in group)} of one node all "
+                            f"take {device}: one rank per device (tile) is the layout the "
+                            "runtime assumes; bind each rank to its own device or start fewer "
+                            "ranks")
 
 
 def rank_facts(launch) -> RankFacts:
     import torch
 
     from cocodiff.runtime.nodes import node_key
-    from transports.torch_dist import default_device
+    from transports.torch_dist import default_device, device_identity
 
     counts = {"cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0}
     xpu = getattr(torch, "xpu", None)
@@ -135,12 +153,13 @@ def rank_facts(launch) -> RankFacts:
     devices = ", ".join(f"{kind} x{n}" for kind, n in counts.items() if n) or "none"
     env = tuple((name, os.environ[name]) for name in (*LAUNCH_VARS, *DEVICE_VARS)
                 if name in os.environ)
+    device = default_device(launch.local_rank)  # LaunchError: an XPU build seeing no XPU
     return RankFacts(
         rank=launch.rank, world_size=launch.world_size, local_rank=launch.local_rank,
         launcher=launch.launcher, host=socket.gethostname(), node_key=node_key(),
         torch_version=torch.__version__, torch_build=_torch_build(torch),
-        devices=devices, device=str(default_device(launch.local_rank)),
-        backends=_backends(launch), env=env,
+        devices=devices, device=str(device), backends=_backends(launch), env=env,
+        device_identity=device_identity(device),
     )
 
 
@@ -179,7 +198,7 @@ def _backends(launch) -> tuple[str, ...]:
     return tuple(found)
 
 
-def open_transport(name: str, timeout_s: int, launch):
+def open_transport(name: str, timeout_s: int | None, launch):
     from transports.base import TransportError
     from transports.registry import create_transport
 

@@ -33,7 +33,7 @@ class RunRequest:
     schedule: str  # a plan schedule or a baseline (cocodiff.runtime.baseline)
     plan_layout: bool  # the planner chooses the Ulysses x Ring x batch degrees
     transport: str
-    timeout_s: float
+    timeout_s: float | None  # None: the transport's default for its backend
     dtype: str
     guards: bool  # check every step for NaN/Inf
     progress: bool  # a progress bar on rank 0
