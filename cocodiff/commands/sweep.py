@@ -24,8 +24,10 @@ def sweep_command(args: argparse.Namespace, names: list[str], options: PlanOptio
     models = sweep_values(args.sweep_models, SWEEP["models"], str, "model")
     resolutions = sweep_values(args.sweep_resolutions, SWEEP["resolutions"], int, "resolution")
     nodes_list = sweep_values(args.sweep_nodes, SWEEP["nodes"], int, "node count")
+    from cocodiff.commands.plan import auto_chunks
+
     shared, rows = run_sweep(models, resolutions, nodes_list, names, args.steps, options,
-                             collective, args.workers)
+                             collective, args.workers, auto_chunks=auto_chunks(args))
     if rows is None:  # another rank than 0: rank 0 reports
         return 0
     _print_rows(rows, shared.schedules)
@@ -58,6 +60,12 @@ def _print_rows(rows: list[dict], names: tuple[str, ...]) -> None:
     print(f"{best} over flat: mean {sum(speedups) / len(speedups):.2f}x, peak "
           f"{peak['speedup'][best]:.2f}x ({peak['model']}, {peak['resolution']}px, "
           f"{peak['nodes']} nodes)", flush=True)
+    for name in names[1:]:  # how many rows ran each chunk count
+        counts: dict[int, int] = {}
+        for row in rows:
+            counts[row["chunks"][name]] = counts.get(row["chunks"][name], 0) + 1
+        print(f"{name} chunks: " + ", ".join(f"{c} in {n} row(s)"
+                                              for c, n in sorted(counts.items())), flush=True)
 
 
 def sweep_values(text, default, kind, what):

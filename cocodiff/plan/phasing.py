@@ -3,12 +3,14 @@
 (:class:`cocodiff.runtime.tapa.PhasedHandle`).
 
 An exchange's rows are cut into ``chunks`` (every block's rows split as evenly as
-possible, the first chunks one larger: :func:`chunk_rows`), and the chunks flow through
+possible, or every row along its tokens where a block has fewer rows than chunks:
+:mod:`cocodiff.plan.chunking`), and the chunks flow through
 the phases as a pipeline (:class:`ChunkPipeline`): chunk c enters phase p once it has
 left phase p-1 and chunk c-1 has left phase p, so the slow tier carries chunk c while a
 fast tier carries chunk c-1. The plan states each chunk's rows per member
-(:meth:`cocodiff.plan.steps.Phase.chunk_rows`); :func:`member_bytes` is what they cost on the
-wire, whole rows or a selective (V-Major) phase's message.
+(:meth:`cocodiff.plan.steps.Phase.chunk_rows`); :func:`chunk_member_bytes` is what they
+cost on the wire, rows (whole, or the chunk's tokens of each) or a selective (V-Major)
+phase's message.
 
 When postings go out (:func:`early_phases`): an exchange's first posting when it
 starts; each later one at the first *progress point* after the postings before it have
@@ -34,21 +36,35 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from cocodiff.plan.chunking import chunk_rows
 from cocodiff.plan.steps import Exchange, Phase, Step, Wait
-from cocodiff.schedules.tapa import chunk_rows
-from cocodiff.schedules.vmajor import message_bytes
+from cocodiff.schedules.vmajor import chunk_blocks_per_row, message_bytes
 
 Posting = tuple[int, int]
 """(chunk, phase index)."""
 
 
-def member_bytes(phase: Phase, rows: int, row_bytes: int) -> int:
-    """Bytes of ``rows`` rows sent to another member in ``phase``: the rows, or in a
-    selective (V-Major) phase the sent blocks and their indices."""
+def member_bytes(phase: Phase, rows: int, row_bytes: int, blocks_per_row: int = 0) -> int:
+    """Bytes of ``rows`` rows of ``row_bytes`` sent to another member in ``phase``: the
+    rows, or in a selective (V-Major) phase the sent blocks and their indices
+    (``blocks_per_row`` blocks a row; default: the phase's, for whole rows)."""
     if not phase.selective:
         return rows * row_bytes
-    per_row = phase.blocks_per_row
+    per_row = blocks_per_row or phase.blocks_per_row
     return message_bytes(rows * per_row, row_bytes // per_row, phase.sent_fraction)
+
+
+def chunk_member_bytes(step: Exchange, phase: Phase, chunk: int
+                       ) -> tuple[list[int], list[int]]:
+    """Bytes sent to and received from each member of ``phase`` (of ``step``) in chunk
+    ``chunk``: its rows at the chunk's bytes per row (:mod:`cocodiff.plan.chunking`)."""
+    send_rows, recv_rows = phase.chunk_rows(chunk, step.chunks)
+    row_bytes = step.chunk_row_bytes(chunk)
+    per_row = (chunk_blocks_per_row(phase.blocks_per_row, sum(step.chunk_tokens),
+                                    step.chunk_tokens[chunk])
+               if phase.selective and step.chunk_tokens else 0)
+    return ([member_bytes(phase, rows, row_bytes, per_row) for rows in send_rows],
+            [member_bytes(phase, rows, row_bytes, per_row) for rows in recv_rows])
 
 
 class ChunkPipeline:
@@ -125,4 +141,5 @@ def early_phases(steps: Sequence[Step], index: int) -> frozenset[int]:
     return frozenset(p for p, phase in enumerate(exchange.phases) if phase.group not in opened)
 
 
-__all__ = ["ChunkPipeline", "Posting", "chunk_rows", "early_phases", "member_bytes"]
+__all__ = ["ChunkPipeline", "Posting", "chunk_member_bytes", "chunk_rows", "early_phases",
+           "member_bytes"]

@@ -130,14 +130,14 @@ class TensorBackend:
             codecs = {
                 index: runtime.vcache.codec(step.tensor, runtime.step, runtime.call,
                                             self.layer_index, phase.sent_fraction,
-                                            phase.blocks_per_row)
+                                            phase.blocks_per_row, sum(step.chunk_tokens))
                 for index, phase in enumerate(step.phases) if phase.selective
             }
             tiers = [LEVEL_TIERS[phase.level] for phase in step.phases]
             handle: Handle = PhasedHandle(
                 runtime.transport, groups, runtime.route(step), send, step.chunks, codecs,
                 on_sent=lambda phase, num_bytes: runtime.count_sent(tiers[phase], num_bytes),
-                early=early, exchanges=self.phased,
+                early=early, exchanges=self.phased, chunk_tokens=step.chunk_tokens,
             )
         else:
             for member, rows in zip(step.group, step.send_rows, strict=True):

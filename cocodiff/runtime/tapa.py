@@ -14,7 +14,9 @@ whose destination agrees with ``h`` on the levels done, so both sides of every m
 know from the grid alone which blocks it carries. Blocks travel in canonical order
 (sorted by (source, destination) position) and no index is sent.
 
-The rows may be cut into ``chunks`` (each block's rows split as evenly as possible)
+The rows may be cut into ``chunks`` (each block's rows split as evenly as possible, or,
+where a block has fewer rows than chunks, every row along its tokens:
+:mod:`cocodiff.plan.chunking`, the one definition the schedulers and the simulator use)
 pipelined through the phases as :mod:`cocodiff.plan.phasing` orders them, for the simulator
 and here alike: chunk c enters phase p once it has left phase p-1 and chunk c-1 has
 left phase p, so the slow tier carries chunk c while a fast tier carries chunk c-1.
@@ -36,8 +38,9 @@ from typing import Protocol
 
 import torch
 
+from cocodiff.plan.chunking import block_rows, chunk_rows
 from cocodiff.plan.executor import PlanError
-from cocodiff.plan.phasing import ChunkPipeline, chunk_rows
+from cocodiff.plan.phasing import ChunkPipeline
 from cocodiff.plan.steps import Exchange
 from cocodiff.runtime.vmajor import as_bytes, from_bytes
 from cocodiff.schedules.grid import LEVELS, RankGrid
@@ -152,7 +155,7 @@ def plan_route(step: Exchange, grid: RankGrid, heads: Sequence[int], rank: int) 
                 planned_chunk = phase.chunk_rows(chunk, step.chunks)
             except ValueError as err:
                 raise PlanError(f"{where}: {err}") from None
-            moved_chunk = tuple(tuple(sum(chunk_rows(rows(b), chunk, step.chunks) for b in m)
+            moved_chunk = tuple(tuple(sum(step.block_rows(rows(b), chunk) for b in m)
                                       for m in blocks) for blocks in (send, recv))
             if moved_chunk != planned_chunk:
                 raise PlanError(f"{where}, chunk {chunk}: the plan moves {planned_chunk} rows "
@@ -257,6 +260,9 @@ class PhasedHandle:
         route: this rank's route (:func:`plan_route`).
         send: the flat send buffer: rows grouped by destination in group order.
         chunks: pieces each block's rows are cut into, pipelined through the phases.
+        chunk_tokens: when the chunks cut every row along its tokens instead
+            (:attr:`cocodiff.plan.steps.Exchange.chunk_tokens`), each chunk's tokens;
+            empty when they cut rows.
         codecs: phase index -> codec, for the selective (V-Major) phases; their
             messages to other members go as the codec's bytes.
         on_sent: called with (phase index, bytes sent to other members) per posting.
@@ -266,25 +272,33 @@ class PhasedHandle:
             postings; None for an exchange on its own.
     """
 
-    __slots__ = ("_transport", "_groups", "_route", "_chunks", "_pieces", "_posted",
-                 "_pipeline", "_empty", "_waited", "_codecs", "_on_sent", "_early",
+    __slots__ = ("_transport", "_groups", "_route", "_chunks", "_tokens", "_pieces",
+                 "_posted", "_pipeline", "_empty", "_waited", "_codecs", "_on_sent", "_early",
                  "_exchanges")
 
     def __init__(self, transport: Transport, groups: Sequence[Group], route: Route,
                  send: torch.Tensor, chunks: int, codecs: Mapping[int, PhaseCodec] | None = None,
                  on_sent: Callable[[int, int], None] | None = None,
                  early: frozenset[int] = frozenset(),
-                 exchanges: PhasedExchanges | None = None) -> None:
+                 exchanges: PhasedExchanges | None = None,
+                 chunk_tokens: Sequence[int] = ()) -> None:
         if chunks < 1:
             raise PlanError(f"an exchange needs at least one chunk, got {chunks}")
+        if chunk_tokens and (len(chunk_tokens) != chunks or sum(chunk_tokens) != send.shape[2]):
+            raise PlanError(f"the plan cuts rows of {sum(chunk_tokens)} tokens into "
+                            f"{len(chunk_tokens)} chunks {tuple(chunk_tokens)}; the exchange "
+                            f"has {chunks} chunks of rows of {send.shape[2]} tokens")
         self._transport = transport
         self._groups = tuple(groups)
         self._route = route
         self._chunks = chunks
+        self._tokens = tuple(chunk_tokens)
         self._codecs = dict(codecs or {})
         self._on_sent = on_sent
         self._early = early
-        self._empty = send.new_empty((0, *send.shape[1:]))
+        # Per chunk, no rows of the chunk's row shape (B, s or the chunk's tokens, D).
+        self._empty = [send.new_empty((0, send.shape[1], tokens, *send.shape[3:]))
+                       for tokens in self._tokens] or [send.new_empty((0, *send.shape[1:]))]
         # What this rank holds: (block, chunk) -> rows (B, s, D) each.
         self._pieces: dict[tuple[Block, int], torch.Tensor] = {}
         blocks = torch.split(send, [route.rows(b) for b in route.sent])
@@ -298,30 +312,40 @@ class PhasedHandle:
         self._post_ready()
 
     def _split_block(self, block: Block, rows: torch.Tensor) -> None:
-        sizes = [chunk_rows(rows.shape[0], c, self._chunks) for c in range(self._chunks)]
-        for chunk, piece in enumerate(torch.split(rows, sizes)):
+        if self._tokens:
+            # (R, B, s, D) -> per chunk (R, B, s_c, D): every row, the chunk's tokens
+            pieces = torch.split(rows, list(self._tokens), dim=2)
+        else:
+            pieces = torch.split(rows, [chunk_rows(rows.shape[0], c, self._chunks)
+                                        for c in range(self._chunks)])
+        for chunk, piece in enumerate(pieces):
             self._pieces[(block, chunk)] = piece
 
     def _rows(self, blocks: tuple[Block, ...], chunk: int) -> list[int]:
-        return [chunk_rows(self._route.rows(b), chunk, self._chunks) for b in blocks]
+        return [block_rows(self._route.rows(b), chunk, self._chunks, bool(self._tokens))
+                for b in blocks]
+
+    def _empty_for(self, chunk: int) -> torch.Tensor:
+        return self._empty[chunk] if self._tokens else self._empty[0]
 
     def _post(self, chunk: int, phase: int) -> None:
         route = self._route.phases[phase]
         me = route.group.index(self._transport.rank)
         # per member: (rows of every block sent to it, B, s, D)
+        empty = self._empty_for(chunk)
         messages = [torch.cat([self._pieces.pop((b, chunk)) for b in blocks]) if blocks
-                    else self._empty for blocks in route.send]
+                    else empty for blocks in route.send]
         recv_rows = [sum(self._rows(blocks, chunk)) for blocks in route.recv]
         codec = self._codecs.get(phase)
         if codec is None:
             send = torch.cat(messages)
             send_splits = [m.shape[0] for m in messages]
             recv_splits = recv_rows
-            row_bytes = math.prod(self._empty.shape[1:]) * self._empty.element_size()
+            row_bytes = math.prod(empty.shape[1:]) * empty.element_size()
             sent_bytes = (send.shape[0] - send_splits[me]) * row_bytes
         else:
             # Bytes: to other members the codec's message, to itself the rows as they are.
-            row_shape, dtype = self._empty.shape[1:], self._empty.dtype
+            row_shape, dtype = empty.shape[1:], empty.dtype
             payloads = [as_bytes(m) if j == me else codec.encode(chunk, j, m)
                         for j, m in enumerate(messages)]
             send = torch.cat(payloads)
@@ -351,7 +375,8 @@ class PhasedHandle:
         if codec is not None:
             # bytes grouped by source member -> rows grouped by source member
             me = route.group.index(self._transport.rank)
-            row_shape, dtype = self._empty.shape[1:], self._empty.dtype
+            empty = self._empty_for(chunk)
+            row_shape, dtype = empty.shape[1:], empty.dtype
             received = torch.cat([
                 from_bytes(payload, dtype).view(n, *row_shape) if j == me
                 else codec.decode(chunk, j, payload, n, row_shape, dtype)
@@ -404,8 +429,13 @@ class PhasedHandle:
         self._exchanges.before_wait(self)
         self._run(until_posted=False)
         self._exchanges.finished(self)
+        # (rows from every source, B, s, D), grouped by source in group order
+        if self._tokens:  # a block's chunks are its rows' token ranges, in order
+            pieces = [torch.cat([self._pieces.pop((b, c)) for c in range(self._chunks)], dim=2)
+                      for b in self._route.delivered]
+            return torch.cat(pieces) if pieces else self._empty[0].new_empty(
+                (0, self._empty[0].shape[1], sum(self._tokens), *self._empty[0].shape[3:]))
         pieces = [self._pieces.pop((b, c)) for b in self._route.delivered
                   for c in range(self._chunks)]
-        # (rows from every source, B, s, D), grouped by source in group order
-        return torch.cat(pieces) if pieces else self._empty
+        return torch.cat(pieces) if pieces else self._empty[0]
 

@@ -35,7 +35,12 @@ from cocodiff.plan.executor import PlanError
 from cocodiff.plan.steps import LayerPlan
 from cocodiff.runtime.exchange import all_gather_rows
 from cocodiff.schedules.activity import ActivityTrace
-from cocodiff.schedules.vmajor import block_tokens, blocks_sent, message_bytes
+from cocodiff.schedules.vmajor import (
+    block_tokens,
+    blocks_sent,
+    chunk_blocks_per_row,
+    message_bytes,
+)
 
 MessageKey = tuple[str, int, int, int, int]
 """(tensor, call, layer, chunk, member index in the phase group)."""
@@ -89,18 +94,23 @@ class VMajorCache:
                    for store in (self._mirrors, self._held) for t in store.values())
 
     def codec(self, tensor: str, step: int, call: int, layer: int, fraction: float,
-              blocks_per_row: int) -> SelectiveCodec:
-        return SelectiveCodec(self, tensor, step, call, layer, fraction, blocks_per_row)
+              blocks_per_row: int, row_tokens: int = 0) -> SelectiveCodec:
+        return SelectiveCodec(self, tensor, step, call, layer, fraction, blocks_per_row,
+                              row_tokens)
 
 
 class SelectiveCodec:
     """Encodes and decodes the messages of one selective phase of one exchange."""
 
     __slots__ = ("_cache", "_tensor", "_step", "_call", "_layer", "_fraction",
-                 "_blocks_per_row")
+                 "_blocks_per_row", "_row_tokens")
 
     def __init__(self, cache: VMajorCache, tensor: str, step: int, call: int, layer: int,
-                 fraction: float, blocks_per_row: int) -> None:
+                 fraction: float, blocks_per_row: int, row_tokens: int = 0) -> None:
+        """``blocks_per_row``: the plan's blocks per whole row; ``row_tokens``: a whole
+        row's tokens when the exchange's chunks cut tokens (a chunk's part of a row is
+        cut into blocks of its own, :func:`cocodiff.schedules.vmajor.chunk_blocks_per_row`),
+        else 0."""
         self._cache = cache
         self._tensor = tensor
         self._step = step
@@ -108,6 +118,7 @@ class SelectiveCodec:
         self._layer = layer
         self._fraction = fraction
         self._blocks_per_row = blocks_per_row
+        self._row_tokens = row_tokens
 
     def _key(self, chunk: int, member: int) -> MessageKey:
         return (self._tensor, self._call, self._layer, chunk, member)
@@ -115,9 +126,11 @@ class SelectiveCodec:
     def _num_blocks(self, num_rows: int, row_shape: Sequence[int]) -> int:
         batch, tokens, _ = row_shape
         per_row = batch * (tokens // block_tokens(tokens))
-        if per_row != self._blocks_per_row:
+        planned = (chunk_blocks_per_row(self._blocks_per_row, self._row_tokens, tokens)
+                   if self._row_tokens else self._blocks_per_row)
+        if per_row != planned:
             raise PlanError(f"V-Major exchange of {self._tensor}: the plan cuts a row into "
-                            f"{self._blocks_per_row} blocks, rows of {tuple(row_shape)} make "
+                            f"{planned} blocks, rows of {tuple(row_shape)} make "
                             f"{per_row}")
         return num_rows * per_row
 

@@ -109,7 +109,8 @@ def plan_phased(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
     def exchange(tensor: Tensor, rank: int) -> Exchange:
         flat = head_exchange(tensor, split, grid.ranks, grid.position(rank), dtype_bytes)
         return rows[tensor].exchange(flat, rank, options.chunks,
-                                     (sent_fraction or {}).get(tensor), blocks_per_row(split))
+                                     (sent_fraction or {}).get(tensor), blocks_per_row(split),
+                                     split.local_tokens)
 
     return build_plan(name, spec, split, grid, dtype_bytes, exchange, v_first,
                       share_key=None)

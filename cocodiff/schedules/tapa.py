@@ -22,20 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cocodiff.plan.chunking import check_chunk_count, chunk_rows, chunk_tokens, cuts_tokens
 from cocodiff.plan.steps import Exchange, Phase, Plan
 from cocodiff.schedules.grid import LEVELS, RankGrid
 from cocodiff.util.errors import ScheduleError
 
-# One chunk: with per-transfer set-up costs (transports.sim.CollectiveModel) more chunks
-# mean more, smaller transfers; large payloads may prefer 2-4 (`--chunks`).
+# One chunk when none is asked for; the planner chooses a count per layout (`--chunks
+# auto`): with per-transfer set-up costs (transports.sim.CollectiveModel) more chunks
+# mean more, smaller transfers.
 DEFAULT_CHUNKS = 1
-
-
-def chunk_rows(rows: int, chunk: int, chunks: int) -> int:
-    """Rows of chunk ``chunk`` of a block of ``rows`` rows (split as evenly as possible,
-    the first chunks one larger)."""
-    base, extra = divmod(rows, chunks)
-    return base + (1 if chunk < extra else 0)
 
 
 def tapa_levels(grid: RankGrid) -> tuple[str, ...]:
@@ -86,13 +81,21 @@ class TapaRows:
 
     def exchange(self, flat: Exchange, rank: int, chunks: int,
                  sent_fraction: dict[str, float] | None = None,
-                 blocks_per_row: int = 0) -> Exchange:
+                 blocks_per_row: int = 0, row_tokens: int = 0) -> Exchange:
         """``rank``'s logical exchange ``flat`` carried as phases.
 
         Args:
+            chunks: pipeline chunks; they cut each block's rows, or every row's
+                ``row_tokens`` tokens where a block has fewer rows than chunks
+                (:mod:`cocodiff.plan.chunking`).
             sent_fraction: per level, the share of V-Major blocks actually sent; the
                 phases of these levels are selective (V-Major), even at 1.0.
             blocks_per_row: V-Major blocks per row (for selective phases).
+            row_tokens: tokens of one row (the group's local tokens).
+
+        Raises:
+            ScheduleError: some chunk would be empty on every rank
+                (:func:`cocodiff.plan.chunking.check_chunk_count`).
         """
         selective = set(sent_fraction or ()) & {table.level for table in self.tables}
         if len(self.tables) <= 1 and not selective:
@@ -100,8 +103,14 @@ class TapaRows:
             # phase of its own: only phases send a share of their blocks.)
             return flat
         grid = self.grid
-        per_chunk = [self._for_chunk(c, chunks).rows(rank) for c in range(chunks)] \
-            if chunks > 1 else None
+        check_chunk_count(chunks, self.heads, row_tokens)
+        by_tokens = cuts_tokens(self.heads, chunks)
+        if chunks == 1:
+            per_chunk = None
+        elif by_tokens:  # every chunk carries every row, a share of its tokens
+            per_chunk = [self.rows(rank)] * chunks
+        else:
+            per_chunk = [self._for_chunk(c, chunks).rows(rank) for c in range(chunks)]
         phases = []
         for index, ((send, recv), table) in enumerate(zip(self.rows(rank), self.tables,
                                                           strict=True)):
@@ -114,7 +123,8 @@ class TapaRows:
                                 fraction, blocks_per_row if selective else 0, chunk_send,
                                 chunk_recv))
         return Exchange(flat.tensor, flat.group, flat.send_rows, flat.recv_rows,
-                        flat.row_bytes, flat.direction, tuple(phases), chunks)
+                        flat.row_bytes, flat.direction, tuple(phases), chunks,
+                        chunk_tokens(row_tokens, chunks) if by_tokens else ())
 
     def rows(self, rank: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """Per phase, the rows ``rank`` sends to and receives from each member."""
@@ -139,25 +149,20 @@ class TapaRows:
 
 
 def check_chunks(plan: Plan, chunks: int) -> None:
-    """Refuse more chunks than the largest phase message has rows.
-
-    Chunks carry whole rows (:func:`chunk_rows`, in the simulator and the runtime alike):
-    past the rows of the largest message every further chunk is empty everywhere, changes
-    no byte and no time, and only adds collectives (64 chunks once took a minute to
-    simulate what 12 give). The runtime handles empty chunks (its tests
-    use them); the simulator's entry points refuse them.
+    """Refuse a chunk count that pipelines nothing: past one chunk, the plan must have a
+    phased exchange to cut (some chunk empty on every rank is refused when the plan is
+    made, :func:`cocodiff.plan.chunking.check_chunk_count`).
 
     Raises:
-        ScheduleError: ``chunks`` is more than the rows of the largest message.
+        ScheduleError: ``chunks`` > 1 and no exchange of ``plan`` has phases (one tier).
     """
     if chunks == 1:
         return
     layers = {id(layer): layer for program in plan.programs for layer in program.layers}
-    most = max((rows for layer in layers.values() for step in layer.attention
-                if isinstance(step, Exchange) for phase in step.phases
-                for rows in phase.send_rows), default=0)
-    if most and chunks > most:
+    if not any(step.phases for layer in layers.values() for step in layer.exchanges):
         raise ScheduleError(
-            f"{chunks} chunks: {plan.schedule} cuts each phase's message at whole head rows "
-            f"and the largest message here has {most} rows; more than {most} chunks would "
-            "only add empty ones")
+            f"{chunks} chunks: {plan.schedule}'s exchanges here have one phase (the ranks "
+            "share one tier), so there is nothing to pipeline; use --chunks 1")
+
+
+__all__ = ["DEFAULT_CHUNKS", "TapaRows", "check_chunks", "chunk_rows", "tapa_levels"]

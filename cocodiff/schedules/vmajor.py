@@ -40,6 +40,14 @@ def blocks_per_row(split: HeadSplit) -> int:
     return split.batch * (split.local_tokens // block_tokens(split.local_tokens))
 
 
+def chunk_blocks_per_row(blocks_per_whole_row: int, row_tokens: int, tokens: int) -> int:
+    """V-Major blocks in the part of a row that a chunk cutting tokens carries
+    (``tokens`` of the row's ``row_tokens``): that part is cut into blocks of
+    :func:`block_tokens` of its own tokens, per sample, as a whole row is."""
+    batch = blocks_per_whole_row // (row_tokens // block_tokens(row_tokens))
+    return batch * (tokens // block_tokens(tokens)) if tokens else 0
+
+
 def blocks_sent(num_blocks: int, fraction: float) -> int:
     """Blocks a message of ``num_blocks`` carries when ``fraction`` of them is sent."""
     if fraction >= 1.0:

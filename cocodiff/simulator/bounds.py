@@ -11,9 +11,10 @@ it: ``efficiency = bound / simulated``.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cocodiff.cost import roofline_seconds
+from cocodiff.cost import compute_seconds
 from cocodiff.plan.steps import Compute, Exchange, Plan
 from topology import Placement, Topology
 from transports.sim import CollectiveModel
@@ -35,6 +36,16 @@ def exchange_bound(
     Args:
         exchanges: global rank -> that rank's :class:`Exchange` of the collective.
     """
+    return traffic_bound(
+        ((src, dst, rows * exchange.row_bytes) for src, exchange in exchanges.items()
+         for dst, rows in zip(exchange.group, exchange.send_rows, strict=True)),
+        topology, placement)
+
+
+def traffic_bound(traffic: Iterable[tuple[int, int, float]], topology: Topology,
+                  placement: Placement) -> ExchangeBound:
+    """Bound of moving ``(source rank, destination rank, bytes)`` messages at once: the
+    busiest tier's bytes over its capacity, plus the longest route's latency."""
     spec = topology.spec
     out_bytes: dict[str, defaultdict[str, float]] = {tier: defaultdict(float)
                                                      for tier in ("tile", "gpu", "node")}
@@ -49,22 +60,19 @@ def exchange_bound(
             units[rank] = _units(topology, placement.tile_of(rank))
         return units[rank]
 
-    for src, exchange in exchanges.items():
-        src_unit = units_of(src)
-        for dst, rows in zip(exchange.group, exchange.send_rows, strict=True):
-            if dst == src or not rows:
-                continue
-            dst_unit = units_of(dst)
-            num_bytes = rows * exchange.row_bytes
-            # A block crosses the boundary of every unit its endpoints do not share.
-            for tier in ("tile", "gpu", "node"):
-                if src_unit[tier] != dst_unit[tier]:
-                    out_bytes[tier][src_unit[tier]] += num_bytes
-                    in_bytes[tier][dst_unit[tier]] += num_bytes
-            pair = (src_unit["tile"], dst_unit["tile"])
-            if pair not in latencies:
-                latencies[pair] = topology.route_latency_us(topology.route(*pair))
-            latency_us = max(latency_us, latencies[pair])
+    for src, dst, num_bytes in traffic:
+        if dst == src or not num_bytes:
+            continue
+        src_unit, dst_unit = units_of(src), units_of(dst)
+        # A block crosses the boundary of every unit its endpoints do not share.
+        for tier in ("tile", "gpu", "node"):
+            if src_unit[tier] != dst_unit[tier]:
+                out_bytes[tier][src_unit[tier]] += num_bytes
+                in_bytes[tier][dst_unit[tier]] += num_bytes
+        pair = (src_unit["tile"], dst_unit["tile"])
+        if pair not in latencies:
+            latencies[pair] = topology.route_latency_us(topology.route(*pair))
+        latency_us = max(latency_us, latencies[pair])
     capacity = {
         # a tile's sibling links (tile -> other tiles of its GPU); its GPU port otherwise
         "tile": _bytes_per_s(spec.tile_link) * (spec.tiles_per_gpu - 1) if spec.tile_link
@@ -131,7 +139,7 @@ def step_floor_s(plan: Plan, topology: Topology, placement: Placement,
     chunk's next phase only once the previous one has landed). The planner skips
     candidates whose floor is above the best step time it has already simulated.
     """
-    from cocodiff.plan.phasing import member_bytes
+    from cocodiff.plan.phasing import chunk_member_bytes
     from transports.sim import group_span
 
     spec = topology.spec
@@ -168,9 +176,7 @@ def step_floor_s(plan: Plan, topology: Topology, placement: Placement,
             return sends_s(rank, step.group, [rows * step.row_bytes for rows in step.send_rows])
         total = 0.0
         for phase in step.phases:
-            send_rows, _ = phase.chunk_rows(0, step.chunks)
-            total += sends_s(rank, phase.group,
-                             [member_bytes(phase, rows, step.row_bytes) for rows in send_rows])
+            total += sends_s(rank, phase.group, chunk_member_bytes(step, phase, 0)[0])
         return total
 
     def layer_s(rank: int, layer) -> float:
@@ -178,7 +184,7 @@ def step_floor_s(plan: Plan, topology: Topology, placement: Placement,
         started: dict[str, float] = {}
         for step in layer.steps:
             if isinstance(step, Compute):
-                now += roofline_seconds(step.cost, spec.tile_tflops, spec.tile_memory_gbps)
+                now += compute_seconds(step.cost, spec)
             elif isinstance(step, Exchange):
                 started[step.tensor] = now + exchange_s(rank, step)
             else:  # Wait
@@ -198,3 +204,102 @@ def step_floor_s(plan: Plan, topology: Topology, placement: Placement,
             total += floors[key]
         worst = max(worst, total)
     return worst
+
+
+def model_bound_s(plan: Plan, topology: Topology, placement: Placement,
+                  collective: CollectiveModel) -> float:
+    """A lower bound on the time per step that ``plan``'s exchanges are in flight on its
+    slowest rank, under the collective model ``collective``: the link bound's question
+    asked of this plan's own collectives, at the model's prices.
+
+    Each collective the plan makes (a flat exchange, or one chunk of one phase) takes,
+    for each rank, at least its messages' route latency, the set-up the model charges
+    for the collective's span and the rank's message count, and its largest message at
+    the fastest rate the span's per-rank rate, the tier's single-transfer cap and the
+    route's links allow (as :func:`step_floor_s`); and at least the busiest tier's bytes
+    of that collective over the tier's capacity (:func:`traffic_bound`: links shared
+    max-min do no better). A phased exchange pipelines its chunks (phase p of chunk c
+    after chunk c's phase p-1 and chunk c-1's phase p), so it takes at least, for every
+    phase p, the first chunk's way to p, p's chunks one after another, and the last
+    chunk's way on from p. Exchanges in flight together (started while another is)
+    count as the longest of them; the others, and the layers, add up.
+
+    Unlike the link bound, which no schedule beats, this one holds for this plan's
+    collectives only: their spans and message counts set what the model charges.
+    ``efficiency`` against it is what the run loses beyond the model's prices (waiting
+    on peers, links contended by concurrent collectives, ordering).
+    """
+    from cocodiff.plan.phasing import chunk_member_bytes
+    from transports.sim import group_span
+
+    tiles = [placement.tile_of(rank) for rank in range(plan.num_ranks)]
+    spans: dict[tuple[int, ...], str] = {}
+    message_s: dict[tuple, float] = {}
+
+    def span_of(group: tuple[int, ...]) -> str:
+        if group not in spans:
+            spans[group] = group_span(topology, [tiles[rank] for rank in group])
+        return spans[group]
+
+    def rank_s(rank: int, group: tuple[int, ...], send_bytes: list[int]) -> float:
+        sends = [(dst, b) for dst, b in zip(group, send_bytes, strict=True) if b and dst != rank]
+        cost = collective.cost(span_of(group))
+        worst = 0.0
+        for dst, num_bytes in sends:
+            key = (tiles[rank], tiles[dst], num_bytes, len(sends), span_of(group))
+            if key not in message_s:
+                route = topology.route(tiles[rank], tiles[dst])
+                rate = min(cost.rank_gbps * 1e9 / len(sends),
+                           collective.cap_bytes_per_s(topology.tier(tiles[rank], tiles[dst])),
+                           *(topology.link_attrs(link)[0] * 1e9 for link in route))
+                message_s[key] = (topology.route_latency_us(route) * 1e-6
+                                  + cost.setup_s(len(sends)) + num_bytes / rate)
+            worst = max(worst, message_s[key])
+        return worst
+
+    layers = [plan.program(rank).layers[0] for rank in range(plan.num_ranks)]
+    exchanges = [layer.exchanges for layer in layers]
+    # Per exchange index: per rank, t[phase][chunk] (a flat exchange: one phase, one chunk).
+    per_exchange: list[list[list[list[float]]]] = []
+    for index in range(len(exchanges[0])):
+        steps = [exchanges[rank][index] for rank in range(plan.num_ranks)]
+        phases = max(len(step.phases) for step in steps) or 1
+        chunks = steps[0].chunks if steps[0].phases else 1
+        times = [[[0.0] * chunks for _ in range(phases)] for _ in steps]
+        for p in range(phases):
+            for c in range(chunks):
+                sent: list[tuple[tuple[int, ...], list[int]]] = []
+                for step in steps:
+                    if step.phases:
+                        phase = step.phases[p]
+                        sent.append((phase.group, chunk_member_bytes(step, phase, c)[0]))
+                    else:
+                        sent.append((step.group, [r * step.row_bytes for r in step.send_rows]))
+                links_s = traffic_bound(
+                    ((rank, dst, b) for rank, (group, send) in enumerate(sent)
+                     for dst, b in zip(group, send, strict=True)), topology, placement).seconds
+                for rank, (group, send) in enumerate(sent):
+                    times[rank][p][c] = max(links_s, rank_s(rank, group, send))
+        per_exchange.append(times)
+
+    def exchange_s(t: list[list[float]]) -> float:
+        return max(sum(t[q][0] for q in range(p)) + sum(t[p])
+                   + sum(t[q][-1] for q in range(p + 1, len(t))) for p in range(len(t)))
+
+    worst = 0.0
+    for rank, layer in enumerate(layers):
+        total = group_s = 0.0
+        in_flight: set[str] = set()
+        index = 0
+        for item in layer.attention:
+            if isinstance(item, Exchange):
+                if not in_flight:  # a new group of exchanges in flight together
+                    total += group_s
+                    group_s = 0.0
+                group_s = max(group_s, exchange_s(per_exchange[index][rank]))
+                in_flight.add(item.tensor)
+                index += 1
+            elif not isinstance(item, Compute):  # Wait
+                in_flight.discard(item.tensor)
+        worst = max(worst, total + group_s)
+    return worst * len(plan.program(0).layers)

@@ -10,7 +10,7 @@ serial run (``--workers 1``) exactly (``tests/simulator/test_sweep.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cocodiff.schedules import BASELINE, PlanOptions
 from cocodiff.simulator.fanout import local_cores, map_local, map_mpi
@@ -33,12 +33,15 @@ class SweepOptions:
     steps: int
     options: PlanOptions
     collective: CollectiveModel | None
+    # The planner chooses each phased schedule's chunk count per row (`--chunks auto`);
+    # else every row runs at options.chunks.
+    auto_chunks: bool = False
 
 
 def run_sweep(models: list[str], resolutions: list[int], nodes_list: list[int],
               names: list[str], steps: int, options: PlanOptions,
               collective: CollectiveModel | None, workers: int | None,
-              ) -> tuple[SweepOptions, list[dict] | None]:
+              auto_chunks: bool = False) -> tuple[SweepOptions, list[dict] | None]:
     """Check the grid (resolutions, resources), then run it: every row in grid order on
     rank 0 (None on the other MPI ranks: rank 0 reports), with what the rows share."""
     from cocodiff.models import load_model_spec
@@ -49,7 +52,7 @@ def run_sweep(models: list[str], resolutions: list[int], nodes_list: list[int],
             spec.check_resolution(resolution, resolution)
     schedules = tuple(dict.fromkeys([BASELINE, *names]))
     _check_resources(steps, schedules, options, specs, resolutions, nodes_list)
-    shared = SweepOptions(schedules, steps, options, collective)
+    shared = SweepOptions(schedules, steps, options, collective, auto_chunks)
     grid = [(m, r, n) for m in models for r in resolutions for n in nodes_list]
     return shared, _run_grid(shared, grid, _mpi_world(), workers)
 
@@ -99,8 +102,10 @@ def run_configuration(options: SweepOptions, config: tuple[str, int, int]) -> di
     layouts = {name: choices[name].layout if choices else None for name in names}
     # The planner's own simulation of a winner is that schedule's step (same options).
     known = {name: c.result for name, c in choices.items()}
+    chunks = _chunks(options, model, topology, streams, layouts, known)
     results = {name: simulate_schedule(name, model, topology, placement, streams,
-                                       options.steps, options=options.options,
+                                       options.steps,
+                                       options=replace(options.options, chunks=chunks[name]),
                                        collective=options.collective,
                                        parallel=layouts[name], known=known.get(name))
                for name in names}
@@ -111,7 +116,35 @@ def run_configuration(options: SweepOptions, config: tuple[str, int, int]) -> di
         "layouts": {name: layout.name if layout else "pure" for name, layout in layouts.items()},
         "results": [r.to_json() for r in results.values()],
         "speedup": {name: flat / r.step_time_s for name, r in results.items()},
+        "chunks": chunks,
     }
+
+
+def _chunks(options: SweepOptions, model, topology, streams, layouts, known) -> dict[str, int]:
+    """Each schedule's chunk count in one row: under ``auto_chunks`` the planner's fastest
+    for a phased schedule on its layout (``known`` then holds that count's step)."""
+    from cocodiff.schedules import get_schedule
+    from cocodiff.simulator.planner import choose_chunks
+
+    chunks = dict.fromkeys(options.schedules, options.options.chunks)
+    if not options.auto_chunks:
+        return chunks
+    by_ranked: dict = {}  # (ranked schedule, layout) -> choice: cocodiff chooses as vfirst
+    for name in options.schedules:
+        entry = get_schedule(name)
+        if not entry.phased:
+            continue
+        key = (entry.ranked_as, layouts[name])
+        if key not in by_ranked:
+            by_ranked[key] = choose_chunks(key[0], model, topology, streams, layouts[name],
+                                           options.options, options.collective)
+        choice = by_ranked[key]
+        chunks[name] = choice.chunks
+        if choice.result is not None and key[0] == name:
+            known[name] = choice.result
+        elif choice.chunks != options.options.chunks:
+            known.pop(name, None)  # the planner's step of the layout was at one chunk
+    return chunks
 
 
 def _run_grid(options: SweepOptions, grid: list, comm, workers: int | None) -> list | None:

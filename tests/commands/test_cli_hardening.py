@@ -210,10 +210,12 @@ def test_a_strict_stdout_in_a_real_process(tmp_path):
 # ---- 8. many TAPA chunks ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("steps", ["1", "2"])
-def test_more_chunks_than_rows_are_refused(steps):
-    refused("simulate", "--nodes", "1", "--schedule", "tapa", "--chunks", "64", "--steps", steps,
-            match="64 chunks: tapa cuts each phase's message at whole head rows and the "
-                  "largest message here has 12 rows")
+def test_more_chunks_than_a_rows_tokens_are_refused(steps):
+    # 256 px on 12 ranks: rows of 22 image + 43 text tokens; 2 heads per rank, so 66
+    # chunks cut tokens and the 66th would be empty everywhere (cocodiff.plan.chunking).
+    refused("simulate", "--nodes", "1", "--schedule", "tapa", "--resolution", "256",
+            "--chunks", "66", "--steps", steps,
+            match="66 chunks: blocks of 2 row(s) are cut along their rows' 65 token(s)")
 
 
 def test_chunks_within_the_rows_still_simulate():

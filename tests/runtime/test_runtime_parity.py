@@ -5,6 +5,8 @@ transformer (float32, atol = rtol = 1e-5) on real CPU ranks, over torch.distribu
 * flat on 2 ranks, every tiny model;
 * flat, TAPA and V-First (also in 2 pipelined chunks) on 4 ranks as 2 nodes x 2 GPUs,
   every tiny model;
+* TAPA in 2 and 3 chunks and V-First in 3 on the same 4 ranks with one head per rank
+  (chunks cut tokens: ``cocodiff.plan.chunking``), tiny FLUX and tiny Wan;
 * TAPA and V-First on 8 ranks as 2 x 2 x 2 (every level a phase), on tiny FLUX and
   tiny Wan built with 8 heads (the tiny models have 4; 8-rank jobs are heavy on a small
   machine, so two families only: joint attention with 2D RoPE, video with 3D RoPE and
@@ -28,6 +30,9 @@ CONFIGURATIONS = {
     # 8 heads over 4 ranks: blocks of 2 rows, which 2 pipeline chunks split
     "4-2x2x1": (4, "2x2x1", "flat,tapa,vfirst,vfirst/2", [*SUPPORTED, "tiny-flux:8"]),
     "8-2x2x2": (8, "2x2x2", "tapa,vfirst", ["tiny-flux:8", "tiny-wan:8"]),
+    # One head per rank: every block is one row, so 2 and 3 chunks cut each row's tokens
+    # (vfirst/2 above, on the 4-head models, too); two families keep the launch short.
+    "4-2x2x1-tokens": (4, "2x2x1", "tapa/2,tapa/3,vfirst/3", ["tiny-flux", "tiny-wan"]),
 }
 
 

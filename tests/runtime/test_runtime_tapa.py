@@ -20,6 +20,7 @@ from cocodiff.plan.executor import PlanError, drive_blocking, run_steps
 from cocodiff.plan.steps import Compute, Exchange, Wait
 from cocodiff.runtime.tapa import PhasedExchanges, PhasedHandle, chunk_rows, plan_route
 from cocodiff.schedules import PlanOptions, RankGrid, plan_tapa, plan_vfirst
+from cocodiff.util.errors import ScheduleError
 from transports.base import CompletedHandle, Group, TransportError
 
 FLUX = REGISTRY["flux1-dev"]
@@ -107,15 +108,26 @@ def heads_spec(num_heads: int):
     return replace(FLUX, num_heads=num_heads)
 
 
-def send_buffer(exchange, position: int) -> torch.Tensor:
+# Tokens of a row in these tests: (13, 5) streams over 4 to 8 ranks pad to 2 to 5 per rank.
+def _named(rows: list[tuple[int, int, int]], tokens: int) -> torch.Tensor:
+    """Rows (R, 1, tokens, 3) whose every token names itself: (source position,
+    destination position, row * 1000 + token), so that rows cut along their tokens
+    (chunks where a block has fewer rows than chunks) are checked token by token."""
+    named = torch.tensor(rows, dtype=torch.float64).reshape(-1, 1, 1, 3)
+    named = named.expand(-1, 1, tokens, 3).clone()
+    named[..., 2] = named[..., 2] * 1000 + torch.arange(tokens, dtype=torch.float64)
+    return named
+
+
+def send_buffer(exchange, position: int, tokens: int = 4) -> torch.Tensor:
     """Rows that name themselves: (source position, destination position, row)."""
     rows = [(position, d, i) for d, count in enumerate(exchange.send_rows) for i in range(count)]
-    return torch.tensor(rows, dtype=torch.float64).reshape(-1, 3)
+    return _named(rows, sum(exchange.chunk_tokens) or tokens)
 
 
-def flat_result(exchange, position: int) -> torch.Tensor:
+def flat_result(exchange, position: int, tokens: int = 4) -> torch.Tensor:
     rows = [(s, position, i) for s, count in enumerate(exchange.recv_rows) for i in range(count)]
-    return torch.tensor(rows, dtype=torch.float64).reshape(-1, 3)
+    return _named(rows, sum(exchange.chunk_tokens) or tokens)
 
 
 def phased(transport, plan, grid, tensors: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -129,7 +141,8 @@ def phased(transport, plan, grid, tensors: Sequence[str]) -> dict[str, torch.Ten
         groups = [transport.new_group(phase.group) for phase in exchange.phases]
         route = plan_route(exchange, grid, plan.head_split.heads, rank)
         send = send_buffer(exchange, grid.position(rank))
-        handles[tensor] = PhasedHandle(transport, groups, route, send, exchange.chunks)
+        handles[tensor] = PhasedHandle(transport, groups, route, send, exchange.chunks,
+                                       chunk_tokens=exchange.chunk_tokens)
     return {tensor: handles[tensor].wait() for tensor in tensors}
 
 
@@ -144,7 +157,7 @@ def phased(transport, plan, grid, tensors: Sequence[str]) -> dict[str, torch.Ten
         ((2, 2, 1), (2, 0, 3, 1), 5),  # ranks not in grid order
     ],
 )
-@pytest.mark.parametrize("chunks", [1, 3])
+@pytest.mark.parametrize("chunks", [1, 2, 3])
 def test_phases_deliver_the_flat_all_to_all(shape, ranks, num_heads, chunks):
     num_ranks = shape[0] * shape[1] * shape[2]
     grid = RankGrid(shape, ranks or tuple(range(num_ranks)))
@@ -184,7 +197,8 @@ class _ProgressBackend:
         route = plan_route(step, self.grid, self.plan.head_split.heads, rank)
         return PhasedHandle(self.transport, groups, route,
                             send_buffer(step, self.grid.position(rank)), step.chunks,
-                            early=early, exchanges=self.exchanges)
+                            early=early, exchanges=self.exchanges,
+                            chunk_tokens=step.chunk_tokens)
 
     def finish_exchange(self, step, received) -> None:
         self.received[step.tensor] = received
@@ -277,3 +291,30 @@ def test_a_plan_missing_a_phase_is_refused():
 def test_chunks_split_rows_as_evenly_as_possible():
     assert [chunk_rows(7, c, 3) for c in range(3)] == [3, 2, 2]
     assert [chunk_rows(1, c, 3) for c in range(3)] == [1, 0, 0]
+
+
+def test_chunks_cut_tokens_where_a_block_has_fewer_rows_than_chunks():
+    # One head per rank: every block is one row, so 2 chunks cut every row's tokens and
+    # each chunk carries every row (not chunk 0 everything and chunk 1 nothing).
+    grid = RankGrid((2, 2, 1), (0, 1, 2, 3))
+    plan = plan_tapa(heads_spec(4), grid, (13, 5), PlanOptions(chunks=2))
+    exchange = plan.program(0).layers[0].exchanges[0]
+    tokens = plan.head_split.local_tokens
+    assert exchange.chunk_tokens == (-(-tokens // 2), tokens // 2)
+    for phase in exchange.phases:
+        assert phase.chunk_send_rows == (phase.send_rows, phase.send_rows)
+    # Two heads per rank: blocks of 2 rows, which 2 chunks split as before.
+    rows_cut = plan_tapa(heads_spec(8), grid, (13, 5), PlanOptions(chunks=2))
+    exchange = rows_cut.program(0).layers[0].exchanges[0]
+    assert exchange.chunk_tokens == ()
+    assert all(sum(map(sum, phase.chunk_send_rows)) == sum(phase.send_rows)
+               and all(any(rows) for rows in phase.chunk_send_rows)
+               for phase in exchange.phases)
+
+
+def test_a_chunk_count_past_a_rows_tokens_is_refused():
+    grid = RankGrid((2, 2, 1), (0, 1, 2, 3))
+    # 16 tokens over 4 ranks: rows of 4 tokens, one head per rank.
+    with pytest.raises(ScheduleError, match="5 chunks: .* would be empty on every rank"):
+        plan_tapa(heads_spec(4), grid, (16,), PlanOptions(chunks=5))
+    plan_tapa(heads_spec(4), grid, (16,), PlanOptions(chunks=4))

@@ -110,12 +110,13 @@ def exchange_v(transport, plans, change: str, cache: VMajorCache) -> list[torch.
     for step, plan in enumerate(plans):
         exchange = v_exchange(plan, rank)
         groups = [transport.new_group(phase.group) for phase in exchange.phases]
-        codecs = {i: cache.codec("v", step, 0, 0, phase.sent_fraction, phase.blocks_per_row)
+        codecs = {i: cache.codec("v", step, 0, 0, phase.sent_fraction, phase.blocks_per_row,
+                                 sum(exchange.chunk_tokens))
                   for i, phase in enumerate(exchange.phases) if phase.selective}
         assert codecs, "the node phase of V is selective"
         route = plan_route(exchange, GRID, plan.head_split.heads, rank)
         handle = PhasedHandle(transport, groups, route, v_rows(plan, rank, step, change),
-                              exchange.chunks, codecs)
+                              exchange.chunks, codecs, chunk_tokens=exchange.chunk_tokens)
         out.append(handle.wait())
     return out
 
@@ -133,7 +134,7 @@ def exact_v(plan, rank: int, step_of_source) -> torch.Tensor:
     return torch.cat(parts)
 
 
-@pytest.mark.parametrize("chunks", [1, 2])
+@pytest.mark.parametrize("chunks", [1, 2, 3])
 def test_ratio_zero_is_exact_and_ratio_one_keeps_the_first_steps_v_from_other_nodes(chunks):
     spec = heads_spec(4)
     exact_plans = [plan_cocodiff(spec, GRID, STREAMS, PlanOptions(dtype="float64", chunks=chunks),
