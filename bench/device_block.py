@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--round-s", type=float, default=0.3,
                         help="seconds per timed round of block forwards")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--rates", default="h100-sxm",
+                        help="the kernel model's device rates to predict the blocks with "
+                        "(topology.DEVICES; docs/compute-model.md), in eager mode")
     return parser.parse_args(argv)
 
 
@@ -70,6 +73,21 @@ def model_config(model: str) -> tuple[dict, bool]:
                 divisor = math.gcd(*counts.values())
                 return config | {key: value // divisor for key, value in counts.items()}, True
     raise SystemExit(f"device_block: unknown model {model!r}")
+
+
+def kernel_model_layer_s(spec, shape, rates_name: str) -> float:
+    """One layer at ``shape`` by the kernel model (cocodiff.kernels) with the named
+    device's rates, eager: what a rank's real blocks should take on that device."""
+    from cocodiff import kernels
+    from cocodiff.cost import OPS, op_cost
+    from topology import DEVICES
+
+    if rates_name not in DEVICES:
+        raise SystemExit(f"device_block: unknown device rates {rates_name!r} "
+                         f"(valid: {', '.join(sorted(DEVICES))})")
+    rates = DEVICES[rates_name]
+    return sum(kernels.device_seconds(op_cost(spec, op, shape).kernels, rates, "eager")
+               for op in OPS if op_cost(spec, op, shape).kernels)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     measured_s = timing.layer_wall_s if device.type != "cpu" else timing.layer_s
     cost_shape = layer_shape(head_split(spec, args.world, streams), 0, DTYPE_BYTES[args.dtype])
     predicted_s = layer_roofline_seconds(spec, cost_shape, tflops, memory_gbps)
+    kernel_s = kernel_model_layer_s(spec, cost_shape, args.rates)
     record = {
         "device": str(device),
         "device_name": (getattr(torch, device.type).get_device_name(device)
@@ -114,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         "predicted_layer_s": predicted_s,
         "measured_layer_s": measured_s,
         "error": predicted_s / measured_s - 1,
+        "kernel_model": {"rates": args.rates, "mode": "eager", "layer_s": kernel_s,
+                         "error": kernel_s / measured_s - 1},
         "measured_blocks": {"layer_s": timing.layer_s, "layer_wall_s": timing.layer_wall_s,
                             "outside_blocks_wall_s": timing.outside_blocks_wall_s},
         "seconds": time.perf_counter() - began,
@@ -124,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{memory_gbps:.3g} GB/s (elementwise)")
     print(f"  per layer: cost model {predicted_s * 1e3:.3f} ms, measured {measured_s * 1e3:.3f} "
           f"ms over {timing.blocks} real blocks, error {record['error']:+.1%}")
+    print(f"  kernel model ({args.rates}, eager): {kernel_s * 1e3:.3f} ms, error "
+          f"{record['kernel_model']['error']:+.1%}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2))

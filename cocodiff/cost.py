@@ -3,7 +3,9 @@
 Under Ulysses a rank holds ``local_tokens`` of the (padded) sequence with every head, except
 inside attention, where the all-to-all has given it all ``total_tokens`` for
 ``local_heads`` heads. :func:`op_cost` prices one operation of one transformer layer in
-that state; :func:`roofline_seconds` turns a price into time on a device.
+that state, with the kernels it launches (:func:`op_kernels`, :mod:`cocodiff.kernels`);
+:func:`compute_seconds` turns a price into time on a topology's tile: the kernel model
+where the tile has device rates (GPU presets), else :func:`roofline_seconds`.
 
 Conventions (``d`` = hidden size, ``S_loc`` = local tokens, ``S`` = total tokens,
 ``h`` = local heads, ``hd`` = head dim, ``T`` = cross-attention tokens, ``b`` = dtype bytes):
@@ -34,8 +36,9 @@ Conventions (``d`` = hidden size, ``S_loc`` = local tokens, ``S`` = total tokens
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from cocodiff import kernels as kn
 from cocodiff.models import ModelSpec
 
 OPS = (
@@ -64,15 +67,28 @@ _ROPE_FLOPS_PER_ELEMENT = 3
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """Work of one operation: floating-point operations and bytes moved to/from HBM."""
+    """Work of one operation: floating-point operations and bytes moved to/from HBM, and
+    the kernels that do it (:mod:`cocodiff.kernels`; empty for work priced by the roofline
+    alone, e.g. a plan file's steps)."""
 
     flops: float
     memory_bytes: float
+    # How the work is split into kernels, not more work: two costs of equal FLOPs and
+    # bytes are equal (a plan file from before kernels were written equals the plan).
+    kernels: tuple[kn.Kernel, ...] = field(default=(), compare=False)
 
     def __add__(self, other: Cost) -> Cost:
         if not isinstance(other, Cost):
             return NotImplemented
-        return Cost(self.flops + other.flops, self.memory_bytes + other.memory_bytes)
+        return Cost(self.flops + other.flops, self.memory_bytes + other.memory_bytes,
+                    self.kernels + other.kernels)
+
+    def times(self, batch: int) -> Cost:
+        """The work over ``batch`` samples (costs are per sample)."""
+        if batch == 1:
+            return self
+        return Cost(self.flops * batch, self.memory_bytes * batch,
+                    tuple(kernel.times(batch) for kernel in self.kernels))
 
 
 ZERO = Cost(0.0, 0.0)
@@ -203,7 +219,59 @@ def op_cost(spec: ModelSpec, op: str, shape: LayerShape) -> Cost:
     price = _OP_COSTS.get(op)
     if price is None:
         raise ValueError(f"unknown operation {op!r}; valid: {', '.join(OPS)}")
-    return price(spec, shape)
+    cost = price(spec, shape)
+    if cost == ZERO:
+        return ZERO
+    return Cost(cost.flops, cost.memory_bytes, op_kernels(spec, op, shape))
+
+
+def op_kernels(spec: ModelSpec, op: str, shape: LayerShape) -> tuple[kn.Kernel, ...]:
+    """The kernels ``op`` launches on one rank (:mod:`cocodiff.kernels`): its matrix
+    products or attention at their shapes, and the elementwise work diffusers runs around
+    them (per token, :func:`cocodiff.kernels.family_passes`)."""
+    d, s_loc, b = spec.hidden_size, shape.local_tokens, shape.dtype_bytes
+    out: list[kn.Kernel] = []
+    if op in ("proj_q", "proj_k", "proj_v", "proj_out"):
+        launches = kn.gemm_launches(spec, op)
+        out.append(kn.gemm(s_loc, d, d, b, launches))
+    elif op == "mlp":
+        inner = max(1, int(round(spec.mlp_ratio * d)))
+        launches = kn.gemm_launches(spec, op) / 2  # up and down
+        out += [kn.gemm(s_loc, d, inner, b, launches), kn.gemm(s_loc, inner, d, b, launches)]
+    elif op == "attention":
+        if shape.local_heads:  # a rank past the head count attends to nothing
+            out.append(kn.attention(shape.total_tokens, shape.total_tokens, shape.local_heads,
+                                    spec.head_dim, b))
+        if shape.local_tokens < shape.total_tokens:
+            # Ulysses: each of Q, K, V and the output is laid out for its all-to-all and
+            # back (a permute + contiguous copy, read and write, on each side).
+            out.append(kn.elementwise(float(s_loc * d * b), 16, 8, 8, 4))
+    elif op == "cross_attention":
+        text = spec.cross_attention_tokens
+        out += [kn.gemm(s_loc, d, d, b), kn.gemm(text, d, d, b), kn.gemm(text, d, d, b),
+                kn.gemm(s_loc, d, d, b)]
+        # All heads of the local tokens against the text tokens.
+        out.append(kn.attention(s_loc, text, spec.num_heads, spec.head_dim, b))
+    elif op == "norm":
+        out.append(kn.adaln_kernel(spec, b))
+    passes = kn.family_passes(spec, op)
+    if passes.eager or passes.launches:
+        out.append(kn.elementwise(float(s_loc * d * b), passes.eager, passes.compiled,
+                                  passes.launches, passes.fused_launches))
+    return tuple(out)
+
+
+def ring_block_cost(attention: Cost, block: int, dtype_bytes: int) -> Cost:
+    """One Ring block's attention: ``attention`` (already at the block's shape) and the
+    merge of its output into the running one (:func:`cocodiff.kernels.ring_merge`; the
+    first block only converts its output). The merge's bytes join ``memory_bytes``."""
+    kernels = attention.kernels
+    if block > 0:  # the Ulysses layout copies around the attention happen once, in block 0
+        kernels = tuple(kernel for kernel in kernels if kernel.kind == "attention")
+    merges = tuple(kn.ring_merge(kernel, dtype_bytes, first=block == 0)
+                   for kernel in kernels if kernel.kind == "attention")
+    return Cost(attention.flops, attention.memory_bytes + sum(m.memory_bytes for m in merges),
+                kernels + merges)
 
 
 def roofline_seconds(cost: Cost, tflops: float, memory_gbps: float) -> float:
@@ -225,6 +293,22 @@ def roofline_seconds(cost: Cost, tflops: float, memory_gbps: float) -> float:
             f"device rates must be positive, got {tflops} TFLOP/s and {memory_gbps} GB/s"
         )
     return max(cost.flops / (tflops * 1e12), cost.memory_bytes / (memory_gbps * 1e9))
+
+
+def compute_seconds(cost: Cost, tile) -> float:
+    """Time of a compute step on a topology's tile (a ``topology.TopologySpec``).
+
+    With the tile's kernel rates (``tile.device``), the kernel model of
+    :mod:`cocodiff.kernels` in ``tile.compute_mode``; work without kernels (a plan file's
+    step) then takes the roofline of the achieved GEMM and HBM rates. Without them, the
+    roofline of ``tile.tile_tflops`` and ``tile.tile_memory_gbps``.
+    """
+    rates = tile.device
+    if rates is None:
+        return roofline_seconds(cost, tile.tile_tflops, tile.tile_memory_gbps)
+    if not cost.kernels:
+        return roofline_seconds(cost, rates.gemm_tflops, rates.memory_gbps)
+    return kn.device_seconds(cost.kernels, rates, tile.compute_mode)
 
 
 def step_flops(spec: ModelSpec, tokens: int) -> float:

@@ -5,13 +5,16 @@ from __future__ import annotations
 from topology.errors import TopologyError
 from topology.graph import TIERS, Topology, build_topology
 from topology.placement import Placement
-from topology.presets import PRESETS, get_preset
-from topology.spec import HostSpec, LinkSpec, TopologySpec
+from topology.presets import DEVICES, PRESETS, get_preset
+from topology.spec import COMPUTE_MODES, DeviceRates, HostSpec, LinkSpec, TopologySpec
 from topology.toml_format import dump_topology, load_topology
 
 __all__ = [
+    "COMPUTE_MODES",
+    "DEVICES",
     "PRESETS",
     "TIERS",
+    "DeviceRates",
     "HostSpec",
     "LinkSpec",
     "Placement",

@@ -34,6 +34,7 @@ PHYSICAL_RANGE: dict[str, tuple[float, float, str, str]] = {
     "TF/s": (1e-6, 1e9, "1 MFLOP/s", "1 ZFLOP/s"),
     "us": (0.0, 1e6, "0", "1 s"),
     "cores": (1e-3, 1e6, "a thousandth of a core", "a million cores"),
+    "GB": (1e-6, 1e6, "1 kB", "1 PB"),
 }
 
 HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "call_cpu_us", "message_cpu_us",
@@ -125,6 +126,65 @@ class HostSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceRates:
+    """What one tile's kernels achieve, from kernel microbenchmarks (the compute model of
+    ``cocodiff.kernels``; presets cite their sources in ``topology.presets``).
+
+    Attributes:
+        name: the device, for reports (``h100-sxm``).
+        gemm_tflops: large bf16 GEMMs' achieved rate, TFLOP/s (the shape curve's slope).
+        gemm_fixed_us: a GEMM's fixed time, us (the shape curve's intercept).
+        attention_tflops: ``(sequence length, TFLOP/s)`` of the attention kernel's forward
+            pass (head dim 128, non-causal), ascending lengths.
+        memory_gbps: streaming elementwise kernels' achieved HBM rate, GB/s.
+        sm_count: the units thread blocks are spread over (SMs, Xe-cores).
+        launch_us: GPU time per eager kernel launch beyond its work, us.
+        host_us: host CPU time to issue one eager PyTorch op, us.
+        compiled_launch_us: the same as ``launch_us`` under ``torch.compile``.
+        compiled_host_us: the same as ``host_us`` under ``torch.compile``.
+    """
+
+    name: str
+    gemm_tflops: float
+    gemm_fixed_us: float
+    attention_tflops: tuple[tuple[int, float], ...]
+    memory_gbps: float
+    sm_count: int
+    launch_us: float
+    host_us: float
+    compiled_launch_us: float
+    compiled_host_us: float
+
+
+COMPUTE_MODES = ("eager", "compiled")
+"""How a run executes its kernels: eager PyTorch, or ``torch.compile``'s fused graph."""
+
+
+def check_device_rates(rates: DeviceRates, where: str) -> None:
+    """Refuse device rates that are not physical numbers (one line naming ``where``)."""
+    if not isinstance(rates, DeviceRates):
+        raise TopologyError(f"expected DeviceRates for {where}, got {rates!r}")
+    _check_number(rates.gemm_tflops, "compute rate", "TF/s", f"gemm_tflops of {where}",
+                  positive=True)
+    _check_number(rates.memory_gbps, "memory bandwidth", "GB/s", f"memory_gbps of {where}",
+                  positive=True)
+    for field in ("gemm_fixed_us", "launch_us", "host_us", "compiled_launch_us",
+                  "compiled_host_us"):
+        _check_number(getattr(rates, field), "latency", "us", f"{field} of {where}")
+    if not _is_int(rates.sm_count) or rates.sm_count < 1:
+        raise TopologyError(f"sm_count of {where} must be a positive integer, got "
+                            f"{rates.sm_count!r}")
+    table = rates.attention_tflops
+    if not table or any(not _is_int(s) or s < 1 for s, _ in table) \
+            or [s for s, _ in table] != sorted({s for s, _ in table}):
+        raise TopologyError(f"attention_tflops of {where} must be (length, TF/s) pairs in "
+                            f"ascending length, got {table!r}")
+    for length, rate in table:
+        _check_number(rate, "compute rate", "TF/s", f"attention_tflops[{length}] of {where}",
+                      positive=True)
+
+
+@dataclass(frozen=True, slots=True)
 class LinkSpec:
     """One physical link, the same in both directions.
 
@@ -162,6 +222,14 @@ class TopologySpec:
         fabric_latency_us: traversal of the inter-node fabric (switch hops x per-hop).
         host: the CPU the ranks share (see :class:`HostSpec`); ``None``: every rank has
             its own device and free message handling.
+        device: the tile's kernel rates (``cocodiff.kernels``); ``None``: compute is priced
+            by the roofline of ``tile_tflops`` and ``tile_memory_gbps`` (a calibrated CPU).
+        tile_memory_gb: the tile's device memory in GB (10^9 bytes); the planner refuses
+            a layout whose ranks need more (``cocodiff.simulator.memory``); 0: not known,
+            nothing is refused.
+        compute_mode: ``eager`` or ``compiled`` (:data:`COMPUTE_MODES`), how a run issues
+            its kernels; used with ``device`` only. A property of the run, not the machine:
+            topology files do not hold it, ``--compute-mode`` sets it.
         tile_step_overhead_us: microseconds of compute per denoising step outside the
             transformer's blocks (embedders, norm_out/proj_out, the scheduler's step), once
             per step per rank, at one core on a host. A property of the model as much as
@@ -185,6 +253,9 @@ class TopologySpec:
     fabric_latency_us: float
     host: HostSpec | None = None
     tile_step_overhead_us: float = 0.0
+    device: DeviceRates | None = None
+    compute_mode: str = "eager"
+    tile_memory_gb: float = 0.0
 
     @property
     def tiles_per_node(self) -> int:
@@ -278,6 +349,13 @@ def validate_spec(spec: TopologySpec, locations: Mapping[str, str] | None = None
 
     if spec.host is not None:
         _check_host(spec.host, where)
+    if spec.device is not None:
+        check_device_rates(spec.device, where("device"))
+    _check_number(spec.tile_memory_gb, "device memory", "GB", where("tile_memory_gb"),
+                  zero_allowed=True)
+    if spec.compute_mode not in COMPUTE_MODES:
+        raise TopologyError(f"unknown compute mode {spec.compute_mode!r} "
+                            f"(valid: {', '.join(COMPUTE_MODES)})")
 
     # Every tile must reach every other tile.
     if spec.tiles_per_gpu > 1 and spec.tile_link is None:

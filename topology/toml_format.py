@@ -18,6 +18,11 @@ A file describes one node and how many of them there are; every node is identica
     step_overhead_us = 4500.0  # compute per denoising step outside the transformer's blocks
                                # (embedders, norm_out/proj_out, scheduler), at one core on a
                                # host; once per step per rank (default 0: not charged)
+    device = "h100-sxm"        # kernel rates of the tile (topology.DEVICES; "roofline": none,
+                               # price compute by tflops and memory_gbps; default: the
+                               # preset's, else none)
+    memory_gb = 80.0           # device memory of one tile, GB; the planner refuses layouts
+                               # that do not fit (default 0: not known, nothing refused)
 
     [links.tile]               # every two tiles of one GPU; required iff tiles_per_gpu > 1
     bandwidth_gbps = 185.0     # GB/s per direction
@@ -69,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from topology.errors import TopologyError
-from topology.presets import PRESETS
+from topology.presets import DEVICES, PRESETS
 from topology.spec import (
     HOST_FIELDS,
     HostSpec,
@@ -86,7 +91,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 _TOP_KEYS = ("preset", "name", "nodes", "tile", "links", "fabric", "host")
 _NODES_KEYS = ("count", "gpus", "tiles_per_gpu", "nics")
-_TILE_KEYS = ("tflops", "memory_gbps", "step_overhead_us")
+_TILE_KEYS = ("tflops", "memory_gbps", "step_overhead_us", "device", "memory_gb")
 _LINK_NAMES = ("tile", "gpu", "port", "host", "nic")
 _LINK_KEYS = ("bandwidth_gbps", "latency_us")
 _GPU_LINK_KEYS = (*_LINK_KEYS, "fabric")
@@ -101,6 +106,8 @@ _FIELD_KEYS: dict[str, tuple[str, str | None]] = {
     "tile_tflops": ("tile", "tflops"),
     "tile_memory_gbps": ("tile", "memory_gbps"),
     "tile_step_overhead_us": ("tile", "step_overhead_us"),
+    "device": ("tile", "device"),
+    "tile_memory_gb": ("tile", "memory_gb"),
     "tile_link": ("links.tile", None),
     "gpu_link": ("links.gpu", None),
     "gpu_fabric": ("links.gpu", "fabric"),
@@ -171,6 +178,10 @@ def dump_topology(spec: TopologySpec) -> str:
     ]
     if spec.tile_step_overhead_us:  # 0 is the default: files without it stay as they were
         lines.append(f"step_overhead_us = {_toml_float(spec.tile_step_overhead_us)}")
+    if spec.device is not None and DEVICES.get(spec.device.name) == spec.device:
+        lines.append(f"device = {_toml_string(spec.device.name)}")
+    if spec.tile_memory_gb:  # 0 (not known) is the default
+        lines.append(f"memory_gb = {_toml_float(spec.tile_memory_gb)}")
 
     def link_table(name: str, link: LinkSpec | None, extra: str = "") -> None:
         if link is None and not extra:
@@ -262,6 +273,21 @@ class _Loader:
         step_overhead_us = self.number(
             tile, "tile", "step_overhead_us", base.tile_step_overhead_us if base else 0.0
         )
+        memory_gb = self.number(tile, "tile", "memory_gb", base.tile_memory_gb if base else 0.0)
+        # The tile's kernel rates (cocodiff.kernels) by device name; "roofline" drops a
+        # preset's, pricing compute by tflops and memory_gbps alone.
+        device_name = self.string(tile, "tile", "device")
+        if device_name is None:
+            device = base.device if base else None
+        elif device_name == "roofline":
+            device = None
+        elif device_name in DEVICES:
+            device = DEVICES[device_name]
+        else:
+            raise TopologyError(
+                f"unknown device {device_name!r} in {self.where('tile', 'device')} "
+                f"(valid: {', '.join(sorted(DEVICES))}, roofline)"
+            )
 
         links = self.table(doc, "links")
         self.check_keys(links, "links", _LINK_NAMES)
@@ -322,6 +348,8 @@ class _Loader:
             fabric_latency_us=fabric_latency,
             host=host,
             tile_step_overhead_us=step_overhead_us,
+            device=device,
+            tile_memory_gb=memory_gb,
         )
         locations = {field: self.where(*table_key) for field, table_key in _FIELD_KEYS.items()}
         validate_spec(spec, locations)

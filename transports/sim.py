@@ -177,8 +177,14 @@ COLLECTIVE_MODELS: dict[str, CollectiveModel] = {
         transfer_cap_gbps=(("intra-gpu", 158.5), ("intra-node", 18.9), ("inter-node", 25.0)),
         spans=AURORA_SPANS,
     ),
-    # DGX-H100: NCCL all-to-all; ~5 us per peer and 4 channels (assumptions).
-    "dgx-h100": CollectiveModel("dgx-h100", startup_us=5.0, engines=4),
+    # DGX-H100: NCCL over NVLink 4. A rank's transfers together reach ~370 GB/s, NCCL's
+    # effective NVLink rate (450 GB/s line rate less ~20% protocol overhead), seen as busBw
+    # of non-allreduce collectives in nccl-tests (NCCL's maintainer, NVIDIA/nccl-tests
+    # issue 212). Set-up ~5 us per peer, 4 at once (channels): assumptions.
+    "dgx-h100": CollectiveModel("dgx-h100", startup_us=5.0, engines=4, spans=(
+        ("node", SpanCost(startup_us=5.0, engines=4, rank_gbps=370.0)),
+        ("pair", SpanCost(startup_us=5.0, engines=1, rank_gbps=370.0)),
+    )),
     # A CPU cluster over TCP (gloo / MPI): ~50 us per message, one at a time
     # (assumption; `cocodiff calibrate` measures it).
     "cluster": CollectiveModel("cluster", startup_us=50.0, engines=1),
@@ -539,7 +545,7 @@ class SimTransport:
             # straight after another (TAPA's second phase) does not: its members have
             # just been woken by the call before. Calibrate's loops of TAPA's two phases,
             # 4 ranks on 2 cores, took as long as the world's one call, and were simulated
-            # 27-58% slow when each phase waited (docs/validate.md, 2026-11-25, night).
+            # 27-58% slow when each phase waited (docs/changelog.md, 2026-11-25, night).
             yield env.timeout(host.call_wait_us * 1e-6)
         yield self.simulation.cpu_task(self._rank, cpu.after_s)
         self._last_call_done_s = env.now

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from cocodiff.cost import ring_block_cost
 from cocodiff.layout import LayoutError, ParallelLayout
 from cocodiff.models import ModelSpec
 from cocodiff.plan.steps import Compute, Exchange, LayerPlan, Plan, RankProgram, Step, Wait
@@ -81,25 +82,31 @@ def ring_pass(ring: tuple[int, ...], index: int, row_bytes: int) -> Exchange:
     return Exchange("kv", ring, send, recv, row_bytes, "ring")
 
 
-def ring_attention(attention: Compute, kv_pass: Exchange, ring: int) -> tuple[Step, ...]:
+def ring_attention(attention: Compute, kv_pass: Exchange, ring: int,
+                   dtype_bytes: int = 2) -> tuple[Step, ...]:
     """The Ring's steps in place of one attention step: ``ring`` blocks, each pass
-    started before the block in hand is attended to and waited after."""
+    started before the block in hand is attended to and waited after. Each block is the
+    attention at the block's shape plus the merge of its output into the running one
+    (:func:`cocodiff.cost.ring_block_cost`)."""
     steps: list[Step] = []
+    blocks = (Compute(attention.op, ring_block_cost(attention.cost, 0, dtype_bytes)),
+              Compute(attention.op, ring_block_cost(attention.cost, 1, dtype_bytes)))
     for block in range(ring):
         last = block == ring - 1
         if not last:
             steps.append(kv_pass)
-        steps.append(attention)
+        steps.append(blocks[0] if block == 0 else blocks[1])
         if not last:
             steps.append(Wait("kv"))
     return tuple(steps)
 
 
-def splice_ring(layer: LayerPlan, kv_pass: Exchange, ring: int) -> LayerPlan:
+def splice_ring(layer: LayerPlan, kv_pass: Exchange, ring: int,
+                dtype_bytes: int = 2) -> LayerPlan:
     attention: list[Step] = []
     for step in layer.attention:
         if isinstance(step, Compute) and step.op == "attention":
-            attention += ring_attention(step, kv_pass, ring)
+            attention += ring_attention(step, kv_pass, ring, dtype_bytes)
         else:
             attention.append(step)
     return replace(layer, attention=tuple(attention))
@@ -158,7 +165,8 @@ def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
                 if key not in done:
                     if key not in relabelled:
                         relabelled[key] = relabel_layer(layer, members.ranks)
-                    done[key] = (splice_ring(relabelled[key], kv_pass, ring) if ring > 1
+                    done[key] = (splice_ring(relabelled[key], kv_pass, ring, dtype_bytes)
+                                 if ring > 1
                                  else relabelled[key])
                 layers.append(done[key])
             programs[rank] = RankProgram(rank, tuple(layers))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cocodiff.cost import Cost, LayerShape, op_cost
+from cocodiff.cost import LayerShape, op_cost
 from cocodiff.models import ModelSpec
 from cocodiff.plan.steps import Compute, Exchange, HeadSplit, Tensor
 from cocodiff.util.errors import ScheduleError
@@ -70,7 +70,7 @@ def post_attention_ops(spec: ModelSpec) -> tuple[str, ...]:
 def compute(spec: ModelSpec, op: str, shape: LayerShape, batch: int = 1) -> Compute:
     """A compute step; costs are per sample, so a batch multiplies them."""
     cost = op_cost(spec, op, shape)
-    return Compute(op, Cost(cost.flops * batch, cost.memory_bytes * batch))
+    return Compute(op, cost.times(batch))
 
 
 def head_exchange(

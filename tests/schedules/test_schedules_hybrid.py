@@ -94,8 +94,10 @@ def test_invalid_layout_is_refused():
 @pytest.mark.parametrize(("nodes", "attention_tflops"), [(2, 1e3), (3, 1e3), (2, 1e-4)])
 def test_ring_on_one_link_per_node_is_the_closed_form(nodes, attention_tflops):
     """Pure Ring, one rank per node: every layer pays its compute plus, per pass, what the
-    pass takes beyond the block's attention it hides behind:
-    step = compute + layers * (ring - 1) * max(0, latency + bytes / bandwidth - attention)."""
+    pass takes beyond the block's attention it hides behind (pass b behind block b; block 0
+    converts its output, later blocks also merge theirs, cocodiff.cost.ring_block_cost):
+    step = compute + layers * sum over b < ring - 1 of
+    max(0, latency + bytes / bandwidth - attention(b))."""
     spec = cluster(num_nodes=nodes, ranks_per_node=1, inter_gbps=0.5, inter_latency_us=80.0,
                    tile_tflops=attention_tflops)
     topology = build_topology(spec)
@@ -103,13 +105,15 @@ def test_ring_on_one_link_per_node_is_the_closed_form(nodes, attention_tflops):
     grid = RankGrid.from_placement(topology, placement)
     plan = plan_hybrid("flat", FLUX, grid, STREAMS, ParallelLayout(1, nodes))
     result = simulate_plan(plan, topology, placement, collective=IDEAL)
-    attention = next(s for s in plan.program(0).layers[0].attention
-                     if isinstance(s, Compute) and s.op == "attention")
-    attention_s = roofline_seconds(attention.cost, spec.tile_tflops, spec.tile_memory_gbps)
+    blocks = [s for s in plan.program(0).layers[0].attention
+              if isinstance(s, Compute) and s.op == "attention"]
+    assert len(blocks) == nodes
+    attention_s = [roofline_seconds(block.cost, spec.tile_tflops, spec.tile_memory_gbps)
+                   for block in blocks]
     kv = next(s for s in plan.program(0).layers[0].attention if isinstance(s, Exchange)
               and s.tensor == "kv")
     pass_s = 80e-6 + kv.row_bytes / 0.5e9
-    exposed = FLUX.num_layers * (nodes - 1) * max(0.0, pass_s - attention_s)
+    exposed = FLUX.num_layers * sum(max(0.0, pass_s - attention_s[b]) for b in range(nodes - 1))
     assert result.step_time_s == pytest.approx(result.compute_s + exposed, rel=1e-9)
     if attention_tflops < 1:
         assert exposed == 0.0  # compute-bound: passes hidden

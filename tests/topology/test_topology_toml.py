@@ -369,7 +369,8 @@ BAD_CASES = {
     "unknown preset": (
         'preset = "frontier"\n',
         r"unknown preset 'frontier' in .*cluster\.toml "
-        r"\(valid: aurora, cluster, cluster-local, dgx-h100\)",
+        r"\(valid: a100-nvlink, aurora, cluster, cluster-local, dgx-a100, dgx-h100, "
+        r"l40-pcie\)",
     ),
     "empty name": (
         edit('name = "cluster"', 'name = ""'),
