@@ -231,3 +231,75 @@ def parse_degrees(ulysses: int | None, ring: int | None, batch: int | None,
             given[axis] = 1
         given[missing[0]] = num_ranks // known
     return ParallelLayout(int(given["ulysses"]), int(given["ring"]), int(given["batch"]))
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineLayout:
+    """A PipeFusion layout (arXiv 2405.14430; xDiT's ``pipefusion_parallel_degree``):
+    ``stages`` contiguous runs of layers, one per stage, each stage a Ulysses group of
+    ``ulysses`` ranks; the image tokens cut into ``patches`` patches streamed through the
+    stages after ``warmup`` synchronous steps.
+
+    Placement: stage-major (the stage index is the outermost coordinate), so the Ulysses
+    groups sit on the fast tiers and only the stages' point-to-point transfers cross the
+    slow ones.
+
+    Args:
+        stages: pipeline stages (N).
+        ulysses: ranks of one stage's Ulysses group.
+        patches: patches a pipelined step streams (M; xDiT's default M = N).
+        warmup: synchronous steps before the pipelined ones (xDiT's default 1).
+    """
+
+    stages: int
+    ulysses: int = 1
+    patches: int = 1
+    warmup: int = 1
+
+    def __post_init__(self) -> None:
+        for name, least in (("stages", 1), ("ulysses", 1), ("patches", 1), ("warmup", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise LayoutError(f"pipefusion {name} must be an integer >= {least}, "
+                                  f"got {value!r}")
+
+    @property
+    def num_ranks(self) -> int:
+        return self.stages * self.ulysses
+
+    @property
+    def name(self) -> str:
+        """``P4xU4xM4/w1``: stages, Ulysses degree, patches, warm-up steps."""
+        return f"P{self.stages}xU{self.ulysses}xM{self.patches}/w{self.warmup}"
+
+    def stage_of(self, position: int) -> int:
+        return position // self.ulysses
+
+    def stage_group(self, stage: int) -> tuple[int, ...]:
+        """Grid positions of a stage's Ulysses group, in Ulysses order."""
+        return tuple(range(stage * self.ulysses, (stage + 1) * self.ulysses))
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """The first layer of every stage and, last, ``num_layers``: stage s runs layers
+        ``[bounds[s], bounds[s+1])``, contiguous, counts differing by at most one (the
+        larger shares last, so the first stage, which also embeds, is never the
+        longest)."""
+        n = self.stages
+        return tuple(s * num_layers // n for s in range(n + 1))
+
+    def check(self, num_ranks: int, num_heads: int, num_layers: int) -> None:
+        """Refuse a layout that cannot run here, with one line naming the value.
+
+        Raises:
+            LayoutError: degrees that do not multiply to ``num_ranks``, a Ulysses degree
+                above ``num_heads``, more stages than layers.
+        """
+        if self.num_ranks != num_ranks:
+            raise LayoutError(f"pipefusion {self.stages} stages x ulysses {self.ulysses} = "
+                              f"{self.num_ranks} ranks, but the run has {num_ranks}")
+        if self.ulysses > num_heads:
+            raise LayoutError(f"ulysses degree {self.ulysses} is above the model's "
+                              f"{num_heads} heads")
+        if self.stages > num_layers:
+            raise LayoutError(f"{self.stages} pipeline stages for {num_layers} layers: every "
+                              "stage needs at least one layer")

@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cocodiff.layout import DEFAULT_ORDER, RING_INNER_ORDER, ParallelLayout, parse_degrees
+from cocodiff.layout import (
+    DEFAULT_ORDER,
+    RING_INNER_ORDER,
+    ParallelLayout,
+    PipelineLayout,
+    parse_degrees,
+)
 from cocodiff.util.errors import CocodiffError
 
 # --parallel-layout: the planner's choice, or pure Ulysses over every rank.
@@ -119,6 +126,18 @@ def add_machine_arguments(parser: argparse.ArgumentParser, positive_int) -> None
                         "model's own)")
     parser.add_argument("--collective", default=AUTO, metavar="auto|NAME|FILE.json",
                         help=COLLECTIVE_HELP)
+    parser.add_argument("--compute-mode", default=None, choices=("eager", "compiled"),
+                        help="how the run issues its kernels, on a topology with kernel rates "
+                        "(its tile's device; docs/compute-model.md): eager PyTorch, or "
+                        "torch.compile's fused graph (default: eager)")
+
+
+def with_compute_mode(machine, args: argparse.Namespace):
+    """``machine`` (a ``TopologySpec``) in the ``--compute-mode`` the flags give."""
+    import dataclasses
+
+    mode = getattr(args, "compute_mode", None)
+    return machine if mode is None else dataclasses.replace(machine, compute_mode=mode)
 
 
 def add_schedule_option_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
@@ -132,38 +151,62 @@ def add_schedule_option_arguments(parser: argparse.ArgumentParser, positive_int)
     parser.add_argument("--batch-size", type=positive_int, default=1,
                         help="samples per denoising step (2: a classifier-free-guidance "
                         "batch; default 1)")
-    parser.add_argument("--chunks", type=positive_int, default=None,
-                        help="pipeline chunks of TAPA exchanges (default: 1)")
+    def chunks(text: str) -> int | str:
+        return AUTO if text == AUTO else positive_int(text)
+
+    parser.add_argument("--chunks", type=chunks, default=None, metavar="auto|N",
+                        help="pipeline chunks of the phased (TAPA) exchanges: a count, or "
+                        "auto (default): the planner simulates 1, 2, 3, 4, 6, 8 on each "
+                        "schedule's layout (until two in a row lose) and keeps the fastest")
     add_vmajor_arguments(parser)
 
 
+def auto_chunks(args: argparse.Namespace) -> bool:
+    """Whether the planner chooses the chunk count (``--chunks auto``, the default)."""
+    return args.chunks is None or args.chunks == AUTO
+
+
 def plan_options(args: argparse.Namespace):
-    """The :class:`~cocodiff.schedules.PlanOptions` the flags give."""
+    """The :class:`~cocodiff.schedules.PlanOptions` the flags give (one chunk under
+    ``--chunks auto`` until the planner chooses: :func:`auto_chunks`)."""
     from cocodiff.schedules import DEFAULT_CHUNKS, PlanOptions, VMajorOptions
 
     return PlanOptions(dtype=args.dtype, batch=args.batch_size,
-                       chunks=args.chunks or DEFAULT_CHUNKS,
+                       chunks=DEFAULT_CHUNKS if auto_chunks(args) else args.chunks,
                        vmajor=vmajor_from_arguments(args) or VMajorOptions())
 
 
-def schedule_names(text: str) -> list[str]:
-    """``--schedule``'s comma-separated names, each checked against the registry."""
+def schedule_names(text: str, pipelines: bool = False) -> list[str]:
+    """``--schedule``'s comma-separated names, each checked against the registry (and,
+    with ``pipelines``, the pipeline schedules: ``cocodiff.schedules.pipefusion``)."""
     from cocodiff.schedules import get_schedule
+    from cocodiff.schedules.pipefusion import PIPELINE_SCHEDULES
 
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
         raise CocodiffError("--schedule names no schedule")
     for name in names:
-        get_schedule(name)
+        if not (pipelines and name in PIPELINE_SCHEDULES):
+            get_schedule(name)
     return names
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     add_machine_arguments(parser, positive_int)
-    parser.add_argument("--schedule", default="flat,tapa,vfirst",
-                        help="Ulysses schedules to try inside each Ulysses group, "
-                        "comma-separated (default: flat,tapa,vfirst)")
+    parser.add_argument("--schedule", default="flat,tapa,vfirst,pipefusion",
+                        help="schedules to rank, comma-separated: Ulysses schedules inside "
+                        "each Ulysses group (flat, tapa, vfirst), and pipefusion (pipeline "
+                        "stages x Ulysses inside each; docs/pipefusion.md); default: "
+                        "flat,tapa,vfirst,pipefusion")
     add_schedule_option_arguments(parser, positive_int)
+    parser.add_argument("--pipefusion", type=positive_int, default=None, metavar="N",
+                        help="rank only PipeFusion layouts of N stages (default: every stage "
+                        "count from 2)")
+    parser.add_argument("--patches", type=positive_int, default=None, metavar="M",
+                        help="patches a PipeFusion step streams (default: the stage count, "
+                        "xDiT's)")
+    parser.add_argument("--warmup", type=int, default=1, metavar="W",
+                        help="PipeFusion's synchronous warm-up steps (default: 1, xDiT's)")
     add_degree_arguments(parser, positive_int)
     parser.add_argument("--steps", type=positive_int, default=28,
                         help="denoising steps the plan file covers (default: 28)")
@@ -224,14 +267,70 @@ def collective_arg(args: argparse.Namespace):
     return collective_source(args.collective, args.topology)[0]
 
 
+def _best_chunks(args, model, topology, streams, best, options, collective):
+    """The chunk count of the planner's best (layout, schedule): the flag's, or under
+    ``--chunks auto`` the fastest the planner simulates on that layout."""
+    from cocodiff.simulator.planner import ChunkChoice, choose_chunks
+
+    if not auto_chunks(args):
+        return ChunkChoice(options.chunks, {}, None)
+    return choose_chunks(best.schedule, model, topology, streams, best.layout, options,
+                         collective)
+
+
+def _rank_all(args, model, topology, streams, names, pipelined, options, collective,
+              forced):
+    """The sequence family's candidates (``rank_layouts``) and, when ``pipelined``,
+    PipeFusion's, each with its memory per rank, those that do not fit the device
+    refused; all ranked together. A :class:`~cocodiff.simulator.planner.PlanResult` with
+    ``refused`` (one line per refused layout).
+
+    Raises:
+        CocodiffError: no layout fits (the line says why for the first refused one).
+    """
+    import time
+
+    from cocodiff.layout import PipelineLayout
+    from cocodiff.simulator.pipelines import keep_fitting, pipeline_layouts, rank_pipelines
+    from cocodiff.simulator.planner import PlanResult, rank_layouts
+
+    start = time.perf_counter()
+    candidates, refused = [], []
+    if names:
+        ranked = rank_layouts(model, topology, streams, names, options, collective,
+                              layouts=None if forced is None else [forced])
+        candidates, refused = keep_fitting(ranked.candidates, model, streams, topology,
+                                           options)
+    num_ranks = len(topology.tiles)
+    if pipelined and forced is None:
+        if args.pipefusion is not None:
+            if num_ranks % args.pipefusion:
+                raise CocodiffError(f"--pipefusion {args.pipefusion} does not divide the "
+                                    f"{num_ranks} ranks")
+            layouts = [PipelineLayout(args.pipefusion, num_ranks // args.pipefusion,
+                                      args.patches or args.pipefusion, args.warmup)]
+            layouts[0].check(num_ranks, model.num_heads, model.num_layers)
+        else:
+            layouts = pipeline_layouts(num_ranks, model, args.patches, args.warmup)
+        piped, piped_refused = rank_pipelines(model, topology, streams, args.steps, options,
+                                              collective, layouts)
+        candidates += piped
+        refused += piped_refused
+    if not candidates:
+        why = f": {refused[0]}" if refused else ""
+        raise CocodiffError(f"no valid layout of {num_ranks} ranks for {model.name} with "
+                            f"batch size {args.batch_size}{why}")
+    candidates.sort(key=lambda c: (c.step_time_s, c.layout.name, c.schedule))
+    return PlanResult(tuple(candidates), time.perf_counter() - start, tuple(refused))
+
+
 def plan_command(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from cocodiff.calibration.model_shapes import model_size, model_spec
     from cocodiff.plan.file import build_run_plan
-    from cocodiff.schedules import RankGrid
+    from cocodiff.schedules import DEFAULT_CHUNKS, RankGrid, get_schedule
     from cocodiff.simulator import budget
-    from cocodiff.simulator.planner import rank_layouts
     from cocodiff.util.atomic import atomic_write_text, check_output_paths
     from cocodiff.util.console import plain_console
     from topology import Placement, build_topology, resolve_topology
@@ -242,28 +341,32 @@ def plan_command(args: argparse.Namespace) -> int:
         raise CocodiffError(f"--json and --out name the same file: {args.out}")
     if args.steps > MAX_STEPS:
         raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
-    names = schedule_names(args.schedule)
+    names = schedule_names(args.schedule, pipelines=True)
+    pipelined = [name for name in names if name == "pipefusion"]
+    names = [name for name in names if name != "pipefusion"]
+    if args.warmup < 0:
+        raise CocodiffError(f"--warmup must be 0 or more, got {args.warmup}")
     collective = collective_arg(args)
     options = plan_options(args)
-    described = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
+    described = with_compute_mode(
+        resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes), args)
     model = model_spec(args.model)
     width, height, args.frames = model_size(args.model, args.resolution, args.frames)
     model.check_resolution(width, height)
-    budget.check_estimate(
-        budget.estimate_planner(described, model.num_layers, model.num_heads, names,
-                                options.batch, options.chunks),
-        f"ranking the layouts of {described.num_tiles} ranks ({described.num_nodes} node(s))")
+    if names:
+        budget.check_estimate(
+            budget.estimate_planner(described, model.num_layers, model.num_heads, names,
+                                    options.batch, options.chunks),
+            f"ranking the layouts of {described.num_tiles} ranks ({described.num_nodes} "
+            "node(s))")
     topology = build_topology(described)
     streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
     # --ulysses/--ring/--batch: rank that layout only (the schedules still compete).
     forced = explicit_layout(args, len(topology.tiles))
     if forced is not None:
         forced.check(len(topology.tiles), model.num_heads, options.batch)
-    result = rank_layouts(model, topology, streams, names, options, collective,
-                          layouts=None if forced is None else [forced])
-    if not result.candidates:
-        raise CocodiffError(f"no valid layout of {len(topology.tiles)} ranks for "
-                            f"{model.name} with batch size {args.batch_size}")
+    result = _rank_all(args, model, topology, streams, names, pipelined, options, collective,
+                       forced)
     spec = topology.spec
     num_ranks = len(topology.tiles)
     title = (f"{model.name} {width}x{height}: {model.sequence_tokens(width, height, args.frames)}"
@@ -271,36 +374,62 @@ def plan_command(args: argparse.Namespace) -> int:
              f"{num_ranks} ranks; batch {args.batch_size}")
     table = Table(title=title, title_justify="left")
     for column in ("#", "layout", "schedule", "step time", "compute", "comm bound",
-                   "vs best"):
+                   "memory/rank", "vs best"):
         table.add_column(column, justify="left" if column in ("layout", "schedule") else "right")
     best_s = result.best.step_time_s
     for index, c in enumerate(result.candidates[: args.top], start=1):
         table.add_row(str(index), c.layout.name, c.schedule, f"{c.step_time_s * 1e3:.2f} ms",
                       f"{c.compute_s * 1e3:.2f} ms",
                       f"{c.bound_s * 1e3:.2f} ms" if c.bound_s is not None else "-",
+                      f"{c.memory.total_bytes / 1e9:.1f} GB" if c.memory else "-",
                       f"{c.step_time_s / best_s:.2f}x")
     plain_console(width=200).print(table)
     layouts = len({c.layout.name for c in result.candidates})
     print("note: layout UxRxB = Ulysses x Ring x batch degrees; '/ring-inner' places the Ring "
-          "on the fast tiers; comm bound = the links' lower bound for the step's exchanges")
+          "on the fast tiers; PnxUuxMm/wW = PipeFusion's n stages x Ulysses u inside each, m "
+          "patches, W warm-up steps (its step time: the mean over the whole generation); comm "
+          "bound = the links' lower bound for the step's exchanges; memory/rank: weights, "
+          "buffers and the largest transient of one layer (cocodiff/memory.py)")
+    for line in result.refused:
+        print(f"note: refused: {line}")
+    best = result.best
+    pipeline_best = isinstance(best.layout, PipelineLayout)
+    if pipeline_best:
+        flags = (f"--schedule pipefusion --pipefusion {best.layout.stages} --patches "
+                 f"{best.layout.patches} --warmup {best.layout.warmup} (Ulysses "
+                 f"{best.layout.ulysses} inside each stage)")
+    else:
+        flags = (f"--ulysses {best.layout.ulysses} --ring {best.layout.ring} --batch "
+                 f"{best.layout.batch}"
+                 + (" --ring-inner" if best.layout.order == RING_INNER_ORDER
+                    and best.layout.ring > 1 and best.layout.ulysses > 1 else "")
+                 + f" --schedule {best.schedule}")
     print(f"note: ranked {len(result.candidates)} (layout, schedule) pairs over {layouts} "
-          f"layouts in {result.wall_s:.2f} s; best: --ulysses {result.best.layout.ulysses} "
-          f"--ring {result.best.layout.ring} --batch {result.best.layout.batch}"
-          + (" --ring-inner" if result.best.layout.order == RING_INNER_ORDER
-             and result.best.layout.ring > 1 and result.best.layout.ulysses > 1 else "")
-          + f" --schedule {result.best.schedule}")
+          f"layouts in {result.wall_s:.2f} s; best: {flags}")
     calls = host_call_note(spec)
     if calls:
         print(f"note: {calls}")
+    if pipeline_best:
+        from cocodiff.simulator.planner import ChunkChoice
+
+        chunks = ChunkChoice(options.chunks, {}, None)
+    else:
+        chunks = _best_chunks(args, model, topology, streams, best, options, collective)
+        options = replace(options, chunks=chunks.chunks)
+        if get_schedule(best.schedule).phased:  # flat has no phases to cut
+            print(f"note: chunks of {best.layout.name} {best.schedule}: "
+                  f"{chunks.describe()}" + (f"; the table ranks at {DEFAULT_CHUNKS} chunk(s)"
+                                            if auto_chunks(args) else ""))
     run_plan = None
     if args.out:
-        best = result.best
         grid = RankGrid.from_placement(topology, Placement.node_major(topology))
         run_plan = build_run_plan(
             best.schedule, model, grid, streams, args.steps, options,
-            parallel=best.layout, resolution=(width, height), frames=args.frames,
+            parallel=None if pipeline_best else best.layout, resolution=(width, height),
+            frames=args.frames,
             machine={"topology": args.topology or DEFAULT_TOPOLOGY,
-                     "nodes": described.num_nodes})
+                     "nodes": described.num_nodes},
+            pipeline=best.layout if pipeline_best else None)
         print(f"note: wrote the plan of {best.layout.name} {best.schedule} for {args.steps} "
               f"steps to {args.out} (sha256 {run_plan.sha256[:12]})")
     if args.json:
@@ -308,6 +437,8 @@ def plan_command(args: argparse.Namespace) -> int:
             "model": model.name, "topology": spec.name, "num_nodes": spec.num_nodes,
             "num_ranks": num_ranks, "resolution": [width, height], "frames": args.frames,
             "batch_size": args.batch_size, "planner_wall_s": result.wall_s,
+            "chunks": options.chunks, "chunks_auto": auto_chunks(args),
+            "chunk_step_times_s": {str(c): t for c, t in chunks.step_times_s.items()},
             "candidates": [c.to_json() for c in result.candidates]}, indent=2))
     if run_plan is not None:
         atomic_write_text(args.out, run_plan.to_json())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from cocodiff.commands.given import record_given, refuse_plan_fixed
@@ -20,11 +21,13 @@ from cocodiff.commands.plan import (
     add_degree_arguments,
     add_machine_arguments,
     add_schedule_option_arguments,
+    auto_chunks,
     collective_arg,
     explicit_layout,
     host_call_note,
     plan_options,
     schedule_names,
+    with_compute_mode,
 )
 from cocodiff.schedules.registry import BASELINE
 from cocodiff.simulator.fanout import local_cores, map_local
@@ -90,6 +93,10 @@ def simulate_command(args: argparse.Namespace) -> int:
         return _from_plan_file(args)
     if args.steps > MAX_STEPS:
         raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
+    if "pipefusion" in (name.strip() for name in args.schedule.split(",")):
+        raise CocodiffError("simulate runs pipefusion from its plan file: `cocodiff plan "
+                            "--schedule pipefusion --out PATH`, then `cocodiff simulate "
+                            "--plan PATH` (docs/pipefusion.md)")
     names = schedule_names(args.schedule)
     options = plan_options(args)
     collective = collective_arg(args)
@@ -107,6 +114,9 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise CocodiffError("--sweep chooses its own layouts (the planner's where pure Ulysses "
                             "cannot run); drop --parallel-layout, --ulysses/--ring/--batch, "
                             "--batch-size")
+    if args.sweep and args.compute_mode is not None:
+        raise CocodiffError("--sweep runs the Aurora preset in its default compute mode "
+                            "(eager); drop --compute-mode")
     if args.sweep:
         from cocodiff.commands.sweep import sweep_command
 
@@ -126,14 +136,16 @@ def _from_plan_file(args) -> int:
     machine = run_plan.machine or {}
     name = args.topology or machine.get("topology") or DEFAULT_TOPOLOGY
     nodes = args.nodes or (machine.get("nodes") if args.topology is None else None)
-    topology = build_topology(resolve_topology(name, nodes))
+    topology = build_topology(with_compute_mode(resolve_topology(name, nodes), args))
     placement = Placement.node_major(topology)
     record = args.trace is not None or args.plot is not None
     result = simulate_run_plan(run_plan, topology, placement, collective=collective,
                                record_spans=record)
     model = run_plan.spec
     width, height = run_plan.resolution
-    layouts = {run_plan.schedule: run_plan.parallel}
+    # A pipeline's layout is its plans' (the pipelined step's), else the file's parallel one.
+    layouts = {run_plan.schedule: run_plan.plans[run_plan.step_plans[-1]].pipeline
+               or run_plan.parallel}
     title = (f"{model.name} {width}x{height}" + (f"x{run_plan.frames}f" if run_plan.frames > 1
                                                   else "")
              + f": plan {args.plan} ({run_plan.sha256[:12]}) on {topology.spec.name}, "
@@ -144,7 +156,9 @@ def _from_plan_file(args) -> int:
                        "plan": str(args.plan), "plan_sha256": run_plan.sha256,
                        "resolution": [width, height], "frames": run_plan.frames,
                        "sequence_tokens": sum(run_plan.stream_tokens),
-                       "batch_size": run_plan.options.batch, "dtype": run_plan.options.dtype})
+                       "batch_size": run_plan.options.batch, "dtype": run_plan.options.dtype},
+                   {run_plan.schedule: (run_plan.options.chunks,
+                                        f"{run_plan.options.chunks} (the plan file's)")})
 
 
 def _single(args, names, options, collective) -> int:
@@ -152,7 +166,8 @@ def _single(args, names, options, collective) -> int:
     from cocodiff.schedules import get_schedule
     from topology import Placement, build_topology, resolve_topology
 
-    machine = resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes)
+    machine = with_compute_mode(
+        resolve_topology(args.topology or DEFAULT_TOPOLOGY, args.nodes), args)
     model = model_spec(args.model)
     width, height, args.frames = model_size(args.model, args.resolution, args.frames)
     model.check_resolution(width, height)
@@ -164,10 +179,13 @@ def _single(args, names, options, collective) -> int:
     record = args.trace is not None or args.plot is not None
     layouts, known = _layouts(args, names, model, topology, streams, options, collective,
                               placement.num_ranks)
+    chunks = _chunks(args, names, model, topology, streams, options, collective, layouts,
+                     known)
     context = {"positional": (model, topology, placement, streams, args.steps),
                "options": {"options": options, "collective": collective,
                            "record_spans": record, "activity": args.activity},
                "layouts": layouts,
+               "chunks": {name: choice.chunks for name, choice in chunks.items()},
                # the planner's own simulation of a winner (same options) is that step
                "known": known}
     # Schedules run side by side on the local cores, the step-dependent ones (V-Major's:
@@ -188,17 +206,21 @@ def _single(args, names, options, collective) -> int:
     return _report(args, results, title, model, topology, placement, layouts, collective,
                    args.steps, {"resolution": [width, height], "frames": args.frames,
                                 "sequence_tokens": tokens, "batch_size": args.batch_size,
-                                "dtype": args.dtype})
+                                "dtype": args.dtype},
+                   {name: (choice.chunks, choice.describe()) for name, choice in chunks.items()})
 
 
 def _report(args, results, title, model, topology, placement, layouts, collective, steps,
-            fields) -> int:
-    """Print the table and notes, and write what was asked for."""
+            fields, chunks) -> int:
+    """Print the table and notes, and write what was asked for (``chunks``: schedule ->
+    (its chunk count, how it was chosen))."""
     from cocodiff.simulator.report import plot_layer_gantt, print_results
     from cocodiff.util.atomic import atomic_write_text
 
     spec = topology.spec
     notes = _notes(results, steps, collective, topology, model, placement, layouts)
+    phased = [name for name in (r.schedule for r in results) if name in chunks]
+    notes += [f"{name} chunks: {chunks[name][1]}" for name in phased]
     print_results(results, title, notes,
                   layouts=[_layout_name(layouts[r.schedule], placement.num_ranks)
                            for r in results])
@@ -210,7 +232,8 @@ def _report(args, results, title, model, topology, placement, layouts, collectiv
             "num_ranks": placement.num_ranks,
             "steps": steps,
             **fields,
-            "results": [{**r.to_json(), "layout": _layout_json(layouts[r.schedule])}
+            "results": [{**r.to_json(), "layout": _layout_json(layouts[r.schedule]),
+                         "chunks": chunks.get(r.schedule, (1, ""))[0]}
                         for r in results],
         }, indent=2))
     if args.trace:
@@ -272,8 +295,11 @@ def _simulate_one(context: dict, name: str):
     worker's job)."""
     from cocodiff.simulator.simulate import simulate_schedule
 
+    options = dict(context["options"])
+    if name in context["chunks"]:
+        options["options"] = replace(options["options"], chunks=context["chunks"][name])
     result = simulate_schedule(name, *context["positional"], parallel=context["layouts"][name],
-                               known=context["known"].get(name), **context["options"])
+                               known=context["known"].get(name), **options)
     if not context["options"]["record_spans"]:
         result.simulation = None  # nothing reads it, and a worker's result must pickle
     return result
@@ -307,6 +333,45 @@ def _layouts(args, names, model, topology, streams, options, collective, num_ran
     return dict.fromkeys(names), {}
 
 
+def _chunks(args, names, model, topology, streams, options, collective, layouts, known
+            ) -> dict:
+    """Each phased schedule's chunk count (:class:`~cocodiff.simulator.planner.ChunkChoice`):
+    the flag's, or under ``--chunks auto`` the planner's fastest on the schedule's layout;
+    ``known`` is updated to the steps simulated at the chosen counts."""
+    from cocodiff.schedules import get_schedule
+    from cocodiff.simulator.planner import ChunkChoice
+
+    phased = [name for name in names if get_schedule(name).phased]
+    if not auto_chunks(args) or args.activity is not None:
+        return {name: ChunkChoice(options.chunks, {}, None) for name in phased}
+    # (ranked schedule, layout) -> choice: cocodiff chooses as vfirst; side by side on the
+    # local cores.
+    keys = list(dict.fromkeys((get_schedule(name).ranked_as, layouts[name]) for name in phased))
+    context = (model, topology, streams, options, collective)
+    by_ranked = dict(zip(keys, map_local(_choose_chunks, context, keys,
+                                         args.workers or local_cores()), strict=True))
+    chosen: dict = {}
+    for name in phased:
+        key = (get_schedule(name).ranked_as, layouts[name])
+        choice = by_ranked[key]
+        chosen[name] = choice
+        if choice.result is not None and key[0] == name:
+            known[name] = choice.result
+        elif choice.chunks != options.chunks:
+            known.pop(name, None)  # the planner's step of the layout was at one chunk
+    return chosen
+
+
+def _choose_chunks(context: tuple, key: tuple):
+    """One (schedule, layout)'s :func:`~cocodiff.simulator.planner.choose_chunks` (a local
+    worker's job)."""
+    from cocodiff.simulator.planner import choose_chunks
+
+    model, topology, streams, options, collective = context
+    name, layout = key
+    return choose_chunks(name, model, topology, streams, layout, options, collective)
+
+
 def _layout_name(layout, num_ranks: int) -> str:
     return layout.name if layout is not None else f"pure U{num_ranks}"
 
@@ -314,6 +379,9 @@ def _layout_name(layout, num_ranks: int) -> str:
 def _layout_json(layout) -> dict | None:
     if layout is None:
         return None
+    if not hasattr(layout, "ring"):  # a PipelineLayout
+        return {"name": layout.name, "pipeline": layout.stages, "ulysses": layout.ulysses,
+                "patches": layout.patches, "warmup": layout.warmup}
     return {"name": layout.name, "ulysses": layout.ulysses, "ring": layout.ring,
             "batch": layout.batch, "order": list(layout.order)}
 
@@ -322,16 +390,24 @@ def _notes(results, steps, collective, topology, model, placement, layouts=None)
     from transports.sim import collective_model_for
 
     model_used = collective or collective_model_for(topology.spec.name)
-    notes = [f"collective model: {model_used.describe()}; bound = links only"]
+    notes = [f"collective model: {model_used.describe()}",
+             "link bound = the links alone, any schedule; model bound = the schedule's own "
+             "collectives at the model's prices (set-up, per-rank rate, links shared "
+             "max-min), chunks pipelined, no waiting"]
     flat = next((r for r in results if r.schedule == BASELINE), None)
     for r in results:
         speedup = f", {flat.step_time_s / r.step_time_s:.2f}x over flat" if flat else ""
         notes.append(
             f"{r.schedule}: {steps} steps {sum(r.step_times_s) / len(r.step_times_s) * steps:.3f}"
-            f" s{speedup}; all-to-all efficiency {r.efficiency:.2f} of the link bound "
+            f" s{speedup}; all-to-all efficiency {r.efficiency:.2f} of the link bound, "
+            f"{r.model_efficiency:.2f} of the model bound "
             f"(simulated {r.simulated_ranks} of {r.num_ranks} ranks"
             + (", folded" if r.folded else "") + f", {r.wall_s:.2f} s wall)"
         )
+    device = topology.spec.device
+    notes.append(f"compute: the {device.name} kernel model, {topology.spec.compute_mode} "
+                 "(docs/compute-model.md)" if device is not None else
+                 "compute: the roofline of [tile] tflops and memory_gbps")
     overhead_us = topology.spec.tile_step_overhead_us
     if overhead_us:
         notes.append(f"compute includes {overhead_us / 1e3:.3g} ms per step and rank outside the "

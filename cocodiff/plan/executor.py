@@ -53,9 +53,20 @@ class Backend(Protocol):
         ...
 
 
-def run_steps(steps: Sequence[Step], backend: Backend) -> Execution:
-    """Execute steps in order; yield each handle the rank must wait on."""
-    in_flight: dict[Tensor, tuple[Exchange, Handle]] = {}
+InFlight = dict[Tensor, tuple[Exchange, Handle]]
+
+
+def run_steps(steps: Sequence[Step], backend: Backend,
+              in_flight: InFlight | None = None) -> Execution:
+    """Execute steps in order; yield each handle the rank must wait on.
+
+    ``in_flight``: exchanges started by earlier steps and not yet waited for, which these
+    steps may wait for (a pipeline stage's point-to-point transfers span its layers); it
+    is left holding what these steps start and do not wait for. Without it, every
+    exchange must be waited for within ``steps``.
+    """
+    own = in_flight is None
+    in_flight = {} if in_flight is None else in_flight
     for index, step in enumerate(steps):
         if isinstance(step, Compute):
             if in_flight:
@@ -79,17 +90,23 @@ def run_steps(steps: Sequence[Step], backend: Backend) -> Execution:
             backend.finish_exchange(exchange, handle.wait())
         else:
             raise PlanError(f"unknown plan step {step!r}")
-    if in_flight:
+    if own and in_flight:
         raise PlanError(f"exchanges never waited for: {sorted(in_flight)}")
 
 
-def run_layer(layer: LayerPlan, backend: Backend) -> Execution:
-    yield from run_steps(layer.steps, backend)
+def run_layer(layer: LayerPlan, backend: Backend,
+              in_flight: InFlight | None = None) -> Execution:
+    yield from run_steps(layer.steps, backend, in_flight)
 
 
 def run_program(program: RankProgram, backend: Backend) -> Execution:
+    """Execute a rank's layers in order. An exchange may stay in flight from one layer to
+    a later one (PipeFusion's transfers between stages); all are waited for by the end."""
+    in_flight: InFlight = {}
     for layer in program.layers:
-        yield from run_layer(layer, backend)
+        yield from run_layer(layer, backend, in_flight)
+    if in_flight:
+        raise PlanError(f"exchanges never waited for: {sorted(in_flight)}")
 
 
 def drive_blocking(execution: Execution) -> None:

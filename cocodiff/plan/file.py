@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
 from cocodiff.cost import OPS, Cost
-from cocodiff.layout import ParallelLayout
-from cocodiff.models import ModelSpec
+from cocodiff.kernels import Kernel, KernelKind
+from cocodiff.layout import ParallelLayout, PipelineLayout
+from cocodiff.models import ModelSpec, check_family
 from cocodiff.plan.steps import (
     Compute,
     Exchange,
@@ -40,6 +41,7 @@ from cocodiff.plan.steps import (
     Wait,
 )
 from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, get_schedule, plan_for_step
+from cocodiff.schedules.pipefusion import PIPELINE_SCHEDULES, pipefusion_step_plans
 from cocodiff.util.errors import CocodiffError
 
 FORMAT = "cocodiff-plan/1"
@@ -192,8 +194,13 @@ def load_run_plan(path: Path) -> RunPlan:
 def build_run_plan(schedule: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
                    num_steps: int, options: PlanOptions, *, parallel: ParallelLayout | None = None,
                    resolution: tuple[int, int] = (0, 0), frames: int = 1, activity=None,
-                   machine: dict[str, Any] | None = None) -> RunPlan:
+                   machine: dict[str, Any] | None = None,
+                   pipeline: PipelineLayout | None = None) -> RunPlan:
     """Every step's plan of a generation of ``num_steps`` steps.
+
+    A ``pipeline`` layout (schedule ``pipefusion``) gives PipeFusion's step plans
+    (:func:`~cocodiff.schedules.pipefusion.pipefusion_step_plans`: warm-up, pipelined,
+    the last step).
 
     Schedules whose plan does not change per step have one plan; V-Major's has one per
     distinct (planned) cache ratio, or with ``activity`` (a recorded
@@ -204,8 +211,17 @@ def build_run_plan(schedule: str, spec: ModelSpec, grid: RankGrid, stream_tokens
     Raises:
         LayoutError: ``parallel`` does not fit the grid, the heads or the batch.
     """
-    entry = get_schedule(schedule)
     streams = canonical_streams(stream_tokens)
+    if pipeline is not None or schedule in PIPELINE_SCHEDULES:
+        if schedule not in PIPELINE_SCHEDULES or pipeline is None or parallel is not None:
+            raise PlanFileError(f"a pipeline layout goes with schedule "
+                                f"{', '.join(PIPELINE_SCHEDULES)} alone, not {schedule!r}"
+                                + (" and a Ulysses x Ring x batch layout" if parallel else ""))
+        pipeline_plans, pipeline_steps = pipefusion_step_plans(spec, grid, streams, pipeline,
+                                                               num_steps, options)
+        return RunPlan(spec, (resolution[0], resolution[1]), frames, streams, grid, None,
+                       schedule, options, pipeline_plans, pipeline_steps, machine)
+    entry = get_schedule(schedule)
     if parallel is not None and parallel.is_pure_ulysses:
         parallel.check(grid.num_ranks, spec.num_heads, options.batch)  # as plan_hybrid would
         parallel = None
@@ -274,8 +290,12 @@ class _LayerTable:
 
 def _step_json(step: Step) -> dict:
     if isinstance(step, Compute):
+        # The kernels (cocodiff.kernels) only where the step has them: files of steps
+        # without stay as they were.
+        kernels = ({"kernels": [asdict(kernel) for kernel in step.cost.kernels]}
+                   if step.cost.kernels else {})
         return {"kind": "compute", "op": step.op, "flops": step.cost.flops,
-                "memory_bytes": step.cost.memory_bytes}
+                "memory_bytes": step.cost.memory_bytes, **kernels}
     if isinstance(step, Wait):
         return {"kind": "wait", "tensor": step.tensor}
     return {"kind": "exchange", **asdict(step)}
@@ -288,6 +308,9 @@ def _plan_json(plan: Plan, layers: _LayerTable) -> dict:
         "head_split": asdict(plan.head_split),
         "shift_period": plan.shift_period,
         "parallel": _parallel_json(plan.parallel),
+        # Written only for a pipeline's plans: the other plans' text (and hash) stay as
+        # they were.
+        **({} if plan.pipeline is None else {"pipeline": asdict(plan.pipeline)}),
         "programs": [[layers.index(layer) for layer in program.layers]
                      for program in plan.programs],
     }
@@ -332,6 +355,19 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
+def _kernels_from(data: Any) -> tuple[Kernel, ...]:
+    """A compute step's kernels (``cocodiff.kernels.Kernel`` fields), checked."""
+    _check(isinstance(data, list), "compute kernels must be a list, got", data)
+    kernels = []
+    for entry in data:
+        kernel = _dataclass_from(Kernel, entry, "a compute kernel")
+        _check(kernel.kind in get_args(KernelKind), "unknown kernel kind", kernel.kind)
+        _check(all(_is_number(getattr(kernel, f.name)) for f in fields(Kernel)
+                   if f.name != "kind"), "kernel sizes must be non-negative numbers, got", entry)
+        kernels.append(kernel)
+    return tuple(kernels)
+
+
 def _step_from(data: dict) -> Step:
     """One step, its fields checked for kind and range (a plan file may have been edited:
     the executors trust a plan's values)."""
@@ -340,7 +376,8 @@ def _step_from(data: dict) -> Step:
         _check(data["op"] in OPS, "unknown compute op", data["op"])
         _check(_is_number(data["flops"]) and _is_number(data["memory_bytes"]),
                "compute cost must be non-negative numbers, got", data)
-        return Compute(data["op"], Cost(data["flops"], data["memory_bytes"]))
+        return Compute(data["op"], Cost(data["flops"], data["memory_bytes"],
+                                        _kernels_from(data.get("kernels", []))))
     _check(data.get("tensor") in get_args(Tensor), "unknown tensor", data.get("tensor"))
     if kind == "wait":
         return Wait(data["tensor"])
@@ -357,6 +394,11 @@ def _step_from(data: dict) -> Step:
         _check(isinstance(phase["blocks_per_row"], int) and phase["blocks_per_row"] >= 0,
                "phase blocks_per_row", phase["blocks_per_row"])
     body = {key: value for key, value in data.items() if key != "kind"}
+    # Files written before chunks could cut tokens: their chunks cut rows.
+    body.setdefault("chunk_tokens", [])
+    chunk_tokens = _ints(body["chunk_tokens"], "chunk_tokens")
+    _check(not chunk_tokens or (len(chunk_tokens) == data["chunks"] and min(chunk_tokens) > 0),
+           "exchange chunk_tokens (one positive count per chunk, or none)", chunk_tokens)
     phases = tuple(
         _dataclass_from(Phase, phase, "a phase", group=_ints(phase["group"], "a group"),
                         send_rows=_ints(phase["send_rows"], "send_rows"),
@@ -368,7 +410,8 @@ def _step_from(data: dict) -> Step:
         for phase in body["phases"])
     return _dataclass_from(Exchange, body, "an exchange", group=_ints(body["group"], "a group"),
                            send_rows=_ints(body["send_rows"], "send_rows"),
-                           recv_rows=_ints(body["recv_rows"], "recv_rows"), phases=phases)
+                           recv_rows=_ints(body["recv_rows"], "recv_rows"), phases=phases,
+                           chunk_tokens=chunk_tokens)
 
 
 def _parallel_from(data: Any) -> ParallelLayout | None:
@@ -378,13 +421,14 @@ def _parallel_from(data: Any) -> ParallelLayout | None:
 
 
 def _run_plan_from(data: dict) -> RunPlan:
-    spec = _dataclass_from(ModelSpec, data["model"], "model")
+    spec = check_family(_dataclass_from(ModelSpec, data["model"], "model"))
     vmajor = data["options"]["vmajor"]
     if vmajor is not None:
         vmajor = _dataclass_from(VMajorOptions, vmajor, "options.vmajor",
                                  slow_levels=tuple(vmajor["slow_levels"]))
     options = _dataclass_from(PlanOptions, data["options"], "options", vmajor=vmajor)
-    schedule = get_schedule(data["schedule"]).name
+    schedule = (data["schedule"] if data["schedule"] in PIPELINE_SCHEDULES
+                else get_schedule(data["schedule"]).name)
     # _step_from returns any kind of step; which kinds each part holds is as the file
     # (written by _plan_json) has them.
     layers = [LayerPlan(*(tuple(_step_from(s) for s in row[part])  # type: ignore[arg-type]
@@ -417,8 +461,11 @@ def _run_plan_from(data: dict) -> RunPlan:
                "a program names a layer that is not in the table:", plan["programs"])
         programs = tuple(RankProgram(rank, tuple(layers[i] for i in program))
                          for rank, program in enumerate(ids))
+        pipeline = plan.get("pipeline")
+        if pipeline is not None:
+            pipeline = _dataclass_from(PipelineLayout, pipeline, "pipeline")
         plans.append(Plan(plan["schedule"], plan["model"], head_split, programs,
-                          plan["shift_period"], _parallel_from(plan["parallel"])))
+                          plan["shift_period"], _parallel_from(plan["parallel"]), pipeline))
     step_plans = _ints(data["steps"], "steps")
     if not step_plans or any(not 0 <= i < len(plans) for i in step_plans):
         raise PlanFileError("malformed plan file: steps must name plans by index")

@@ -18,10 +18,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from cocodiff.cost import Cost
-from cocodiff.layout import ParallelLayout
+from cocodiff.layout import ParallelLayout, PipelineLayout
+from cocodiff.plan.chunking import block_rows
 
 # "kv": a Ring pass of one K/V block to the next Ring member (hybrid layouts).
-Tensor = Literal["q", "k", "v", "out", "kv"]
+# "send", "recv": a point-to-point transfer between pipeline stages (PipeFusion), the
+# side this rank is on.
+Tensor = Literal["q", "k", "v", "out", "kv", "send", "recv"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +58,10 @@ class Phase:
             (V-Major: messages carry the chosen blocks and their indices,
             :func:`cocodiff.schedules.vmajor.message_bytes`); 0: whole rows.
         chunk_send_rows: with the exchange cut into chunks, the rows each chunk sends to
-            each member (every block's rows are cut, :func:`cocodiff.plan.phasing.chunk_rows`,
-            so a chunk's message is not simply its share of ``send_rows``); empty for one
-            chunk.
+            each member (:mod:`cocodiff.plan.chunking`: every block's rows are cut, so a
+            chunk's message is not simply its share of ``send_rows``; or, when the
+            exchange's chunks cut tokens, every row, each carrying the chunk's tokens);
+            empty for one chunk.
         chunk_recv_rows: the same for the rows received.
     """
 
@@ -97,11 +101,17 @@ class Exchange:
     (Q, K, V). ``gather_heads``: the reverse (the attention output). ``ring``: a Ring
     pass (tensor "kv"): one row, the K/V block in hand, to the next member of the Ring,
     one row from the previous; every other entry is 0 (``cocodiff.schedules.hybrid``).
+    ``p2p``: a point-to-point transfer (:func:`transfer`): one row of ``row_bytes`` from
+    ``group[0]`` to ``group[1]``; the sender's step has tensor "send", the receiver's
+    "recv", and transports match the two by the group and the direction.
 
     ``send_rows``/``recv_rows`` describe the logical exchange: what each member ends
     up with. With ``phases`` empty it runs as one flat all-to-all; otherwise as the
     phases in order, the rows split into ``chunks`` that are pipelined through them
     (chunk c's phase p runs while chunk c+1 is in phase p-1), so every tier is busy.
+    ``chunk_tokens``: when the chunks cut every row along its tokens rather than each
+    block's rows (:mod:`cocodiff.plan.chunking`), the tokens of each row each chunk
+    carries (they sum to a row's tokens); empty when chunks cut rows.
     """
 
     tensor: Tensor
@@ -109,13 +119,26 @@ class Exchange:
     send_rows: tuple[int, ...]
     recv_rows: tuple[int, ...]
     row_bytes: int
-    direction: Literal["scatter_heads", "gather_heads", "ring"]
+    direction: Literal["scatter_heads", "gather_heads", "ring", "p2p"]
     phases: tuple[Phase, ...] = ()
     chunks: int = 1
+    chunk_tokens: tuple[int, ...] = ()
 
     @property
     def send_bytes(self) -> int:
         return sum(self.send_rows) * self.row_bytes
+
+    def block_rows(self, rows: int, chunk: int) -> int:
+        """Rows of a block of ``rows`` rows that chunk ``chunk`` carries (all of them,
+        each in part, when chunks cut tokens)."""
+        return block_rows(rows, chunk, self.chunks, bool(self.chunk_tokens))
+
+    def chunk_row_bytes(self, chunk: int) -> int:
+        """Bytes of one row's part in chunk ``chunk``: a row's values are
+        ``batch x tokens x head_dim``, so its bytes divide by its tokens."""
+        if not self.chunk_tokens:
+            return self.row_bytes
+        return self.row_bytes // sum(self.chunk_tokens) * self.chunk_tokens[chunk]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +149,17 @@ class Wait:
 
 
 Step = Compute | Exchange | Wait
+
+
+def transfer(src_rank: int, dst_rank: int, num_bytes: int, me: int) -> Exchange:
+    """A point-to-point transfer of ``num_bytes`` from ``src_rank`` to ``dst_rank`` (global
+    ranks), as rank ``me`` (one of them) starts it: an exchange over the pair whose only
+    non-zero entry is the one row sent, so every executor and transport carries it as it
+    carries any exchange (the simulator charges one message on the route, its bytes to
+    the route's tier). Wait for it with ``Wait("send")`` or ``Wait("recv")``."""
+    if me == src_rank:
+        return Exchange("send", (src_rank, dst_rank), (0, 1), (0, 0), num_bytes, "p2p")
+    return Exchange("recv", (src_rank, dst_rank), (0, 0), (1, 0), num_bytes, "p2p")
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +236,9 @@ class Plan:
             traffic onto one node when the ranks per node is a multiple of it.
         parallel: the Ulysses x Ring x batch layout (``cocodiff.layout``); None for pure
             Ulysses over every rank, when ``head_split`` is the whole story.
+        pipeline: a PipeFusion step's layout (``cocodiff.schedules.pipefusion``), its
+            ``patches`` those this step streams (1: a synchronous warm-up step); None for
+            every other schedule.
     """
 
     schedule: str
@@ -210,6 +247,7 @@ class Plan:
     programs: tuple[RankProgram, ...] = field(repr=False)
     shift_period: int | None
     parallel: ParallelLayout | None = None
+    pipeline: PipelineLayout | None = None
 
     @property
     def num_ranks(self) -> int:
@@ -228,6 +266,7 @@ class Plan:
                 "head_split": asdict(self.head_split),
                 "shift_period": self.shift_period,
                 "parallel": None if self.parallel is None else asdict(self.parallel),
+                **({} if self.pipeline is None else {"pipeline": asdict(self.pipeline)}),
                 "programs": [_program_json(self.programs[r]) for r in chosen],
             }
         )

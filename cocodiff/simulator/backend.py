@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from cocodiff.cost import roofline_seconds
+from cocodiff.cost import compute_seconds
 from cocodiff.plan.executor import Execution
 from cocodiff.plan.gather import GatherStage
-from cocodiff.plan.phasing import ChunkPipeline, Posting, member_bytes
+from cocodiff.plan.phasing import ChunkPipeline, Posting, chunk_member_bytes
 from cocodiff.plan.steps import Compute, Exchange, Phase
 from sim import Simulation
 from transports.base import Group, VirtualBuffer
@@ -47,8 +47,7 @@ class SimBackend:
         self.transport = transport
         self.simulation = transport.simulation
         spec = self.simulation.topology.spec
-        self._tflops = spec.tile_tflops
-        self._memory_gbps = spec.tile_memory_gbps
+        self._tile_spec = spec
         self._tile = tile
         self._track = f"rank {transport.rank}"
         self._record = record_spans
@@ -64,8 +63,7 @@ class SimBackend:
         self._flights: dict[int, _InFlight] = {}
 
     def compute(self, step: Compute) -> SimHandle:
-        return self._compute(roofline_seconds(step.cost, self._tflops, self._memory_gbps),
-                             step.op)
+        return self._compute(compute_seconds(step.cost, self._tile_spec), step.op)
 
     def step_overhead(self) -> SimHandle | None:
         """The step's compute outside the transformer's blocks (the topology's
@@ -130,7 +128,8 @@ class SimBackend:
 
     def start_exchange(self, step: Exchange, early: frozenset[int] = frozenset()) -> SimHandle:
         self._started[step.tensor] = self.simulation.now
-        self.exchanges_started += 1
+        # A point-to-point transfer counts once, on its sender's side.
+        self.exchanges_started += step.direction != "p2p" or step.tensor == "send"
         if step.phases:
             # As the runtime's PhasedHandle carries it (cocodiff.plan.phasing): the first
             # postings now, the rest at progress points (the early phases) or in the wait.
@@ -142,8 +141,16 @@ class SimBackend:
                 self._post(flight, posting)
         else:
             send = VirtualBuffer(sum(step.send_rows), step.row_bytes)
+            # A point-to-point transfer's two sides ("send", "recv") are one call.
+            tag = "p2p" if step.direction == "p2p" else step.tensor
             handle = self.transport.all_to_all(send, step.send_rows, step.recv_rows,
-                                               self._group(step.group), tag=step.tensor)
+                                               self._group(step.group), tag=tag)
+            if step.direction == "p2p" and step.tensor == "send":
+                # An eager send (xDiT's pipeline_isend is never waited for): the sender
+                # goes on at once; the bytes leave when the receiver has posted its side.
+                done = self.simulation.env.event()
+                done.succeed()
+                return SimHandle(done)
         return self._pollable(handle)
 
     def _pollable(self, handle: SimHandle) -> SimHandle:
@@ -156,12 +163,10 @@ class SimBackend:
                       ) -> tuple[list[int], list[int]]:
         """Bytes to and from each member for one chunk of one phase (layers repeat the
         same phase objects, so this is computed once per phase and chunk)."""
-        key = (id(phase), chunk, step.row_bytes)
+        key = (id(phase), chunk, step.row_bytes, step.chunk_tokens)
         cached = self._splits.get(key)
         if cached is None:
-            send_rows, recv_rows = phase.chunk_rows(chunk, step.chunks)
-            send = [member_bytes(phase, rows, step.row_bytes) for rows in send_rows]
-            recv = [member_bytes(phase, rows, step.row_bytes) for rows in recv_rows]
+            send, recv = chunk_member_bytes(step, phase, chunk)
             cached = self._splits[key] = (phase, send, recv)  # keeps the phase alive
         return cached[1], cached[2]
 

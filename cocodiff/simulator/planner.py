@@ -21,8 +21,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import permutations
+from typing import Any
 
-from cocodiff.layout import AXES, ParallelLayout
+from cocodiff.layout import AXES, ParallelLayout, PipelineLayout
+from cocodiff.memory import RankMemory
 from cocodiff.models import ModelSpec
 from cocodiff.plan.gather import GatherStage, output_gather
 from cocodiff.plan.steps import Plan
@@ -32,6 +34,7 @@ from cocodiff.schedules import (
     PlanOptions,
     RankGrid,
     get_schedule,
+    plan_for_step,
     plan_hybrid,
 )
 from cocodiff.simulator.bounds import plan_bound_s, step_floor_s
@@ -57,28 +60,39 @@ class Candidate:
         bound_s: the topology's lower bound for the step's exchanges (links only,
             ``cocodiff.simulator.bounds``): no schedule of this layout communicates faster; None
             when the ranking was asked for none.
+        memory: device memory one rank needs (``cocodiff.memory``), where it was computed.
     """
 
-    layout: ParallelLayout
+    layout: ParallelLayout | PipelineLayout
     schedule: str
     step_time_s: float
     compute_s: float
     bound_s: float | None
+    memory: RankMemory | None = None
 
     def to_json(self) -> dict:
-        return {"layout": self.layout.name, "ulysses": self.layout.ulysses,
-                "ring": self.layout.ring, "batch": self.layout.batch,
-                "order": list(self.layout.order), "schedule": self.schedule,
+        layout = self.layout
+        degrees: dict[str, Any]
+        if isinstance(layout, PipelineLayout):
+            degrees = {"pipeline": layout.stages, "ulysses": layout.ulysses,
+                       "patches": layout.patches, "warmup": layout.warmup}
+        else:
+            degrees = {"ulysses": layout.ulysses, "ring": layout.ring,
+                       "batch": layout.batch, "order": list(layout.order)}
+        return {"layout": layout.name, **degrees, "schedule": self.schedule,
                 "step_time_s": self.step_time_s, "compute_s": self.compute_s,
-                "bound_s": self.bound_s}
+                "bound_s": self.bound_s,
+                **({} if self.memory is None else {"memory_per_rank": self.memory.to_json()})}
 
 
 @dataclass(frozen=True, slots=True)
 class PlanResult:
-    """Every candidate, fastest first, and how long ranking them took."""
+    """Every candidate, fastest first, how long ranking them took, and one line for each
+    layout refused because its ranks would not fit the device's memory."""
 
     candidates: tuple[Candidate, ...]
     wall_s: float
+    refused: tuple[str, ...] = ()
 
     @property
     def best(self) -> Candidate:
@@ -266,6 +280,84 @@ def _best_for(context: _Context, name: str) -> Choice:
 # Relative float rounding a step floor may carry above the simulated time it bounds.
 _FLOOR_SLACK = 1e-9
 
+# Chunk counts the planner tries for a phased schedule (`--chunks auto`). Every chunk is
+# one more collective per phase, each paying its transfers' set-up
+# (transports.sim.CollectiveModel), so past a few chunks the set-up outweighs the overlap.
+CHUNK_CANDIDATES = (1, 2, 3, 4, 6, 8)
 
-__all__ = ["AXES", "Candidate", "Choice", "PlanResult", "best_layouts",
-           "candidate_layouts", "choose_layouts", "rank_layouts", "simulate_step"]
+
+@dataclass(frozen=True, slots=True)
+class ChunkChoice:
+    """The planner's chunk count for one schedule on one layout.
+
+    Args:
+        chunks: the fastest count (the fewest among equals).
+        step_times_s: simulated step time of each count tried (those that split the
+            exchanges: a count refused by :mod:`cocodiff.plan.chunking` is not tried).
+        result: the step at ``chunks`` (as :class:`Choice`'s; None for a schedule ranked
+            as another, or one without phased exchanges).
+    """
+
+    chunks: int
+    step_times_s: dict[int, float]
+    result: SimResult | None
+
+    def describe(self) -> str:
+        """The count and, when the planner chose it, the step time of each count tried."""
+        if not self.step_times_s:
+            return f"{self.chunks} (given)"
+        counts = ", ".join(map(str, self.step_times_s))
+        times_ms = ", ".join(f"{t * 1e3:.2f}" for t in self.step_times_s.values())
+        return f"{self.chunks} (auto; step time at {counts} chunks: {times_ms} ms)"
+
+
+def choose_chunks(name: str, spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
+                  layout: ParallelLayout | None, options: PlanOptions = DEFAULT_OPTIONS,
+                  collective: CollectiveModel | None = None,
+                  candidates: Sequence[int] = CHUNK_CANDIDATES) -> ChunkChoice:
+    """The chunk count that gives schedule ``name`` (ranked as its registry entry says, at
+    its first step) the shortest simulated step on ``layout`` (None: pure Ulysses).
+
+    One chunk for a schedule that is not phased, or whose exchanges have one phase (one
+    tier: nothing to pipeline). Counts are simulated as the planner simulates layouts
+    (two layers, extrapolated; :func:`cocodiff.simulator.simulate.simulate_layers`), in
+    increasing order until two in a row are slower than the best so far: past its best
+    count, each chunk adds a set-up per transfer and less left to overlap.
+    """
+    from cocodiff.plan.file import canonical_streams
+    from cocodiff.schedules.tapa import check_chunks
+    from cocodiff.util.errors import ScheduleError
+
+    entry = get_schedule(name)
+    if not entry.phased:
+        return ChunkChoice(1, {}, None)
+    ranked = entry.ranked_as
+    placement = Placement.node_major(topology)
+    grid = RankGrid.from_placement(topology, placement)
+    streams = canonical_streams(stream_tokens)
+    num_layers = spec.num_layers
+    short = replace(spec, num_layers=min(num_layers, 2))
+    gathers = output_gather(spec, grid, streams, layout, options)
+    times: dict[int, float] = {}
+    results: dict[int, SimResult] = {}
+    for chunks in candidates:
+        try:
+            plan = plan_for_step(ranked, short, grid, streams, replace(options, chunks=chunks),
+                                 parallel=layout)
+            check_chunks(plan, chunks)
+        except ScheduleError:  # some chunk empty everywhere, or nothing to pipeline
+            continue
+        result = simulate_layers(plan, topology, placement, collective, num_layers, gathers)
+        result.simulation = None  # a worker's result must pickle
+        times[chunks], results[chunks] = result.step_time_s, result
+        best = min(times, key=lambda c: (times[c], c))
+        last_two = sorted(times)[-2:]
+        if len(times) >= 3 and all(times[c] > times[best] for c in last_two):
+            break
+    best = min(times, key=lambda c: (times[c], c))
+    return ChunkChoice(best, times, results[best] if ranked == name else None)
+
+
+__all__ = ["AXES", "CHUNK_CANDIDATES", "Candidate", "ChunkChoice", "Choice", "PlanResult",
+           "best_layouts", "candidate_layouts", "choose_chunks", "choose_layouts",
+           "rank_layouts", "simulate_step"]

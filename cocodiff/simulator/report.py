@@ -36,6 +36,9 @@ def result_table(results: Sequence[SimResult], title: str,
     for tier in TIERS:
         table.add_column(f"bytes {tier}", justify="right")
     table.add_column("busiest link (utilisation)")
+    with_memory = any(result.memory is not None for result in results)
+    if with_memory:
+        table.add_column("memory/rank", justify="right")
     for index, result in enumerate(results):
         busiest = result.busiest_links[0] if result.busiest_links else None
         table.add_row(
@@ -49,6 +52,8 @@ def result_table(results: Sequence[SimResult], title: str,
             f"{busiest.link[0]}->{busiest.link[1]} {busiest.kind} ({busiest.utilisation:.0%})"
             if busiest
             else "-",
+            *([human_bytes(result.memory.total_bytes) if result.memory else "-"]
+              if with_memory else []),
         )
     return table
 

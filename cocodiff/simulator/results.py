@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cocodiff.memory import RankMemory
 from sim import Simulation
 
 
@@ -33,15 +34,26 @@ class SimResult:
     num_events: int
     exchange_s: float = 0.0  # time the slowest rank has an exchange in flight
     bound_s: float = 0.0  # the topology's lower bound for the same exchanges
+    # The bound of this plan's own collectives under the collective model in use
+    # (cocodiff.simulator.bounds.model_bound_s); 0 when not computed.
+    model_bound_s: float = 0.0
     step_times_s: list[float] = field(default_factory=list)  # per denoising step
     # Exchanges (all-to-alls and Ring passes) all ranks start, per denoising step.
     exchanges_per_step: list[int] = field(default_factory=list)
     simulation: Simulation | None = field(default=None, repr=False)
+    # Device memory one rank needs (cocodiff.memory.RankMemory), where it was computed.
+    memory: RankMemory | None = None
 
     @property
     def efficiency(self) -> float:
         """Lower bound over simulated exchange time (1 = as fast as the links allow)."""
         return self.bound_s / self.exchange_s if self.exchange_s > 0 else 1.0
+
+    @property
+    def model_efficiency(self) -> float:
+        """The collective model's bound for this plan over simulated exchange time (1 =
+        as fast as the model's prices allow this plan's collectives)."""
+        return self.model_bound_s / self.exchange_s if self.exchange_s > 0 else 1.0
 
     @property
     def comm_share(self) -> float:
@@ -67,6 +79,8 @@ class SimResult:
             "exchange_s": self.exchange_s,
             "bound_s": self.bound_s,
             "efficiency": self.efficiency,
+            "model_bound_s": self.model_bound_s,
+            "model_efficiency": self.model_efficiency,
             "step_times_s": self.step_times_s or [self.step_time_s],
             "exchanges_per_step": self.exchanges_per_step,
             "simulated_ranks": self.simulated_ranks,
@@ -74,6 +88,7 @@ class SimResult:
             "sim_wall_s": self.wall_s,
             "sim_flows": self.num_flows,
             "sim_events": self.num_events,
+            **({} if self.memory is None else {"memory_per_rank": self.memory.to_json()}),
         }
 
 

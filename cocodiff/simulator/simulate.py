@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from cocodiff.layout import ParallelLayout
+from cocodiff.memory import RankMemory, pipeline_memory, sequence_memory
 from cocodiff.models import ModelSpec
 from cocodiff.plan.executor import run_program
 from cocodiff.plan.gather import GatherStage, output_gather
@@ -27,9 +28,10 @@ from cocodiff.schedules import (
     plan_for_step,
 )
 from cocodiff.schedules.activity import ActivityTrace
+from cocodiff.schedules.pipefusion import PIPELINE_SCHEDULES, generation_plan
 from cocodiff.schedules.tapa import check_chunks
 from cocodiff.simulator.backend import SimBackend, rank_process
-from cocodiff.simulator.bounds import plan_bound_s
+from cocodiff.simulator.bounds import model_bound_s, plan_bound_s
 from cocodiff.simulator.results import SimResult, busiest_links
 from sim import Simulation
 from sim.timeline import merged_length
@@ -277,6 +279,13 @@ def simulate_run_plan(
     if grid != run_plan.grid:
         raise PlanFileError(f"the plan's ranks sit as {_shape(run_plan.grid)} (nodes x GPUs "
                             f"x tiles), the machine's as {_shape(grid)}")
+    if run_plan.schedule in PIPELINE_SCHEDULES:
+        # The steps depend on each other: simulated back to back, not one by one.
+        result = simulate_generation(run_plan.plans, run_plan.step_plans, topology, placement,
+                                     collective, record_spans)
+        result.memory = run_plan_memory(run_plan)
+        result.wall_s = time.perf_counter() - wall_start
+        return result
     entry = get_schedule(run_plan.schedule)
     if entry.phased:
         check_chunks(run_plan.plans[0], run_plan.options.chunks)
@@ -323,8 +332,117 @@ def simulate_run_plan(
         flat = plan_for_step(BASELINE, run_plan.spec, grid, run_plan.stream_tokens,
                              run_plan.options, parallel=run_plan.parallel)
         result.bound_s = plan_bound_s(flat, topology, placement)
+        model = collective or collective_model_for(topology.spec.name)
+        by_index = {index: model_bound_s(run_plan.plans[index], topology, placement, model)
+                    for index in dict.fromkeys(run_plan.step_plans)}
+        steps = run_plan.step_plans if entry.step_dependent else run_plan.step_plans[:1]
+        result.model_bound_s = _mean(by_index[index] for index in steps)
+    result.memory = run_plan_memory(run_plan)
     result.wall_s = time.perf_counter() - wall_start
     return result
+
+
+def run_plan_memory(run_plan: RunPlan) -> RankMemory:
+    """Device memory one rank of ``run_plan`` needs (:mod:`cocodiff.memory`)."""
+    options = run_plan.options
+    pipeline = run_plan.plans[run_plan.step_plans[-1]].pipeline
+    if pipeline is not None:
+        return pipeline_memory(run_plan.spec, run_plan.stream_tokens, pipeline,
+                               options.dtype_bytes, options.batch)
+    entry = get_schedule(run_plan.schedule)
+    return sequence_memory(run_plan.spec, run_plan.stream_tokens, run_plan.num_ranks,
+                           run_plan.parallel, options.dtype_bytes, options.batch,
+                           v_cache=entry.step_dependent and options.vmajor is not None)
+
+
+# -- PipeFusion: a generation's steps back to back -------------------------------------
+# Simulating a PipeFusion generation: its steps run back to back, as one program per rank.
+#
+# A pipeline stage's step depends on the step before (stage 0 waits for the last stage's
+# latents), so steps cannot be simulated one at a time as the other schedules' are: the
+# pipeline fills once, streams, and drains once per generation. Every rank's program is
+# the concatenation of its steps' programs
+# (:func:`cocodiff.schedules.pipefusion.pipefusion_step_plans`), run by the one executor in
+# one simulation. Sends are eager (the simulated backend's "send" side does not wait for
+# the receiver, as xDiT never waits for its ``isend``); the bytes leave once the receiver
+# has posted its receive, which it does one patch ahead.
+#
+# Speed. After the first pipelined step the pipeline is in its steady state: every further
+# pipelined step adds the same time, bytes and transfers. A generation of ``T`` steps with
+# ``W`` warm-up steps and ``T > W + 3`` is simulated for its first ``W + 2`` and ``W + 3``
+# steps (each ending as the last step ends: no latents sent back) and extrapolated:
+# ``x(T) = x(W + 2) + (T - W - 2) * (x(W + 3) - x(W + 2))``;
+# ``tests/simulator/test_pipeline.py`` checks it against the full simulation.
+
+
+def simulate_generation(plans: Sequence[Plan], step_plans: Sequence[int],
+                        topology: Topology, placement: Placement | None = None,
+                        collective: CollectiveModel | None = None,
+                        record_spans: bool = False) -> SimResult:
+    """Simulate a PipeFusion generation; the result is per step (the generation's time,
+    compute, bytes and exchanges over its step count), as the other schedules report.
+
+    Args:
+        plans: the distinct step plans.
+        step_plans: each step's index in ``plans``.
+        topology, placement, collective: as :func:`simulate_plan`.
+        record_spans: simulate every step in full and keep the timeline.
+    """
+    num_steps = len(step_plans)
+    layout = plans[step_plans[-1]].pipeline
+    assert layout is not None, "a PipeFusion plan states its pipeline"
+    warmup = min(layout.warmup, num_steps)
+    if record_spans or num_steps <= warmup + 3:
+        total = _run_generation(plans, step_plans, topology, placement, collective,
+                                record_spans)
+        return _generation_per_step(total, num_steps, topology)
+    short, longer = (_run_generation(plans, (*step_plans[:k - 1], step_plans[-1]), topology,
+                                     placement, collective, False)
+                     for k in (warmup + 2, warmup + 3))
+    extra = num_steps - warmup - 2
+
+    def affine(a: float, b: float) -> float:
+        return a + extra * (b - a)
+
+    total = SimResult(
+        schedule=short.schedule, num_ranks=short.num_ranks,
+        step_time_s=affine(short.step_time_s, longer.step_time_s),
+        compute_s=affine(short.compute_s, longer.compute_s),
+        comm_exposed_s=0.0,
+        bytes_by_tier={t: affine(short.bytes_by_tier[t], longer.bytes_by_tier[t])
+                       for t in TIERS},
+        busiest_links=longer.busiest_links, simulated_ranks=longer.simulated_ranks,
+        folded=False, wall_s=short.wall_s + longer.wall_s,
+        num_flows=short.num_flows + longer.num_flows,
+        num_events=short.num_events + longer.num_events,
+        exchange_s=affine(short.exchange_s, longer.exchange_s),
+        exchanges_per_step=[round(affine(short.exchanges_per_step[0],
+                                         longer.exchanges_per_step[0]))])
+    return _generation_per_step(total, num_steps, topology)
+
+
+def _run_generation(plans: Sequence[Plan], step_plans: Sequence[int], topology: Topology,
+         placement: Placement | None, collective: CollectiveModel | None,
+         record_spans: bool) -> SimResult:
+    # The step overhead is charged per step by _per_step, not once per simulation.
+    return simulate_plan(generation_plan(plans, step_plans), topology, placement, fold=False,
+                         record_spans=record_spans, collective=collective,
+                         denoising_step=False)
+
+
+def _generation_per_step(total: SimResult, num_steps: int, topology: Topology) -> SimResult:
+    """The generation's totals as one step's: every step also pays the pipeline's work
+    outside the blocks (``tile_step_overhead_us``), as every schedule's step does."""
+    overhead_s = topology.spec.tile_step_overhead_us * 1e-6
+    step_s = total.step_time_s / num_steps + overhead_s
+    compute_s = total.compute_s / num_steps + overhead_s
+    return replace(
+        total, step_time_s=step_s, compute_s=compute_s, step_times_s=[step_s],
+        comm_exposed_s=max(0.0, step_s - compute_s),
+        bytes_by_tier={t: b / num_steps for t, b in total.bytes_by_tier.items()},
+        exchange_s=total.exchange_s / num_steps,
+        exchanges_per_step=[round(total.exchanges_per_step[0] / num_steps)],
+        busiest_links=total.busiest_links)
 
 
 def _shape(grid: RankGrid) -> str:

@@ -269,6 +269,7 @@ def test_run_builds_and_hashes_the_plan_that_plan_writes_for_the_same_flags(tmp_
     (("layers", 0, "attention", 1, "phases", 0, "sent_fraction"), 2.0, "sent_fraction"),
     (("plans", 0, "programs", 0, 0), -1, "names a layer that is not in the table"),
     (("steps",), [5], "steps must name plans by index"),
+    (("model", "family"), "unet", "unknown model family 'unet'"),
 ])
 def test_an_edited_file_is_refused_in_one_line(tmp_path, path, value, message):
     options = PlanOptions(vmajor=VMajorOptions("constant", 0.5))

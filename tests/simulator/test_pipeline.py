@@ -1,0 +1,144 @@
+"""PipeFusion in the simulator against closed forms.
+
+On free links (no latency, effectively infinite bandwidth) and a compute-bound device, a
+layer of ``q`` tokens attending over a buffer of ``S`` tokens costs exactly
+``(q (24 d^2 + 28 d) + 4 q S d) / rate`` seconds (:mod:`cocodiff.cost`: the four
+projections and the MLP ``24 d^2`` FLOPs per token; norms ``2 x 7 d``, Q/K norm ``2 x 4 d``,
+RoPE ``2 x 3 d``; attention ``4 q S d`` over all heads). A synchronous step runs the
+stages one after another over the whole sequence (``L`` layers of ``q = S``); the
+pipelined steps stream ``M`` patches through ``N`` stages, each patch-stage slot
+``L/N`` layers of ``q = S/M``. The pipeline is a ring across steps (stage 0 starts patch
+m of the next step once the last stage has finished it), so it fills and drains once per
+generation: with ``M >= N`` the ``P`` pipelined steps take ``P M + N - 1`` slots
+(``M + N - 1`` for one), with ``M < N`` each step but the last waits for the ring,
+``(P - 1) N + M + N - 1`` slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cocodiff.layout import LayoutError, PipelineLayout
+from cocodiff.models import ModelSpec
+from cocodiff.plan.steps import Exchange
+from cocodiff.schedules import PlanOptions, RankGrid
+from cocodiff.schedules.pipefusion import pipefusion_step_plans, plan_pipefusion
+from cocodiff.simulator.simulate import simulate_generation
+from topology import Placement, build_topology
+from topology.presets import cluster
+from transports.sim import COLLECTIVE_MODELS
+
+RATE_TFLOPS = 1.0
+IDEAL = COLLECTIVE_MODELS["ideal"]
+
+
+def free_machine(num_ranks: int):
+    """One node whose links cost nothing worth measuring; a compute-bound device."""
+    spec = cluster(num_nodes=1, ranks_per_node=num_ranks, intra_gbps=1e8, intra_latency_us=0.0,
+                   tile_tflops=RATE_TFLOPS, tile_memory_gbps=1e8)
+    return build_topology(dataclasses.replace(spec, name="free"))
+
+
+def tiny_spec(num_layers: int) -> ModelSpec:
+    # No joint text, no cross-attention: the patches are the whole sequence.
+    return ModelSpec(name="tiny", family="pixart", num_layers=num_layers, num_heads=4,
+                     head_dim=16, text_tokens=0, cross_attention_tokens=0, patch_size=2,
+                     output_channels=8)
+
+
+def layer_s(spec: ModelSpec, q: int, s: int) -> float:
+    d = spec.hidden_size
+    return (q * (24 * d * d + 28 * d) + 4 * q * s * d) / (RATE_TFLOPS * 1e12)
+
+
+def simulate(spec, layout, num_steps, tokens, topology=None, **kwargs):
+    topology = topology or free_machine(layout.num_ranks)
+    placement = Placement.node_major(topology, layout.num_ranks)
+    grid = RankGrid.from_placement(topology, placement)
+    plans, steps = pipefusion_step_plans(spec, grid, (tokens,), layout, num_steps)
+    return simulate_generation(plans, steps, topology, placement, IDEAL, **kwargs), plans, steps
+
+
+@pytest.mark.parametrize(("stages", "patches", "warmup", "num_steps"), [
+    (4, 4, 1, 2),   # one pipelined step: M + N - 1 slots
+    (4, 4, 1, 6),   # the ring keeps the pipeline full: P M + N - 1 slots
+    (2, 4, 2, 5),
+    (4, 2, 1, 4),   # fewer patches than stages: each step waits for the ring
+    (4, 4, 0, 3),   # no warm-up
+])
+def test_pipeline_takes_the_closed_form_time(stages, patches, warmup, num_steps):
+    spec = tiny_spec(num_layers=8)
+    tokens = 64
+    layout = PipelineLayout(stages, 1, patches, warmup)
+    result, _, _ = simulate(spec, layout, num_steps, tokens)
+    sync_s = spec.num_layers * layer_s(spec, tokens, tokens)
+    slot_s = spec.num_layers // stages * layer_s(spec, tokens // patches, tokens)
+    pipelined = num_steps - warmup
+    if patches >= stages:
+        slots = pipelined * patches + stages - 1
+    else:
+        slots = (pipelined - 1) * stages + patches + stages - 1
+    expected_s = (warmup * sync_s + slots * slot_s) / num_steps
+    assert result.step_time_s == pytest.approx(expected_s, rel=1e-6)
+
+
+def test_one_pipelined_step_is_m_plus_n_minus_1_slots():
+    spec = tiny_spec(num_layers=4)
+    layout = PipelineLayout(4, 1, 8, warmup=0)
+    result, _, _ = simulate(spec, layout, 1, 64)
+    slot_s = layer_s(spec, 8, 64)
+    assert result.step_time_s == pytest.approx((8 + 4 - 1) * slot_s, rel=1e-6)
+
+
+def test_extrapolated_generation_equals_the_full_simulation():
+    spec = tiny_spec(num_layers=6)
+    topology = build_topology(cluster(num_nodes=2, ranks_per_node=2))
+    layout = PipelineLayout(2, 2, 3, warmup=1)
+    fast, _, _ = simulate(spec, layout, 9, 96, topology)
+    full, _, _ = simulate(spec, layout, 9, 96, topology, record_spans=True)
+    assert fast.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert fast.compute_s == pytest.approx(full.compute_s, rel=1e-9)
+    for tier, num_bytes in full.bytes_by_tier.items():
+        assert fast.bytes_by_tier[tier] == pytest.approx(num_bytes, rel=1e-9)
+    assert fast.exchanges_per_step == full.exchanges_per_step
+
+
+def test_hybrid_with_ulysses_sends_patches_across_nodes_and_kv_inside_them():
+    """2 stages x Ulysses 2 on 2 nodes of 2: the stages' transfers are the only
+    inter-node bytes (each rank's share of a patch's hidden states forward, of its
+    latents back); the Ulysses all-to-alls of every patch stay inside the node."""
+    spec = tiny_spec(num_layers=4)
+    d, dtype_bytes = spec.hidden_size, 2
+    tokens, patches, num_steps = 96, 3, 4
+    topology = build_topology(cluster(num_nodes=2, ranks_per_node=2))
+    layout = PipelineLayout(2, 2, patches, warmup=1)
+    result, plans, steps = simulate(spec, layout, num_steps, tokens, topology)
+    # Forward: every step sends the whole sequence's hidden states from stage 0 to 1;
+    # back: the latents of every step but the last.
+    forward = num_steps * tokens * d * dtype_bytes
+    back = (num_steps - 1) * tokens * spec.output_channels * dtype_bytes
+    assert result.bytes_by_tier["inter-node"] == pytest.approx((forward + back) / num_steps)
+    # Ulysses inside a stage: Q, K, V and the output of every layer, each rank sending
+    # its other member half of its tokens' rows for the member's heads.
+    per_layer = 4 * 2 * (tokens // 2 // 2) * d * dtype_bytes  # 4 tensors x 2 ranks
+    expected_intra = spec.num_layers * per_layer  # per step, any patching
+    assert result.bytes_by_tier["intra-node"] == pytest.approx(expected_intra)
+    # The compute alone bounds the step from below; the transfers across the slow link
+    # make it longer.
+    assert result.step_time_s > result.compute_s
+    exchanges = [s for p in plans for prog in p.programs for layer in prog.layers
+                 for s in layer.attention if isinstance(s, Exchange) and s.direction == "p2p"]
+    assert all(len(e.group) == 2 for e in exchanges)
+
+
+def test_plan_layout_is_checked_in_one_line():
+    spec = tiny_spec(num_layers=2)
+    grid = RankGrid.line(4)
+    with pytest.raises(LayoutError, match="3 pipeline stages for 2 layers"):
+        plan_pipefusion(spec, RankGrid.line(3), (64,), PipelineLayout(3), PlanOptions())
+    with pytest.raises(LayoutError, match="but the run has 4"):
+        plan_pipefusion(spec, grid, (64,), PipelineLayout(2), PlanOptions())
+    with pytest.raises(LayoutError, match="patches must be an integer >= 1"):
+        PipelineLayout(2, 1, 0)
