@@ -6,7 +6,7 @@ rate, the enlarged tiny-flux model's shape (heads x channels per head, layers, t
 through the resolution), ranks per node (2 x 2 and 4 x 2) and the transport (gloo or
 MPI, each with its own calibration). For each, the simulator predicts a step of `flat`,
 `tapa`, `vfirst` and `cocodiff` (the plans ``cocodiff validate`` would run, built by
-:func:`cocodiff.plan.file.build_run_plan`, averaged over the steps validate measures) and
+:func:`cocodiff.schedules.run_plan.build_run_plan`, averaged over the steps validate measures) and
 the gain of each CoCoDiff schedule over flat. Every configuration is written, sorted by
 its best predicted gain, as JSON that ``bench/emulated_speedup.py --configs`` runs.
 
@@ -121,9 +121,9 @@ def machine(calibration: Calibration, nodes: int, ranks_per_node: int, gbit: flo
 
 def model_spec(model: EnlargedModel):
     """The simulator's spec of an enlarged tiny-flux (no directory needed)."""
-    from cocodiff.calibration import model_shapes
+    from cocodiff.runtime.model_names import model_spec as named_spec
 
-    base = model_shapes.model_spec(model.base)
+    base = named_spec(model.base)
     return dataclasses.replace(base, name=f"{model.base}-enlarged", num_heads=model.heads,
                                head_dim=model.head_dim,
                                num_layers=model.layers + model.single_layers)
@@ -131,8 +131,8 @@ def model_spec(model: EnlargedModel):
 
 def predict(model: EnlargedModel, described, collective) -> dict[str, float]:
     """Each schedule's predicted step (mean over the steps validate counts)."""
-    from cocodiff.plan.file import build_run_plan
     from cocodiff.schedules import PlanOptions, RankGrid
+    from cocodiff.schedules.run_plan import build_run_plan
     from cocodiff.validation import predict_step_s
     from topology import Placement, build_topology
 

@@ -27,7 +27,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from cocodiff.calibration.model_shapes import model_spec
+from cocodiff.runtime.model_names import model_spec
 from cocodiff.schedules import PlanOptions
 from cocodiff.simulator.planner import choose_chunks, choose_layouts
 from cocodiff.simulator.simulate import simulate_schedule

@@ -5,7 +5,7 @@ round, the order rotated every round so that no case always follows the same one
 run is what ``cocodiff run`` does (load the pipeline, parallelise it, generate, time each
 step between step callbacks). The first step of every run is left out (it builds plans
 and warms caches). The plan each run executed (``runtime.run_plan``, made by
-:func:`cocodiff.plan.file.build_run_plan`) is then simulated on the given topology
+:func:`cocodiff.schedules.run_plan.build_run_plan`) is then simulated on the given topology
 (:func:`cocodiff.simulator.simulate.simulate_run_plan`), so the prediction and the measurement are
 of one plan; ``diffusers`` (diffusers' own context parallelism, which is flat Ulysses) is
 predicted with the flat plan of the same run, its calls priced at what calibrate measured
@@ -224,11 +224,11 @@ def generate(setup: RunSetup, transport, case: Case,
     """
     import torch
 
-    from cocodiff.calibration.model_shapes import model_spec
-    from cocodiff.plan.file import Generation
     from cocodiff.runtime.baseline import BASELINES
+    from cocodiff.runtime.model_names import model_spec
     from cocodiff.runtime.parallel import parallelize
     from cocodiff.runtime.pipelines import load_pipeline, run_pipeline
+    from cocodiff.schedules.run_plan import Generation
 
     pipe = load_pipeline(setup.model, setup.dtype)
     width, height, frames = setup.size
@@ -378,8 +378,8 @@ def widest_precision(measurements: Measurements, cases: Sequence[Case]) -> float
 def predicted_plan(case: Case, measurements: Measurements):
     """The plan the simulator runs for ``case``: the one it executed, or for a baseline
     the flat plan its pure-Ulysses peers executed (None when none ran)."""
-    from cocodiff.plan.file import build_run_plan
     from cocodiff.schedules import PlanOptions
+    from cocodiff.schedules.run_plan import build_run_plan
 
     if case in measurements.plans:
         return measurements.plans[case]

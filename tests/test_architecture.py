@@ -127,3 +127,28 @@ def test_nothing_below_the_command_layer_imports_it():
               if target.startswith(COMMANDS) and not module.startswith(COMMANDS)
               and module not in ENTRY_POINTS]
     assert upward == []
+
+
+# The engine's rooms, top to bottom: a room imports only the rooms below it (and itself).
+ROOMS = ("cocodiff.commands", "cocodiff.validation", "cocodiff.calibration",
+         "cocodiff.runtime", "cocodiff.simulator", "cocodiff.memory", "cocodiff.schedules",
+         "cocodiff.plan", "cocodiff.cost", "cocodiff.kernels", "cocodiff.layout",
+         "cocodiff.models", "cocodiff.quality", "cocodiff.util")
+
+
+def _room(module: str) -> int | None:
+    return next((i for i, room in enumerate(ROOMS)
+                 if module == room or module.startswith(room + ".")), None)
+
+
+def test_every_engine_module_is_in_a_room():
+    outside = [module for module in MODULES if module.startswith("cocodiff.")
+               and _room(module) is None and module not in ENTRY_POINTS]
+    assert outside == []
+
+
+def test_no_room_imports_one_above_it():
+    upward = [(module, target) for module, target in _graph(deferred=True).edges
+              if (low := _room(module)) is not None and (high := _room(target)) is not None
+              and high < low]
+    assert upward == []

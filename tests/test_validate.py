@@ -15,7 +15,7 @@ from launching import launcher_prefix, needs_mpi, needs_torchrun, run_job
 
 from cocodiff.commands.cli import main
 from cocodiff.layout import ParallelLayout
-from cocodiff.plan.file import load_run_plan
+from cocodiff.schedules.run_plan import load_run_plan
 from cocodiff.util.errors import CocodiffError
 from cocodiff.validation import (
     Case,

@@ -109,7 +109,6 @@ from cocodiff.calibration.measure import calibrate
 from cocodiff.calibration.model_shapes import (
     LayerShapes,
     layer_shapes,
-    model_spec,
     model_tokens,
     tiny_transformer_config,
 )
@@ -128,7 +127,7 @@ __all__ = [
     "CpuFit", "HostMeasurement", "LayerShapes", "LinkFit", "build_transformer", "calibrate",
     "check_options", "effective_rates", "fit_calibrated_collective", "fit_exchange_cpu",
     "fit_latency_bandwidth", "layer_roofline_seconds", "layer_shapes", "measure_blocks",
-    "measure_compute", "measure_exchanges", "model_spec", "model_tokens", "predict_all_to_all",
+    "measure_compute", "measure_exchanges", "model_tokens", "predict_all_to_all",
     "self_launch", "summary", "time_blocks", "tiny_transformer_config",
     "unconstrained_host_links", "wire_points", "write_outputs",
 ]

@@ -33,8 +33,8 @@ def measure_codec_cpu_s(transport, shapes: LayerShapes, dtype: str) -> float:
     over ranks of each rank's median round (collective)."""
     import torch
 
+    from cocodiff.plan.vblocks import block_tokens
     from cocodiff.runtime.vmajor import VMajorCache
-    from cocodiff.schedules.vmajor import block_tokens
 
     torch_dtype = getattr(torch, dtype)
     tokens = shapes.local_tokens

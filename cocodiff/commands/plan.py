@@ -327,9 +327,9 @@ def _rank_all(args, model, topology, streams, names, pipelined, options, collect
 def plan_command(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from cocodiff.calibration.model_shapes import model_size, model_spec
-    from cocodiff.plan.file import build_run_plan
+    from cocodiff.runtime.model_names import model_size, model_spec
     from cocodiff.schedules import DEFAULT_CHUNKS, RankGrid, get_schedule
+    from cocodiff.schedules.run_plan import build_run_plan
     from cocodiff.simulator import budget
     from cocodiff.util.atomic import atomic_write_text, check_output_paths
     from cocodiff.util.console import plain_console

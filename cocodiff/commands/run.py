@@ -258,7 +258,7 @@ def _apply_plan_file(args: argparse.Namespace, world_size: int):
     if args.plan is None:
         args.model = args.model or DEFAULT_MODEL
         return None
-    from cocodiff.plan.file import load_run_plan
+    from cocodiff.schedules.run_plan import load_run_plan
 
     refuse_plan_fixed(args, PLAN_FIXES)
     run_plan = load_run_plan(args.plan)

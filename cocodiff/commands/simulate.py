@@ -126,7 +126,7 @@ def simulate_command(args: argparse.Namespace) -> int:
 
 def _from_plan_file(args) -> int:
     """``--plan``: simulate exactly the file's steps on the machine."""
-    from cocodiff.plan.file import load_run_plan
+    from cocodiff.schedules.run_plan import load_run_plan
     from cocodiff.simulator.simulate import simulate_run_plan
     from topology import Placement, build_topology, resolve_topology
 
@@ -162,7 +162,7 @@ def _from_plan_file(args) -> int:
 
 
 def _single(args, names, options, collective) -> int:
-    from cocodiff.calibration.model_shapes import model_size, model_spec
+    from cocodiff.runtime.model_names import model_size, model_spec
     from cocodiff.schedules import get_schedule
     from topology import Placement, build_topology, resolve_topology
 

@@ -141,10 +141,10 @@ def _validate(args: argparse.Namespace, launch) -> int:
     quiet_libraries()  # before torch and diffusers, which warn as they load
     import torch
 
-    from cocodiff.calibration.model_shapes import model_size
     from cocodiff.models import spec_from_config
     from cocodiff.runtime.faults import fault_from_env, install_faults
     from cocodiff.runtime.job import StepProgress, agree_on_arguments
+    from cocodiff.runtime.model_names import model_size
     from cocodiff.runtime.nodes import launched_grid
     from cocodiff.runtime.pipelines import load_pipeline, tiny_name_of
     from cocodiff.runtime.tiny import TINY_DEFAULTS

@@ -6,7 +6,8 @@ only; the runtime's gather hook (``cocodiff.runtime.hooks``; the batch gather of
 (and, with batch groups, the whole sample to the other batch shares) through the transport,
 so that the pipeline's scheduler sees the whole latent. The plan's layers do not carry it:
 the runtime hooks it into the unmodified model. But it is an exchange every step pays, of
-bytes the plan determines, so the simulator charges it from here. It is no small part of a
+bytes the plan determines, so the simulator charges it (the stages a layout implies:
+:func:`cocodiff.schedules.gather.output_gather`). It is no small part of a
 small model's step: the emulated cluster's 256 px FLUX on 4 x 2 ranks sends 8 KiB from
 every rank to each of the 7 others, 6 of them across the slow link, in a step of a few
 dozen milliseconds.
@@ -20,10 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from cocodiff.layout import ParallelLayout
     from cocodiff.models import ModelSpec
-    from cocodiff.schedules.grid import RankGrid
-    from cocodiff.schedules.options import PlanOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,40 +45,3 @@ def image_stream(spec: ModelSpec, stream_tokens: Sequence[int]) -> int:
     if len(streams) > 1 and spec.text_tokens in streams:
         streams.remove(spec.text_tokens)
     return streams[0]
-
-
-def output_gather(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
-                  parallel: ParallelLayout | None, options: PlanOptions
-                  ) -> tuple[GatherStage, ...]:
-    """The gathers a denoising step ends with, in order, for a run of ``spec`` on ``grid``
-    split as ``parallel`` (None or a pure-Ulysses layout: the whole grid is one sequence
-    group) with ``options`` (dtype; ``batch``: the step's samples, every batch share's
-    together); none when the model's output width is not known
-    (``ModelSpec.output_channels`` 0)."""
-    if not spec.output_channels or not any(t > 0 for t in stream_tokens):
-        return ()
-    if parallel is not None and parallel.is_pure_ulysses:
-        parallel = None  # as a run's plan records it (build_run_plan)
-    image = image_stream(spec, stream_tokens)
-    batch_shares = 1 if parallel is None else parallel.batch
-    # Bytes of one image token's output, over the samples a rank holds.
-    token_bytes = spec.output_channels * options.dtype_bytes * options.batch // batch_shares
-
-    def groups(group_of) -> tuple[tuple[int, ...], ...]:
-        positions = {tuple(group_of(p)) for p in range(grid.num_ranks)}
-        return tuple(sorted(tuple(grid.ranks[p] for p in group) for group in positions))
-
-    sequence: tuple[tuple[int, ...], ...]
-    if parallel is None:
-        sequence = (tuple(range(grid.num_ranks)),)
-        sequence_ranks = grid.num_ranks
-    else:
-        sequence = groups(parallel.sequence_group)
-        sequence_ranks = parallel.sequence_ranks
-    # Each rank's chunk is padded to an equal share (cocodiff.runtime.sharding).
-    stages = []
-    if sequence_ranks > 1:
-        stages.append(GatherStage(sequence, -(-image // sequence_ranks) * token_bytes))
-    if parallel is not None and parallel.batch > 1:
-        stages.append(GatherStage(groups(parallel.batch_group), image * token_bytes))
-    return tuple(stages)

@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 
 from cocodiff.plan.chunking import chunk_rows
 from cocodiff.plan.steps import Exchange, Phase, Step, Wait
-from cocodiff.schedules.vmajor import chunk_blocks_per_row, message_bytes
+from cocodiff.plan.vblocks import chunk_blocks_per_row, message_bytes
 
 Posting = tuple[int, int]
 """(chunk, phase index)."""

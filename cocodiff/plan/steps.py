@@ -56,7 +56,7 @@ class Phase:
             the active V blocks over slow tiers (the rest come from the receiver's cache).
         blocks_per_row: V-Major blocks a row is cut into when the phase is selective
             (V-Major: messages carry the chosen blocks and their indices,
-            :func:`cocodiff.schedules.vmajor.message_bytes`); 0: whole rows.
+            :func:`cocodiff.plan.vblocks.message_bytes`); 0: whole rows.
         chunk_send_rows: with the exchange cut into chunks, the rows each chunk sends to
             each member (:mod:`cocodiff.plan.chunking`: every block's rows are cut, so a
             chunk's message is not simply its share of ``send_rows``; or, when the

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from cocodiff.layout import LayoutError, ParallelLayout
-from cocodiff.plan.file import Generation, RunPlan
 from cocodiff.plan.steps import Exchange
 from cocodiff.runtime.backend import TensorBackend, TimedHandle
 from cocodiff.runtime.exchange import all_gather_rows
@@ -38,6 +37,7 @@ from cocodiff.runtime.parallel import UlyssesRuntime, family_of
 from cocodiff.runtime.tapa import Route, plan_route
 from cocodiff.schedules import PlanOptions, RankGrid
 from cocodiff.schedules.hybrid import ulysses_grids
+from cocodiff.schedules.run_plan import Generation, RunPlan
 from transports.base import Group, Handle, Transport
 
 # torch's flash attention for CPU returns the log-sum-exp the Ring merge needs; checked

@@ -51,7 +51,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
 
     Args:
         fault: the injected fault for tests (:mod:`cocodiff.runtime.faults`), or None.
-        run_plan: the plan file's plan (:class:`~cocodiff.plan.file.RunPlan`), or None.
+        run_plan: the plan file's plan (:class:`~cocodiff.schedules.run_plan.RunPlan`), or None.
         grid: the ranks' :class:`~cocodiff.schedules.RankGrid`; None: the nodes the launch
             spans.
         parallel: the Ulysses x Ring x batch layout; None: pure Ulysses (or the
@@ -68,17 +68,17 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
     # one line a user needs.
     quiet_libraries()
 
-    from cocodiff.calibration.model_shapes import model_size, model_spec
     from cocodiff.models import load_object
-    from cocodiff.plan.file import Generation
     from cocodiff.quality import compare
     from cocodiff.runtime.baseline import BASELINES, BaselineRuntime
     from cocodiff.runtime.digits import read_agreement
     from cocodiff.runtime.guards import NumericsGuard
+    from cocodiff.runtime.model_names import model_size, model_spec
     from cocodiff.runtime.parallel import UlyssesRuntime, parallelize
     from cocodiff.runtime.pipelines import decode, load_pipeline, run_pipeline, tiny_name_of
     from cocodiff.runtime.tiny import DEFAULT_PROMPT, TINY_DEFAULTS
     from cocodiff.runtime.vmajor import gather_activity
+    from cocodiff.schedules.run_plan import Generation
     from cocodiff.util.atomic import atomic_write_text
     from transports.registry import create_transport
     from transports.torch_dist import rank_device

@@ -27,14 +27,6 @@ import torch
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import ModelSpec, ModelSpecError, spec_from_config
 from cocodiff.plan.executor import PlanError
-from cocodiff.plan.file import (
-    Generation,
-    RunPlan,
-    build_run_plan,
-    check_plan_fits_call,
-    check_plan_fits_model,
-    check_same_shape,
-)
 from cocodiff.plan.steps import Exchange, LayerPlan, Plan
 from cocodiff.runtime.backend import LEVEL_TIERS, StepRecord, TensorBackend
 from cocodiff.runtime.families import runtime_family
@@ -45,6 +37,14 @@ from cocodiff.runtime.tapa import Route, plan_route
 from cocodiff.runtime.vmajor import VMajorCache
 from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, get_schedule
 from cocodiff.schedules.grid import LEVELS
+from cocodiff.schedules.run_plan import (
+    Generation,
+    RunPlan,
+    build_run_plan,
+    check_plan_fits_call,
+    check_plan_fits_model,
+    check_same_shape,
+)
 from cocodiff.util.errors import ScheduleError
 from transports.base import Group, Transport
 
@@ -309,10 +309,10 @@ def parallelize(model: Any, transport: Transport, schedule: str = "flat",
         options: chunks and V-Major's ratio schedule (:class:`PlanOptions`; its dtype and
             batch are taken from the model's calls). Set ``runtime.vmajor = None`` to run
             cocodiff exactly (TAPA + V-First).
-        run_plan: a plan file's plan (:mod:`cocodiff.plan.file`) to execute instead; it
+        run_plan: a plan file's plan (:mod:`cocodiff.schedules.run_plan`) to execute instead; it
             fixes the schedule, the grid and the options, and the first call checks that
             the model's tokens, batch and dtype are the plan's.
-        generation: what the run generates (:class:`~cocodiff.plan.file.Generation`):
+        generation: what the run generates (:class:`~cocodiff.schedules.run_plan.Generation`):
             the model's spec and image size the plans record; None: the spec the
             transformer's config gives, named after its class, and no image size.
 

@@ -3,7 +3,7 @@ most since the receiver last got them.
 
 A *message* is what one holder sends one other member of a selective (slow-tier) phase
 for one chunk of one exchange: rows ``(R, B, s, D)``, cut into blocks of
-``block_tokens(s)`` tokens of one head of one sample (:mod:`cocodiff.schedules.vmajor`).
+``block_tokens(s)`` tokens of one head of one sample (:mod:`cocodiff.plan.vblocks`).
 The sender keeps a *mirror* of what the receiver holds for that message and the
 receiver keeps the blocks it holds. Both start empty and change only through the
 message itself, so they stay equal without acknowledgements:
@@ -33,14 +33,14 @@ import torch
 
 from cocodiff.plan.executor import PlanError
 from cocodiff.plan.steps import LayerPlan
-from cocodiff.runtime.exchange import all_gather_rows
-from cocodiff.schedules.activity import ActivityTrace
-from cocodiff.schedules.vmajor import (
+from cocodiff.plan.vblocks import (
     block_tokens,
     blocks_sent,
     chunk_blocks_per_row,
     message_bytes,
 )
+from cocodiff.runtime.exchange import all_gather_rows
+from cocodiff.schedules.activity import ActivityTrace
 
 MessageKey = tuple[str, int, int, int, int]
 """(tensor, call, layer, chunk, member index in the phase group)."""
@@ -109,7 +109,7 @@ class SelectiveCodec:
                  fraction: float, blocks_per_row: int, row_tokens: int = 0) -> None:
         """``blocks_per_row``: the plan's blocks per whole row; ``row_tokens``: a whole
         row's tokens when the exchange's chunks cut tokens (a chunk's part of a row is
-        cut into blocks of its own, :func:`cocodiff.schedules.vmajor.chunk_blocks_per_row`),
+        cut into blocks of its own, :func:`cocodiff.plan.vblocks.chunk_blocks_per_row`),
         else 0."""
         self._cache = cache
         self._tensor = tensor

@@ -32,6 +32,7 @@ from cocodiff.plan.steps import (
     Tensor,
     Wait,
 )
+from cocodiff.plan.vblocks import blocks_per_row
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.options import DEFAULT_OPTIONS, PlanOptions
 from cocodiff.schedules.tapa import TapaRows
@@ -44,7 +45,6 @@ from cocodiff.schedules.ulysses import (
     qk_ops,
     smallest_period,
 )
-from cocodiff.schedules.vmajor import blocks_per_row
 from cocodiff.util.errors import ScheduleError
 
 ExchangeFor = Callable[[Tensor, int], Exchange]

@@ -2,7 +2,7 @@
 
 A scheduler is ``plan(spec, grid, stream_tokens, options)``: the model, where the ranks
 sit and the token streams say *what* is run; :class:`PlanOptions` says *how*. The same
-object travels in a plan file (:mod:`cocodiff.plan.file`), so what was simulated is what
+object travels in a plan file (:mod:`cocodiff.schedules.run_plan`), so what was simulated is what
 runs.
 """
 

@@ -201,7 +201,7 @@ def combine(estimates) -> Estimate:
 
 
 def distinct_plans(name: str, num_steps: int, options, activity) -> int:
-    """Plans :func:`cocodiff.plan.file.build_run_plan` makes (and the simulator runs) for
+    """Plans :func:`cocodiff.schedules.run_plan.build_run_plan` makes (and the simulator runs) for
     ``name``: one per recorded step with an activity trace, one per distinct planned
     cache ratio for a step-dependent schedule (V-Major), else one."""
     from cocodiff.schedules import get_schedule

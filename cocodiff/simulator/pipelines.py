@@ -16,8 +16,8 @@ from dataclasses import replace
 from cocodiff.layout import LayoutError, PipelineLayout
 from cocodiff.memory import RankMemory, check_fits, pipeline_memory, sequence_memory
 from cocodiff.models import ModelSpec
-from cocodiff.plan.file import build_run_plan
 from cocodiff.schedules import DEFAULT_OPTIONS, PlanOptions, RankGrid, get_schedule
+from cocodiff.schedules.run_plan import build_run_plan
 from cocodiff.simulator.planner import Candidate, divisors
 from cocodiff.simulator.simulate import simulate_run_plan
 from topology import Placement, Topology

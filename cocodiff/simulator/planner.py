@@ -26,7 +26,7 @@ from typing import Any
 from cocodiff.layout import AXES, ParallelLayout, PipelineLayout
 from cocodiff.memory import RankMemory
 from cocodiff.models import ModelSpec
-from cocodiff.plan.gather import GatherStage, output_gather
+from cocodiff.plan.gather import GatherStage
 from cocodiff.plan.steps import Plan
 from cocodiff.schedules import (
     DEFAULT_OPTIONS,
@@ -37,6 +37,7 @@ from cocodiff.schedules import (
     plan_for_step,
     plan_hybrid,
 )
+from cocodiff.schedules.gather import output_gather
 from cocodiff.simulator.bounds import plan_bound_s, step_floor_s
 from cocodiff.simulator.fanout import map_local
 from cocodiff.simulator.results import SimResult
@@ -234,7 +235,7 @@ def choose_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[
     candidate can win. Ties go to the layout name first, as in :func:`rank_layouts`.
     ``workers`` local processes search for different schedules at once.
     """
-    from cocodiff.plan.file import canonical_streams
+    from cocodiff.schedules.run_plan import canonical_streams
 
     placement = Placement.node_major(topology)
     # The streams as a run's plan holds them, so that a winner's step is that plan's.
@@ -324,7 +325,7 @@ def choose_chunks(name: str, spec: ModelSpec, topology: Topology, stream_tokens:
     increasing order until two in a row are slower than the best so far: past its best
     count, each chunk adds a set-up per transfer and less left to overlap.
     """
-    from cocodiff.plan.file import canonical_streams
+    from cocodiff.schedules.run_plan import canonical_streams
     from cocodiff.schedules.tapa import check_chunks
     from cocodiff.util.errors import ScheduleError
 

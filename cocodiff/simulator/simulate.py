@@ -17,7 +17,7 @@ from cocodiff.layout import ParallelLayout
 from cocodiff.memory import RankMemory, pipeline_memory, sequence_memory
 from cocodiff.models import ModelSpec
 from cocodiff.plan.executor import run_program
-from cocodiff.plan.gather import GatherStage, output_gather
+from cocodiff.plan.gather import GatherStage
 from cocodiff.plan.steps import Plan, RankProgram
 from cocodiff.schedules import (
     BASELINE,
@@ -28,6 +28,7 @@ from cocodiff.schedules import (
     plan_for_step,
 )
 from cocodiff.schedules.activity import ActivityTrace
+from cocodiff.schedules.gather import output_gather
 from cocodiff.schedules.pipefusion import PIPELINE_SCHEDULES, generation_plan
 from cocodiff.schedules.tapa import check_chunks
 from cocodiff.simulator.backend import SimBackend, rank_process
@@ -43,7 +44,7 @@ from transports.sim import (
 )
 
 if TYPE_CHECKING:
-    from cocodiff.plan.file import RunPlan
+    from cocodiff.schedules.run_plan import RunPlan
 
 
 def simulate_plan(
@@ -73,7 +74,7 @@ def simulate_plan(
         denoising_step: charge the topology's ``tile_step_overhead_us`` (the pipeline's
             work outside the blocks, once per step) before the plan.
         gathers: the output gathers that end the step, after the plan
-            (:func:`cocodiff.plan.gather.output_gather`; ``simulate_run_plan`` passes them).
+            (:func:`cocodiff.schedules.gather.output_gather`; ``simulate_run_plan`` passes them).
     """
     wall_start = time.perf_counter()
     placement = placement or Placement.node_major(topology, plan.num_ranks)
@@ -229,9 +230,9 @@ def simulate_schedule(
     known: SimResult | None = None,
 ) -> SimResult:
     """Simulate a schedule over a whole generation of ``num_steps`` denoising steps: the
-    run's plan (:func:`cocodiff.plan.file.build_run_plan`, as ``cocodiff plan`` and
+    run's plan (:func:`cocodiff.schedules.run_plan.build_run_plan`, as ``cocodiff plan`` and
     ``cocodiff run`` make it) through :func:`simulate_run_plan` (``known`` as there)."""
-    from cocodiff.plan.file import build_run_plan
+    from cocodiff.schedules.run_plan import build_run_plan
 
     grid = RankGrid.from_placement(topology, placement)
     run_plan = build_run_plan(name, spec, grid, stream_tokens, num_steps, options,
@@ -267,7 +268,7 @@ def simulate_run_plan(
         ScheduleError: more chunks than any message has rows (:func:`check_chunks`:
             empty chunks change nothing but cost simulated collectives).
     """
-    from cocodiff.plan.file import PlanFileError
+    from cocodiff.schedules.run_plan import PlanFileError
 
     wall_start = time.perf_counter()
     placement = placement or Placement.node_major(topology, run_plan.num_ranks)

@@ -45,7 +45,7 @@ def test_token_chunks_are_as_even_as_possible():
 def test_a_plan_file_keeps_token_chunks_and_an_older_file_cuts_rows():
     import json
 
-    from cocodiff.plan.file import RunPlan, build_run_plan
+    from cocodiff.schedules.run_plan import RunPlan, build_run_plan
 
     spec = replace(REGISTRY["flux1-dev"], num_heads=8)
     grid = RankGrid((2, 2, 2), tuple(range(8)))

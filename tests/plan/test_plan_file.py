@@ -10,7 +10,8 @@ from launching import launcher_prefix, needs_mpi, needs_torchrun, run_job
 from cocodiff.commands.cli import main
 from cocodiff.layout import RING_INNER_ORDER, LayoutError, ParallelLayout
 from cocodiff.models import REGISTRY
-from cocodiff.plan.file import (
+from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, plan_for_step
+from cocodiff.schedules.run_plan import (
     PlanFileError,
     RunPlan,
     build_run_plan,
@@ -18,7 +19,6 @@ from cocodiff.plan.file import (
     check_plan_fits_model,
     load_run_plan,
 )
-from cocodiff.schedules import PlanOptions, RankGrid, VMajorOptions, plan_for_step
 from cocodiff.simulator.simulate import simulate_run_plan, simulate_schedule
 from topology import Placement, build_topology
 from topology.presets import cluster

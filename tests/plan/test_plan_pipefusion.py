@@ -7,9 +7,9 @@ import pytest
 
 from cocodiff.layout import ParallelLayout, PipelineLayout
 from cocodiff.models import REGISTRY
-from cocodiff.plan.file import PlanFileError, RunPlan, build_run_plan
 from cocodiff.plan.steps import Exchange
 from cocodiff.schedules import PlanOptions, RankGrid
+from cocodiff.schedules.run_plan import PlanFileError, RunPlan, build_run_plan
 from cocodiff.simulator.simulate import simulate_run_plan
 from topology import build_topology
 from topology.presets import cluster

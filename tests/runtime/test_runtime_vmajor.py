@@ -18,7 +18,7 @@ from test_runtime_tapa import heads_spec, run_ranks
 from cocodiff.commands.cli import main
 from cocodiff.models import spec_from_config
 from cocodiff.plan.executor import PlanError
-from cocodiff.plan.gather import output_gather
+from cocodiff.plan.vblocks import block_tokens, blocks_sent, message_bytes
 from cocodiff.quality import psnr_db, ssim
 from cocodiff.runtime.families import runtime_family
 from cocodiff.runtime.tapa import PhasedHandle, plan_route
@@ -26,7 +26,7 @@ from cocodiff.runtime.tiny import TINY_DEFAULTS, build_tiny, default_resolution
 from cocodiff.runtime.vmajor import VMajorCache, cache_bytes_bound, local_activity
 from cocodiff.schedules import PlanOptions, RankGrid, plan_cocodiff
 from cocodiff.schedules.activity import load_activity, plan_from_activity
-from cocodiff.schedules.vmajor import block_tokens, blocks_sent, message_bytes
+from cocodiff.schedules.gather import output_gather
 from cocodiff.simulator.simulate import simulate_plan
 from topology import Placement, build_topology
 from topology.presets import cluster

@@ -11,10 +11,11 @@ import pytest
 
 from cocodiff.layout import ParallelLayout
 from cocodiff.models.registry import REGISTRY
-from cocodiff.plan.file import build_run_plan
-from cocodiff.plan.gather import GatherStage, image_stream, output_gather
+from cocodiff.plan.gather import GatherStage, image_stream
 from cocodiff.plan.steps import HeadSplit, LayerPlan, Plan, RankProgram
 from cocodiff.schedules import PlanOptions, RankGrid
+from cocodiff.schedules.gather import output_gather
+from cocodiff.schedules.run_plan import build_run_plan
 from cocodiff.simulator.simulate import simulate_plan, simulate_run_plan
 from topology import build_topology
 from topology.presets import cluster

@@ -1,5 +1,7 @@
 """A whole run's plan as one file: what ``cocodiff plan --out`` writes and both
-``cocodiff simulate --plan`` and ``cocodiff run --plan`` execute.
+``cocodiff simulate --plan`` and ``cocodiff run --plan`` execute. It sits above the
+schedulers, which make its step plans, and below the simulator and the runtime, which
+execute them.
 
 A :class:`RunPlan` holds everything the executor needs for a generation: the model's
 spec and the activation dtype, the token streams, where the ranks sit (the rank grid)
