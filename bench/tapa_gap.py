@@ -67,7 +67,7 @@ def measure(model_name: str, resolution: int, nodes: int) -> dict:
         row[name] = result.exchange_s
         if name == "aurora":
             row["link"] = result.bound_s
-            row["model"] = result.model_bound_s
+            row["model_bound"] = result.model_bound_s
     return row
 
 
@@ -79,9 +79,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
-    columns = ("ideal", "no_setup", "no_rate", "no_caps", "aurora", "model")
+    columns = ("ideal", "no_setup", "no_rate", "no_caps", "aurora", "model_bound")
     print(f"{'model':<11} {'px':>5} {'nodes':>5} {'layout':>10} {'chunks':>6} {'link ms':>8} "
-          + " ".join(f"{c:>9}" for c in columns) + "   (link / time)")
+          + " ".join(f"{c:>11}" for c in columns) + "   (link / time)")
     for model_name in args.models.split(","):
         for resolution in map(int, args.resolutions.split(",")):
             for nodes in map(int, args.nodes.split(",")):
@@ -90,7 +90,7 @@ def main() -> int:
                 print(f"{model_name:<11} {resolution:>5} {nodes:>5} {row['layout']:>10} "
                       f"{row['chunks']:>6} "
                       f"{row['link'] * 1e3:>8.2f} "
-                      + " ".join(f"{row['link'] / row[c]:>9.2f}" for c in columns), flush=True)
+                      + " ".join(f"{row['link'] / row[c]:>11.2f}" for c in columns), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rows": rows}, indent=2))

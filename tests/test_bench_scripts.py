@@ -166,3 +166,35 @@ def test_gpu_checklist_is_valid_bash() -> None:
     done = subprocess.run(["bash", "-n", str(BENCH / "gpu_checklist.sh")], capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_xdit_flux_h100_holds_every_row_against_the_published_table(tmp_path) -> None:
+    out = tmp_path / "xdit.json"
+    done = script(["bench/xdit_flux_h100.py", "--json", str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    published = load("xdit_flux_h100").PUBLISHED
+    assert set(result["rows"]) == set(published)
+    for name, ((_, _), seconds) in published.items():
+        for mode, published_s in zip(("eager", "compiled"), seconds, strict=True):
+            row = result["rows"][name][mode]
+            assert row["published_s"] == published_s and row["predicted_s"] > 0
+            assert math.isclose(row["error"], row["predicted_s"] / published_s - 1)
+    one = result["rows"]["1 GPU"]
+    # Compiled runs fewer, fused kernels: never slower than eager in the model.
+    assert one["compiled"]["predicted_s"] < one["eager"]["predicted_s"]
+    assert set(result["picks"]) == {"eager", "compiled"}
+
+
+def test_tapa_gap_orders_its_bounds(tmp_path) -> None:
+    out = tmp_path / "gap.json"
+    done = script(["bench/tapa_gap.py", "--models", "flux1-dev", "--resolutions", "1024",
+                   "--nodes", "2", "--json", str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["model"] == "flux1-dev" and row["chunks"] >= 1
+    # The links alone bound everything; Aurora's model bound is below Aurora's own time,
+    # and removing a price never makes the exchange slower.
+    assert 0 < row["link"] <= row["model_bound"] <= row["aurora"] * (1 + 1e-9)
+    for variant in ("ideal", "no_setup", "no_rate", "no_caps"):
+        assert row[variant] <= row["aurora"] * (1 + 1e-9)
