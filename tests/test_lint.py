@@ -30,7 +30,7 @@ TYPED = (
     "cocodiff/runtime/exchange.py", "cocodiff/runtime/failures.py",
     "cocodiff/runtime/faults.py", "cocodiff/runtime/guards.py", "cocodiff/runtime/hooks.py",
     "cocodiff/runtime/job.py", "cocodiff/runtime/model_names.py", "cocodiff/runtime/nodes.py",
-    "cocodiff/runtime/parallel.py",
+    "cocodiff/runtime/parallel.py", "cocodiff/runtime/pipefusion.py",
     "cocodiff/runtime/quiet.py", "cocodiff/runtime/sharding.py", "cocodiff/runtime/tapa.py",
     "cocodiff/runtime/vmajor.py", "cocodiff/schedules/__init__.py",
     "cocodiff/schedules/gather.py", "cocodiff/schedules/hybrid.py",

@@ -56,7 +56,8 @@ DEFAULT_MODEL = "tiny-flux"
 # (--layout is the old name of --grid and of --parallel-layout auto).
 PLAN_FIXES = ("schedule", "steps", "dtype", "resolution", "frames", "grid", "layout",
               "parallel_layout", "ulysses", "ring", "batch", "ring_inner", "chunks",
-              "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh")
+              "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh", "pipefusion",
+              "warmup")
 # --timeout above this is a typo, not a wish: gloo's timeout is in int milliseconds.
 MAX_TIMEOUT_S = 1e6
 # torch.Generator.manual_seed accepts [-2**63, 2**64).
@@ -85,9 +86,17 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         help="video frames (video models; default: the model's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
     parser.add_argument("--schedule", default="flat",
-                        help="plan schedule: flat, tapa, vfirst or cocodiff; or diffusers: "
-                        "diffusers' own Ulysses context parallelism, torch transport only "
-                        "(default: flat)")
+                        help="plan schedule: flat, tapa, vfirst or cocodiff; pipefusion "
+                        "(pipeline stages, with --pipefusion); or diffusers: diffusers' own "
+                        "Ulysses context parallelism, torch transport only (default: flat)")
+    parser.add_argument("--pipefusion", type=positive_int, default=None, metavar="N",
+                        help="--schedule pipefusion: N contiguous pipeline stages, each rank "
+                        "holding only its stage's blocks; the ranks / N of a stage form a "
+                        "Ulysses group (--ulysses, if given, must be that); docs/pipefusion.md")
+    parser.add_argument("--warmup", type=positive_int, default=None, metavar="W",
+                        help="--schedule pipefusion: synchronous steps (default and, for now, "
+                        "at least: --steps, every step synchronous, which is exact; the "
+                        "pipelined steps after the warm-up do not run yet)")
     parser.add_argument("--grid", default=None, metavar="NODESxGPUSxTILES",
                         help="the rank grid: where the launched ranks sit, e.g. 2x4x1: rank r "
                         "on node r // (GPUS*TILES); the product must be the number of ranks. "
@@ -211,11 +220,22 @@ def _check_arguments(args: argparse.Namespace) -> None:
     from cocodiff.models import parse_resolution
     from cocodiff.runtime.baseline import BASELINES
     from cocodiff.schedules import get_schedule
+    from cocodiff.schedules.pipefusion import PIPELINE_SCHEDULES
     from cocodiff.util.atomic import check_output_paths
     from transports.registry import AUTO, TRANSPORTS, create_transport
 
-    if args.schedule not in BASELINES:  # a baseline is not a plan schedule
+    pipelined = args.schedule in PIPELINE_SCHEDULES
+    if args.schedule not in BASELINES and not pipelined:  # a baseline is not a plan schedule
         get_schedule(args.schedule)
+    if (args.pipefusion is not None or args.warmup is not None) and not pipelined:
+        raise CocodiffError("--pipefusion and --warmup are PipeFusion's: give --schedule "
+                            "pipefusion")
+    if pipelined and args.plan is None and args.pipefusion is None:
+        raise CocodiffError("--schedule pipefusion needs --pipefusion N (the stage count)")
+    if pipelined and args.warmup is not None and args.warmup < args.steps:
+        raise CocodiffError(f"--warmup {args.warmup} < --steps {args.steps}: pipefusion's "
+                            "pipelined steps (patches, stale K/V) do not run yet; every step "
+                            "must be synchronous (--warmup at least --steps, the default)")
     if args.transport != AUTO and args.transport not in TRANSPORTS:
         create_transport(args.transport)  # raises the registry's one-line error
     outputs = [path for path in (args.output, args.json, args.save_latents,
@@ -228,7 +248,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     lossy_only = [flag for flag, given in (("--vmajor-*", vmajor is not None),
                                            ("--record-activity", args.record_activity),
                                            ("--reference", args.reference)) if given]
-    if lossy_only and (args.schedule in BASELINES
+    if lossy_only and (args.schedule in BASELINES or pipelined
                        or not get_schedule(args.schedule).step_dependent):
         raise CocodiffError(f"{', '.join(lossy_only)}: V-Major options, for --schedule "
                             f"cocodiff (the {args.schedule} schedule is exact)")
@@ -240,7 +260,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise CocodiffError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
     if args.resolution is not None:
         parse_resolution(args.resolution)
-    if args.chunks is not None and (args.schedule in BASELINES
+    if args.chunks is not None and (args.schedule in BASELINES or pipelined
                                     or not get_schedule(args.schedule).phased):
         raise CocodiffError("--chunks pipelines the phases of tapa and vfirst exchanges; "
                             f"{args.schedule} has none")
@@ -339,6 +359,43 @@ def _explicit_parallel(args: argparse.Namespace, num_ranks: int):
     return parallel
 
 
+def pipeline_layout(args: argparse.Namespace, num_ranks: int, run_plan=None):
+    """``--schedule pipefusion``'s :class:`~cocodiff.layout.PipelineLayout` (the flags',
+    or the plan file's), checked before any collective; None for other schedules.
+
+    Raises:
+        CocodiffError: stages that do not divide the ranks, a --ulysses or --ring/--batch
+            that contradicts them, a plan file with pipelined steps.
+    """
+    from dataclasses import replace
+
+    from cocodiff.layout import PipelineLayout
+    from cocodiff.schedules.pipefusion import PIPELINE_SCHEDULES
+
+    if args.schedule not in PIPELINE_SCHEDULES:
+        return None
+    if run_plan is not None:
+        layouts = [plan.pipeline for plan in run_plan.plans if plan.pipeline is not None]
+        if not layouts or any(layout.patches > 1 for layout in layouts):
+            raise CocodiffError(f"the plan {args.plan} has pipelined pipefusion steps "
+                                "(patches, stale K/V), which do not run yet: make it with "
+                                "--warmup at least --steps")
+        return replace(layouts[0], patches=1)
+    if args.ring is not None or args.batch is not None or args.parallel_layout is not None:
+        raise CocodiffError("--schedule pipefusion runs pipeline stages x Ulysses inside each; "
+                            "--ring, --batch and --parallel-layout do not combine with it")
+    stages = args.pipefusion
+    if num_ranks % stages:
+        raise CocodiffError(f"--pipefusion {stages} does not divide the {num_ranks} ranks")
+    ulysses = num_ranks // stages
+    if args.ulysses is not None and args.ulysses != ulysses:
+        raise CocodiffError(f"--pipefusion {stages} on {num_ranks} ranks leaves Ulysses "
+                            f"{ulysses} inside each stage, not --ulysses {args.ulysses}")
+    # patches 1: every step synchronous (the plan records each step's patch count).
+    return PipelineLayout(stages, ulysses, 1,
+                          args.steps if args.warmup is None else args.warmup)
+
+
 def _run(args: argparse.Namespace, launch) -> int:
     from cocodiff.runtime.faults import fault_from_env
 
@@ -348,11 +405,15 @@ def _run(args: argparse.Namespace, launch) -> int:
     _apply_layout_alias(args)
     run_plan = _apply_plan_file(args, launch.world_size)
     _check_arguments(args)
+    pipeline = pipeline_layout(args, launch.world_size, run_plan)
     if run_plan is not None:
         grid, parallel = run_plan.grid, run_plan.parallel
     else:
         grid = rank_grid(args.grid, launch.world_size)
-        parallel = _explicit_parallel(args, launch.world_size)
+        parallel = None if pipeline is not None else _explicit_parallel(args,
+                                                                         launch.world_size)
+    if pipeline is not None:
+        parallel = pipeline  # the job tells the two kinds of layout apart
     if args.record_activity and (not launch.is_distributed
                                  or grid is not None and grid.shape[0] == 1):
         raise CocodiffError("--record-activity: V-Major acts on the inter-node tier; launch "

@@ -55,7 +55,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
         grid: the ranks' :class:`~cocodiff.schedules.RankGrid`; None: the nodes the launch
             spans.
         parallel: the Ulysses x Ring x batch layout; None: pure Ulysses (or the
-            planner's, under ``plan_layout``).
+            planner's, under ``plan_layout``); a PipelineLayout: pipefusion's stages.
         options: the schedule's :class:`~cocodiff.schedules.PlanOptions`.
     """
     import torch
@@ -68,6 +68,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
     # one line a user needs.
     quiet_libraries()
 
+    from cocodiff.layout import PipelineLayout
     from cocodiff.models import load_object
     from cocodiff.quality import compare
     from cocodiff.runtime.baseline import BASELINES, BaselineRuntime
@@ -114,7 +115,13 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
             # The model as `cocodiff plan --model` names it, and the size: the plan built
             # here is then the one `plan --out` writes for the same flags (same hash).
             generation = Generation(model_spec(request.model), (width, height), frames)
-            if parallel is not None and not parallel.is_pure_ulysses:
+            if isinstance(parallel, PipelineLayout):
+                from cocodiff.runtime.pipefusion import parallelize_pipefusion
+
+                runtime = parallelize_pipefusion(pipe, transport, parallel, grid,
+                                                 options=options, run_plan=run_plan,
+                                                 generation=generation)
+            elif parallel is not None and not parallel.is_pure_ulysses:
                 from cocodiff.runtime.hybrid import parallelize_hybrid
 
                 runtime = parallelize_hybrid(pipe, transport, request.schedule, parallel, grid,

@@ -67,8 +67,8 @@ from cocodiff.util.errors import ScheduleError
 STAGE_SCHEDULES = ("flat", "tapa", "vfirst")
 # The pipeline schedules by name (one so far). They are not in
 # ``cocodiff.schedules.SCHEDULES``: a pipeline's plan is made from a PipelineLayout and
-# differs per step in structure, and the runtime does not carry one yet, so ``run``
-# refuses it as an unknown schedule while ``plan`` and ``simulate`` take it.
+# differs per step in structure. ``run`` carries its synchronous steps
+# (``cocodiff.runtime.pipefusion``) and refuses pipelined ones.
 PIPELINE_SCHEDULES = ("pipefusion",)
 
 

@@ -1,0 +1,158 @@
+"""Exactness of PipeFusion with every step synchronous (warm-up = all steps): each rank
+holds only its stage's blocks, the stages pass the hidden states (and the text stream)
+point to point, and stage 0 and the last stage end with the single-process transformer
+output and pipeline latents (float32, atol = rtol = 1e-5), over torch.distributed (gloo,
+torchrun) and mpi4py (mpiexec), on tiny FLUX, SD3 and PixArt built with more blocks (the
+tiny models have one): 4 stages, and 2 stages x Ulysses 2 inside each.
+
+One launch per launcher, every model and layout inside: each launch costs ~13 s of
+imports."""
+
+import argparse
+import json
+import re
+
+import pytest
+import torch
+from launching import WORKERS, launcher_prefix, needs_mpi, needs_torchrun, run_job
+
+from cocodiff.commands.cli import main
+from cocodiff.commands.run import pipeline_layout
+from cocodiff.layout import PipelineLayout
+from cocodiff.schedules.run_plan import load_run_plan
+from cocodiff.util.errors import CocodiffError
+
+# tiny-flux:2 has 2 double + 2 single blocks; the others 4 blocks.
+MODELS = ["tiny-flux:2", "tiny-sd3:4", "tiny-pixart:4"]
+CASES = "4,2"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("launcher", "transport"),
+    [
+        pytest.param("torchrun", "torch", marks=needs_torchrun),
+        pytest.param("mpiexec", "mpi", marks=needs_mpi),
+    ],
+)
+def test_synchronous_pipefusion_matches_single_process(launcher, transport, tmp_path):
+    cmd = launcher_prefix(launcher, 4) + [
+        str(WORKERS / "pipefusion_parity.py"), transport, "line", CASES, *MODELS
+    ]
+    result = run_job(cmd, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    reports = [line for line in result.stdout.splitlines() if line.startswith("pipefusion ")]
+    assert len(reports) == len(CASES.split(",")) * len(MODELS), result.stdout[-3000:]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("launcher", "transport"),
+    [
+        pytest.param("torchrun", "torch", marks=needs_torchrun),
+        pytest.param("mpiexec", "mpi", marks=needs_mpi),
+    ],
+)
+def test_one_pipefusion_plan_file_moves_the_same_bytes_in_simulate_and_run(
+        tmp_path, launcher, transport):
+    """One plan, two executors: a pipefusion plan (2 stages x Ulysses 2 on 2 nodes x 2
+    ranks, every step synchronous) run by ``cocodiff run --plan`` has the simulator's
+    sha256 and bytes per tier (the stage-to-stage transfers cross the nodes)."""
+    plan, sim, ran = tmp_path / "p.json", tmp_path / "s.json", tmp_path / "r.json"
+    assert main(["plan", "--topology", "cluster", "--nodes", "2", "--model", "tiny-flux",
+                 "--resolution", "128", "--dtype", "float32", "--steps", "3",
+                 "--schedule", "pipefusion", "--pipefusion", "2", "--warmup", "3",
+                 "--out", str(plan)]) == 0
+    assert main(["simulate", "--plan", str(plan), "--json", str(sim)]) == 0
+    cmd = launcher_prefix(launcher, 4) + ["-m", "cocodiff", "run", "--plan", str(plan),
+                                          "--transport", transport, "--quiet", "--json", str(ran)]
+    result = run_job(cmd, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    simulated, measured = json.loads(sim.read_text()), json.loads(ran.read_text())
+    [predicted] = simulated["results"]
+    assert measured["plan_sha256"] == simulated["plan_sha256"] == load_run_plan(plan).sha256
+    assert measured["schedule"] == predicted["schedule"] == "pipefusion"
+    assert measured["bytes_by_tier"] == pytest.approx(predicted["bytes_by_tier"])
+    # The simulator reports the generation's mean (rounded), the runtime each step.
+    steps = len(measured["exchanges_per_step"])
+    assert round(sum(measured["exchanges_per_step"]) / steps) == predicted["exchanges_per_step"][0]
+    assert predicted["bytes_by_tier"]["inter-node"] > 0
+
+
+@pytest.mark.multiprocess
+@needs_torchrun
+def test_run_pipefusion_builds_the_plan_that_plan_writes_and_matches_one_process(tmp_path):
+    """`run --schedule pipefusion --pipefusion 2` on 2 ranks hashes the plan `plan --out`
+    writes for the same flags, and its final latents are one process's."""
+    plan, ran = tmp_path / "p.json", tmp_path / "r.json"
+    parallel, single = tmp_path / "parallel.pt", tmp_path / "single.pt"
+    same = ["--model", "tiny-flux", "--resolution", "128", "--steps", "2", "--dtype", "float32",
+            "--schedule", "pipefusion", "--pipefusion", "2", "--warmup", "2"]
+    assert main(["plan", "--topology", "cluster", "--nodes", "1", *same, "--out", str(plan)]) == 0
+    cmd = launcher_prefix("torchrun", 2) + ["-m", "cocodiff", "run", *same, "--transport",
+                                            "torch", "--quiet", "--json", str(ran),
+                                            "--save-latents", str(parallel)]
+    result = run_job(cmd, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert json.loads(ran.read_text())["plan_sha256"] == load_run_plan(plan).sha256
+    assert main(["run", "--model", "tiny-flux", "--steps", "2", "--quiet", "--save-latents",
+                 str(single)]) == 0
+    torch.testing.assert_close(torch.load(parallel), torch.load(single), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.multiprocess
+@needs_torchrun
+def test_more_stages_than_layers_is_one_line(tmp_path):
+    cmd = launcher_prefix("torchrun", 4) + ["-m", "cocodiff", "run", "--model", "tiny-flux",
+                                            "--schedule", "pipefusion", "--pipefusion", "4",
+                                            "--steps", "1", "--transport", "torch", "--quiet"]
+    result = run_job(cmd, tmp_path)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("cocodiff run")]
+    assert lines == ["cocodiff run: error: 4 pipeline stages for 2 layers: every stage needs "
+                     "at least one layer"], result.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--pipefusion", "2"], r"--pipefusion 2 does not divide the 1 ranks"),
+    (["--pipefusion", "1", "--steps", "3", "--warmup", "2"],
+     r"--warmup 2 < --steps 3: pipefusion's pipelined steps .* do not run yet"),
+    (["--pipefusion", "1", "--ulysses", "2"], r"leaves Ulysses 1 inside each stage"),
+    (["--pipefusion", "1", "--ring", "2"], r"--ring, --batch and --parallel-layout do not"),
+    ([], r"--schedule pipefusion needs --pipefusion N"),
+    (["--pipefusion", "1", "--chunks", "2"], r"--chunks pipelines the phases"),
+])
+def test_run_refuses_a_bad_pipefusion_in_one_line(capsys, args, message):
+    assert main(["run", "--schedule", "pipefusion", "--quiet", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert re.search(message, err), err
+
+
+def test_run_refuses_pipefusion_flags_without_the_schedule(capsys):
+    assert main(["run", "--pipefusion", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("cocodiff run: error: --pipefusion and --warmup are PipeFusion's: "
+                           "give --schedule pipefusion")
+
+
+def test_run_refuses_a_plan_file_with_pipelined_steps(tmp_path):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--topology", "cluster", "--nodes", "1", "--model", "tiny-flux",
+                 "--resolution", "128", "--dtype", "float32", "--steps", "3",
+                 "--schedule", "pipefusion", "--pipefusion", "2", "--warmup", "1",
+                 "--out", str(plan)]) == 0
+    args = argparse.Namespace(schedule="pipefusion", plan=plan)
+    with pytest.raises(CocodiffError, match=r"has pipelined pipefusion steps .* --warmup at "
+                                            r"least --steps"):
+        pipeline_layout(args, 2, load_run_plan(plan))
+
+
+def test_a_synchronous_plan_file_gives_its_layout(tmp_path):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--topology", "cluster", "--nodes", "1", "--model", "tiny-flux",
+                 "--resolution", "128", "--dtype", "float32", "--steps", "3",
+                 "--schedule", "pipefusion", "--pipefusion", "2", "--warmup", "3",
+                 "--out", str(plan)]) == 0
+    args = argparse.Namespace(schedule="pipefusion", plan=plan)
+    assert pipeline_layout(args, 2, load_run_plan(plan)) == PipelineLayout(2, 1, 1, 3)

@@ -1,0 +1,106 @@
+"""One rank of the PipeFusion parity checks (every step synchronous: warm-up = all
+steps), for each model and each layout in turn:
+
+1. the transformer's output on stage 0 and the last stage equals the single-process
+   output;
+2. this rank holds only its stage's blocks (the others are weightless stand-ins);
+3. the p2p transfers it ran are the plan's (bytes of each send, in order);
+4. the whole pipeline's final latents on stage 0 and the last stage equal the
+   single-process pipeline's.
+
+All in float32 with atol = rtol = 1e-5.
+
+Usage: pipefusion_parity.py TRANSPORT LAYOUT CASE[,CASE...] MODEL...
+
+A CASE is ``N`` (stages; Ulysses inside each over the rest of the ranks) or
+``NxU``. MODEL:LAYERS builds the tiny model's transformer with LAYERS blocks of each
+kind (same config otherwise, seeded weights): the tiny models have one, too few to
+split into stages. Rank 0 prints one line per model and case with the largest differences;
+exits 0 when everything matches, prints each mismatch and exits 1 otherwise.
+"""
+
+import torch
+from ending import exit_rank
+from parity import STEPS, main, pipeline_latents, report  # same dir
+from probe import transformer_inputs
+
+from cocodiff.layout import PipelineLayout
+from cocodiff.plan.steps import Exchange
+from cocodiff.runtime.backend import StepRecord
+from cocodiff.runtime.pipefusion import parallelize_pipefusion
+from cocodiff.runtime.tiny import SEED, build_tiny
+
+# The config fields that count a transformer's blocks, by class.
+LAYER_FIELDS = {"FluxTransformer2DModel": ("num_layers", "num_single_layers"),
+                "SD3Transformer2DModel": ("num_layers",),
+                "PixArtTransformer2DModel": ("num_layers",)}
+
+
+def build(model: str):
+    """The tiny pipeline ``name`` or, for ``name:LAYERS``, with LAYERS blocks of each kind."""
+    name, _, layers = model.partition(":")
+    pipe = build_tiny(name)
+    if layers:
+        transformer_class = type(pipe.transformer)
+        fields = LAYER_FIELDS[transformer_class.__name__]
+        config = {**pipe.transformer.config, **dict.fromkeys(fields, int(layers))}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(SEED)  # every rank builds the same weights
+            pipe.transformer = transformer_class.from_config(config).eval()
+    return pipe
+
+
+def parse_case(text: str, num_ranks: int) -> PipelineLayout:
+    stages, _, ulysses = text.partition("x")
+    n = int(stages)
+    return PipelineLayout(n, int(ulysses) if ulysses else num_ranks // n, 1, STEPS)
+
+
+def planned_transfers(runtime, rank):
+    return [StepRecord("exchange", step.tensor, step.send_bytes)
+            for layer in runtime.plan.program(rank).layers for step in layer.attention
+            if isinstance(step, Exchange) and step.direction == "p2p"]
+
+
+def check(transport, grid, cases, model):
+    ok = True
+    name = model.partition(":")[0]
+    pipe = build(model)
+    inputs = transformer_inputs(name, pipe.transformer)
+    with torch.no_grad():
+        expected_out = pipe.transformer(**inputs, return_dict=False)[0]
+        expected_latents = pipeline_latents(pipe, name)
+    full = sum(p.numel() for p in pipe.transformer.parameters())
+    for case in cases:
+        layout = parse_case(case, transport.world_size)
+        failures = []
+        pipe = build(model)  # parallelising hooks a pipeline for good: a fresh one each
+        with torch.no_grad():
+            runtime = parallelize_pipefusion(pipe, transport, layout, grid)
+            held = sum(p.numel() for p in pipe.transformer.parameters())
+            if layout.stages > 1 and not held < full:
+                failures.append(f"holds {held} parameters, the whole model {full}")
+            runtime.records = []
+            actual_out = pipe.transformer(**inputs, return_dict=False)[0]
+            sent = [r for r in runtime.records if r.name in ("send", "recv")]
+            if sent != planned_transfers(runtime, transport.rank):
+                failures.append(f"transfers {sent} != plan "
+                                f"{planned_transfers(runtime, transport.rank)}")
+            runtime.records = None
+            runtime.start_generation(STEPS)
+            actual_latents = pipeline_latents(pipe, name)
+        # Stage 0 and the last stage end with the run's output; middle stages do not.
+        if runtime.is_first or runtime.is_last:
+            compared = [("transformer output", actual_out, expected_out),
+                        ("pipeline latents", actual_latents, expected_latents)]
+        else:
+            compared = []
+        label = (f"pipefusion {transport.name} {transport.world_size} ranks "
+                 f"{layout.stages} stages x ulysses {layout.ulysses} {model} "
+                 f"(rank 0 holds {held}/{full} parameters)")
+        ok = report(transport, label, compared, failures) and ok
+    return ok
+
+
+if __name__ == "__main__":
+    exit_rank(main(check))
