@@ -409,6 +409,13 @@ def plan_command(args: argparse.Namespace) -> int:
     calls = host_call_note(spec)
     if calls:
         print(f"note: {calls}")
+    if pipeline_best and best.layout.warmup < args.steps:
+        # A pick that trades exactness for speed must say so, as V-Major's quality is
+        # always reported beside its speed.
+        print(f"note: {best.layout.name} is lossy: after its {best.layout.warmup} warm-up "
+              "step(s) each patch attends to the other patches' K/V from the step before; "
+              "`cocodiff run` carries only synchronous steps so far (--warmup equal to "
+              "--steps), so this plan is for the simulator")
     if pipeline_best:
         from cocodiff.simulator.planner import ChunkChoice
 

@@ -61,7 +61,10 @@ def test_plan_out_writes_a_pipefusion_plan_that_simulate_plan_executes(tmp_path,
     assert main(["plan", "--topology", "cluster", "--nodes", "2", "--model", "flux1-dev",
                  "--resolution", "256", "--steps", "5", "--schedule", "pipefusion",
                  "--pipefusion", "2", "--patches", "3", "--out", str(out)]) == 0
-    assert "best: --schedule pipefusion --pipefusion 2 --patches 3" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "best: --schedule pipefusion --pipefusion 2 --patches 3" in printed
+    # A pick with pipelined (stale K/V) steps says it is lossy and not yet runnable.
+    assert "note: P2xU2xM3/w1 is lossy" in printed and "for the simulator" in printed
     run_plan = RunPlan.from_json(out.read_text())
     assert run_plan.plans[-1].pipeline == PipelineLayout(2, 2, 3, 1)
     assert main(["simulate", "--plan", str(out), "--json", str(record)]) == 0
