@@ -9,12 +9,23 @@ both give the same predicted step time. Writes JSON (default results/sim_scaling
     python bench/sim_scaling.py [--nodes 1,2,4,8,16,32,64] [--unfolded-up-to 8]
     python bench/sim_scaling.py --schedule cocodiff --resolution 2048 --nodes 128 \
         --unfolded-up-to 0 --json results/sim_scale_cocodiff.json
+
+``--cli`` times what a user runs instead: the whole ``cocodiff simulate --nodes N``
+(FLUX.1-dev, all four schedules, planner and ``--chunks auto`` on) in a child process
+per node count, its wall time and peak memory (the child's own accounting), and with
+``--plot`` draws both against nodes on log-log axes (docs/sim_scaling.png):
+
+    python bench/sim_scaling.py --cli --nodes 8,16,32,64,128 --plot docs/sim_scaling.png \
+        --json results/measured/sim_scaling_cli.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -51,6 +62,61 @@ def measure(nodes: int, fold: bool, model_name: str, resolution: int, schedule: 
     }
 
 
+def measure_cli(nodes: int, model_name: str) -> dict:
+    """Wall time and peak memory of ``cocodiff simulate --nodes nodes`` in a child process
+    (one child at a time, so RUSAGE_CHILDREN's peak is this child's once it exceeds the
+    earlier ones'; each row's peak is read as the maximum so far, said in the JSON)."""
+    command = [sys.executable, "-m", "cocodiff", "simulate", "--nodes", str(nodes),
+               "--model", model_name]
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    wall_s = time.perf_counter() - began
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    last = (done.stderr.strip().splitlines() or [""])[-1]
+    return {"nodes": nodes, "command": " ".join(["cocodiff", *command[3:]]),
+            "returncode": done.returncode, "wall_s": wall_s,
+            "peak_bytes_so_far": peak_kib * 1024,
+            "refused": last if done.returncode else None}
+
+
+def plot_cli(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = [row for row in rows if row["returncode"] == 0]
+    fig, (wall, memory) = plt.subplots(1, 2, figsize=(9, 3.6))
+    wall.loglog([r["nodes"] for r in ran], [r["wall_s"] for r in ran], "o-")
+    wall.set(xlabel="Aurora nodes", ylabel="wall time (s)", title="cocodiff simulate: wall")
+    memory.loglog([r["nodes"] for r in ran], [r["peak_bytes_so_far"] / 1e9 for r in ran], "o-")
+    memory.set(xlabel="Aurora nodes", ylabel="peak memory (GB)", title="peak memory")
+    for axis in (wall, memory):
+        axis.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main_cli(args) -> None:
+    rows = []
+    table = Table(title=f"cocodiff simulate --nodes N ({args.model}, all schedules, planner)")
+    for column in ("nodes", "wall", "peak memory (max so far)", "result"):
+        table.add_column(column, justify="right")
+    for nodes in (int(n) for n in args.nodes.split(",")):
+        row = measure_cli(nodes, args.model)
+        rows.append(row)
+        table.add_row(str(nodes), f"{row['wall_s']:.1f} s",
+                      f"{row['peak_bytes_so_far'] / 1e9:.2f} GB",
+                      "ran" if row["returncode"] == 0 else f"refused: {row['refused'][:80]}")
+    Console(width=200).print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"model": args.model, "rows": rows}, indent=2))
+    print(f"wrote {args.json}")
+    if args.plot is not None:
+        plot_cli(rows, args.plot)
+        print(f"wrote {args.plot}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="1,2,4,8,16,32,64")
@@ -60,7 +126,14 @@ def main() -> None:
     parser.add_argument("--schedule", default="flat")
     parser.add_argument("--resolution", type=int, default=1024)
     parser.add_argument("--json", type=Path, default=Path("results/sim_scaling.json"))
+    parser.add_argument("--cli", action="store_true",
+                        help="time the whole `cocodiff simulate --nodes N` per node count")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="with --cli: wall and memory against nodes, log-log (PNG)")
     args = parser.parse_args()
+    if args.cli:
+        main_cli(args)
+        return
     rows = []
     table = Table(title=f"simulator speed: {args.schedule}, {args.model} {args.resolution}^2, "
                   "aurora")

@@ -351,9 +351,13 @@ class SimWorld:
         cost = model.cost(self._span(group_ranks))
         setup_s = cost.setup_s(messages)
         share_cap = cost.rank_gbps * 1e9 / max(messages, 1)  # the rank's rate, shared evenly
-        for dst_rank, num_bytes in zip(group_ranks, send_bytes, strict=True):
-            if dst_rank == src_rank or num_bytes == 0:
-                continue
+        # Folded, a destination's folded route, tier and latency depend only on its
+        # class (rank modulo the simulated ranks) and on whether it shares the sender's
+        # node (node-symmetric placement: rank r sits on node r // ranks_per_node), so
+        # they are worked out once per (class, same node), not once per destination:
+        # the output gather sends to every rank of the machine.
+        for dst_rank, num_bytes, count in self._destinations(src_rank, group_ranks,
+                                                             send_bytes):
             dst_tile = placement.tile_of(dst_rank)
             route = topology.route(src_tile, dst_tile)
             if self.fold_nodes is not None:
@@ -362,13 +366,14 @@ class SimWorld:
             else:
                 links, dst_class = route, dst_rank
             tier = topology.tier(src_tile, dst_tile)
-            tier_bytes[tier] += num_bytes
+            tier_bytes[tier] += num_bytes * count
             bundle_key = (links, num_bytes, dst_class)
             if bundle_key in grouped:
-                grouped[bundle_key][0] += 1
+                grouped[bundle_key][0] += count
             else:
                 latency_s = topology.route_latency_us(route) * 1e-6 + setup_s
-                grouped[bundle_key] = [1, latency_s, min(share_cap, model.cap_bytes_per_s(tier))]
+                grouped[bundle_key] = [count, latency_s,
+                                       min(share_cap, model.cap_bytes_per_s(tier))]
         flows = [
             ([network.link_index(link) for link in links], num_bytes, count, latency_s,
              (src_rank, dst_class))
@@ -379,6 +384,32 @@ class SimWorld:
                               tuple(tier_bytes.items()))
         self._sender_cache[key] = sender
         return sender
+
+    def _destinations(self, src_rank: int, group_ranks: tuple[int, ...],
+                      send_bytes: tuple[int, ...]) -> list[tuple[int, int, int]]:
+        """``(destination, bytes, count)`` of every message ``src_rank`` sends, each the
+        first of ``count`` that share its fate, in order of first appearance.
+
+        Unfolded, every message is its own. Folded, a destination's folded route, tier,
+        latency and class depend only on its rank modulo the simulated ranks and on
+        whether it shares the sender's node (a node-symmetric placement puts rank ``r``
+        on node ``r // ranks_per_node``): messages alike in those and in bytes are one
+        bundle, found with numpy (the output gather sends to every rank of the machine,
+        so a Python loop over destinations would cost O(ranks) per sender)."""
+        if self.fold_nodes is None or len(group_ranks) < 64:
+            return [(dst, num_bytes, 1)
+                    for dst, num_bytes in zip(group_ranks, send_bytes, strict=True)
+                    if num_bytes and dst != src_rank]
+        dst = np.asarray(group_ranks, dtype=np.int64)
+        sizes = np.asarray(send_bytes, dtype=np.int64)
+        keep = (sizes != 0) & (dst != src_rank)
+        dst, sizes = dst[keep], sizes[keep]
+        per_node = self.placement.ranks_per_node
+        same_node = (dst // per_node == src_rank // per_node).astype(np.int64)
+        keys = np.stack([dst % self._num_simulated, same_node, sizes], axis=1)
+        _, first, counts = np.unique(keys, axis=0, return_index=True, return_counts=True)
+        order = np.argsort(first, kind="stable")
+        return [(int(dst[first[i]]), int(sizes[first[i]]), int(counts[i])) for i in order]
 
     def _span(self, group_ranks: tuple[int, ...]) -> str:
         span = self._spans.get(group_ranks)

@@ -33,7 +33,15 @@ def output_gather(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
     token_bytes = spec.output_channels * options.dtype_bytes * options.batch // batch_shares
 
     def groups(group_of) -> tuple[tuple[int, ...], ...]:
-        positions = {tuple(group_of(p)) for p in range(grid.num_ranks)}
+        # The groups are disjoint and cover every position: ask each group once (asking
+        # every position costs ranks x group size, quadratic on a pure sequence group).
+        positions, seen = [], bytearray(grid.num_ranks)
+        for p in range(grid.num_ranks):
+            if not seen[p]:
+                group = tuple(group_of(p))
+                positions.append(group)
+                for member in group:
+                    seen[member] = 1
         return tuple(sorted(tuple(grid.ranks[p] for p in group) for group in positions))
 
     sequence: tuple[tuple[int, ...], ...]

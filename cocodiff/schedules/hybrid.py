@@ -77,9 +77,13 @@ def ring_pass(ring: tuple[int, ...], index: int, row_bytes: int) -> Exchange:
     """Member ``index`` of ``ring`` sends its K/V block (one row) to the next member and
     receives one from the previous."""
     size = len(ring)
-    send = tuple(1 if j == (index + 1) % size else 0 for j in range(size))
-    recv = tuple(1 if j == (index - 1) % size else 0 for j in range(size))
+    # Built by tuple repetition (a Ring may have thousands of members: every rank holds one).
+    send, recv = (_one_hot(size, (index + 1) % size), _one_hot(size, (index - 1) % size))
     return Exchange("kv", ring, send, recv, row_bytes, "ring")
+
+
+def _one_hot(size: int, at: int) -> tuple[int, ...]:
+    return (0,) * at + (1,) + (0,) * (size - at - 1)
 
 
 def ring_attention(attention: Compute, kv_pass: Exchange, ring: int,
@@ -88,17 +92,14 @@ def ring_attention(attention: Compute, kv_pass: Exchange, ring: int,
     started before the block in hand is attended to and waited after. Each block is the
     attention at the block's shape plus the merge of its output into the running one
     (:func:`cocodiff.cost.ring_block_cost`)."""
-    steps: list[Step] = []
-    blocks = (Compute(attention.op, ring_block_cost(attention.cost, 0, dtype_bytes)),
-              Compute(attention.op, ring_block_cost(attention.cost, 1, dtype_bytes)))
-    for block in range(ring):
-        last = block == ring - 1
-        if not last:
-            steps.append(kv_pass)
-        steps.append(blocks[0] if block == 0 else blocks[1])
-        if not last:
-            steps.append(Wait("kv"))
-    return tuple(steps)
+    first, later = (Compute(attention.op, ring_block_cost(attention.cost, 0, dtype_bytes)),
+                    Compute(attention.op, ring_block_cost(attention.cost, 1, dtype_bytes)))
+    if ring == 1:
+        return (first,)
+    wait = Wait("kv")
+    # [pass, block 0, wait] [pass, block k, wait] x (ring - 2) [block ring-1], by tuple
+    # repetition: a long Ring repeats the same three steps thousands of times per rank.
+    return ((kv_pass, first, wait) + (kv_pass, later, wait) * (ring - 2) + (later,))
 
 
 def splice_ring(layer: LayerPlan, kv_pass: Exchange, ring: int,

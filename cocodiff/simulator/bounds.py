@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from cocodiff.cost import compute_seconds
 from cocodiff.plan.steps import Compute, Exchange, Plan
+from cocodiff.simulator.symmetry import fold_period_ranks
 from topology import Placement, Topology
 from transports.sim import CollectiveModel
 
@@ -29,23 +30,35 @@ class ExchangeBound:
 
 
 def exchange_bound(
-    exchanges: dict[int, Exchange], topology: Topology, placement: Placement
+    exchanges: dict[int, Exchange], topology: Topology, placement: Placement,
+    fold_ranks: int | None = None,
 ) -> ExchangeBound:
     """Bound of one all-to-all, given every member rank's logical exchange.
 
     Args:
-        exchanges: global rank -> that rank's :class:`Exchange` of the collective.
+        exchanges: global rank -> that rank's :class:`Exchange` of the collective (ranks
+            ``0..fold_ranks-1`` only, when folded).
+        fold_ranks: as :func:`traffic_bound`.
     """
     return traffic_bound(
         ((src, dst, rows * exchange.row_bytes) for src, exchange in exchanges.items()
          for dst, rows in zip(exchange.group, exchange.send_rows, strict=True)),
-        topology, placement)
+        topology, placement, fold_ranks)
 
 
 def traffic_bound(traffic: Iterable[tuple[int, int, float]], topology: Topology,
-                  placement: Placement) -> ExchangeBound:
+                  placement: Placement, fold_ranks: int | None = None) -> ExchangeBound:
     """Bound of moving ``(source rank, destination rank, bytes)`` messages at once: the
-    busiest tier's bytes over its capacity, plus the longest route's latency."""
+    busiest tier's bytes over its capacity, plus the longest route's latency.
+
+    ``fold_ranks``: the traffic repeats every ``fold_ranks`` ranks, whole nodes
+    (:func:`cocodiff.simulator.symmetry.fold_period_ranks`), and ``traffic`` holds only
+    the messages of sources ``0..fold_ranks-1``. Then every unit's load is its image's
+    in those ranks' nodes: a message into unit ``u`` from any source is, shifted, a
+    message of one of those sources into a unit that folds onto ``u``'s image, so each
+    message's bytes in count on its destination's folded unit (whether it crosses a
+    boundary is decided on the real units). The same bound as the full traffic's.
+    """
     spec = topology.spec
     out_bytes: dict[str, defaultdict[str, float]] = {tier: defaultdict(float)
                                                      for tier in ("tile", "gpu", "node")}
@@ -64,11 +77,12 @@ def traffic_bound(traffic: Iterable[tuple[int, int, float]], topology: Topology,
         if dst == src or not num_bytes:
             continue
         src_unit, dst_unit = units_of(src), units_of(dst)
+        into = dst_unit if fold_ranks is None else units_of(dst % fold_ranks)
         # A block crosses the boundary of every unit its endpoints do not share.
         for tier in ("tile", "gpu", "node"):
             if src_unit[tier] != dst_unit[tier]:
                 out_bytes[tier][src_unit[tier]] += num_bytes
-                in_bytes[tier][dst_unit[tier]] += num_bytes
+                in_bytes[tier][into[tier]] += num_bytes
         pair = (src_unit["tile"], dst_unit["tile"])
         if pair not in latencies:
             latencies[pair] = topology.route_latency_us(topology.route(*pair))
@@ -91,14 +105,20 @@ def traffic_bound(traffic: Iterable[tuple[int, int, float]], topology: Topology,
     return ExchangeBound(worst.seconds + latency_us * 1e-6, worst.tier)
 
 
-def plan_bound_s(plan: Plan, topology: Topology, placement: Placement, layer: int = 0) -> float:
-    """Sum of the bounds of one layer's exchanges, times the number of layers."""
+def plan_bound_s(plan: Plan, topology: Topology, placement: Placement, layer: int = 0,
+                 fold: bool = True) -> float:
+    """Sum of the bounds of one layer's exchanges, times the number of layers.
+
+    ``fold``: where plan and placement repeat every few nodes, sum only those nodes'
+    ranks' traffic (:func:`traffic_bound`'s ``fold_ranks``; the same bound)."""
+    fold_ranks = fold_period_ranks(plan, topology, placement) if fold else None
+    ranks = range(fold_ranks or plan.num_ranks)
     # LayerPlan.exchanges builds a tuple on every call: once per rank here.
-    exchanges = [plan.program(rank).layers[layer].exchanges for rank in range(plan.num_ranks)]
+    exchanges = [plan.program(rank).layers[layer].exchanges for rank in ranks]
     total = 0.0
     for index in range(len(exchanges[0])):
-        members = {rank: exchanges[rank][index] for rank in range(plan.num_ranks)}
-        total += exchange_bound(members, topology, placement).seconds
+        members = {rank: exchanges[rank][index] for rank in ranks}
+        total += exchange_bound(members, topology, placement, fold_ranks).seconds
     return total * len(plan.program(0).layers)
 
 
@@ -179,6 +199,10 @@ def step_floor_s(plan: Plan, topology: Topology, placement: Placement,
             total += sends_s(rank, phase.group, chunk_member_bytes(step, phase, 0)[0])
         return total
 
+    # A Ring repeats one pass object (ring - 1) times in a rank's layer: its time is
+    # worked out once per rank (keyed by identity; the plan keeps the steps alive).
+    by_step: dict[tuple[int, int], float] = {}
+
     def layer_s(rank: int, layer) -> float:
         now = 0.0
         started: dict[str, float] = {}
@@ -186,7 +210,10 @@ def step_floor_s(plan: Plan, topology: Topology, placement: Placement,
             if isinstance(step, Compute):
                 now += compute_seconds(step.cost, spec)
             elif isinstance(step, Exchange):
-                started[step.tensor] = now + exchange_s(rank, step)
+                key = (rank, id(step))
+                if key not in by_step:
+                    by_step[key] = exchange_s(rank, step)
+                started[step.tensor] = now + by_step[key]
             else:  # Wait
                 now = max(now, started.pop(step.tensor))
         return now
@@ -207,7 +234,7 @@ def step_floor_s(plan: Plan, topology: Topology, placement: Placement,
 
 
 def model_bound_s(plan: Plan, topology: Topology, placement: Placement,
-                  collective: CollectiveModel) -> float:
+                  collective: CollectiveModel, fold: bool = True) -> float:
     """A lower bound on the time per step that ``plan``'s exchanges are in flight on its
     slowest rank, under the collective model ``collective``: the link bound's question
     asked of this plan's own collectives, at the model's prices.
@@ -228,6 +255,10 @@ def model_bound_s(plan: Plan, topology: Topology, placement: Placement,
     collectives only: their spans and message counts set what the model charges.
     ``efficiency`` against it is what the run loses beyond the model's prices (waiting
     on peers, links contended by concurrent collectives, ordering).
+
+    ``fold``: where plan and placement repeat every few nodes, only those nodes' ranks
+    are walked (the others' times are theirs, shifted) and their traffic bounds the
+    links (:func:`traffic_bound`'s ``fold_ranks``): the same bound.
     """
     from cocodiff.plan.phasing import chunk_member_bytes
     from transports.sim import group_span
@@ -257,12 +288,13 @@ def model_bound_s(plan: Plan, topology: Topology, placement: Placement,
             worst = max(worst, message_s[key])
         return worst
 
-    layers = [plan.program(rank).layers[0] for rank in range(plan.num_ranks)]
+    fold_ranks = fold_period_ranks(plan, topology, placement) if fold else None
+    layers = [plan.program(rank).layers[0] for rank in range(fold_ranks or plan.num_ranks)]
     exchanges = [layer.exchanges for layer in layers]
     # Per exchange index: per rank, t[phase][chunk] (a flat exchange: one phase, one chunk).
     per_exchange: list[list[list[list[float]]]] = []
     for index in range(len(exchanges[0])):
-        steps = [exchanges[rank][index] for rank in range(plan.num_ranks)]
+        steps = [exchanges[rank][index] for rank in range(len(layers))]
         phases = max(len(step.phases) for step in steps) or 1
         chunks = steps[0].chunks if steps[0].phases else 1
         times = [[[0.0] * chunks for _ in range(phases)] for _ in steps]
@@ -277,7 +309,8 @@ def model_bound_s(plan: Plan, topology: Topology, placement: Placement,
                         sent.append((step.group, [r * step.row_bytes for r in step.send_rows]))
                 links_s = traffic_bound(
                     ((rank, dst, b) for rank, (group, send) in enumerate(sent)
-                     for dst, b in zip(group, send, strict=True)), topology, placement).seconds
+                     for dst, b in zip(group, send, strict=True)), topology, placement,
+                    fold_ranks).seconds
                 for rank, (group, send) in enumerate(sent):
                     times[rank][p][c] = max(links_s, rank_s(rank, group, send))
         per_exchange.append(times)

@@ -7,7 +7,6 @@ simulated transport as flows on the topology's links.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -34,6 +33,7 @@ from cocodiff.schedules.tapa import check_chunks
 from cocodiff.simulator.backend import SimBackend, rank_process
 from cocodiff.simulator.bounds import model_bound_s, plan_bound_s
 from cocodiff.simulator.results import SimResult, busiest_links
+from cocodiff.simulator.symmetry import fold_period_nodes
 from sim import Simulation
 from sim.timeline import merged_length
 from topology import TIERS, Placement, Topology
@@ -455,18 +455,5 @@ def _mean(values) -> float:
     return sum(values) / len(values)
 
 
-def _fold_period_nodes(plan: Plan, topology: Topology, placement: Placement) -> int | None:
-    """The fewest whole nodes after which both the plan and the placement repeat, when
-    fewer than all of them: those nodes are all the simulator needs to run."""
-    if plan.shift_period is None or not placement.is_node_symmetric(topology):
-        return None
-    per_node = placement.ranks_per_node
-    host = topology.spec.host
-    if host is not None and (host.ranks_per_host is None or per_node % host.ranks_per_host):
-        return None  # a host that spans nodes: ranks of every node compete for its cores
-    period_ranks = math.lcm(plan.shift_period, per_node)
-    nodes = placement.num_ranks // per_node
-    period_nodes = period_ranks // per_node
-    if period_nodes >= nodes or nodes % period_nodes:
-        return None
-    return period_nodes
+# Kept under its old name for callers of this module.
+_fold_period_nodes = fold_period_nodes
