@@ -7,14 +7,18 @@
 
 All in float32 with atol = rtol = 1e-5.
 
-Usage: parity.py TRANSPORT LAYOUT SCHEDULE[/CHUNKS][,...] MODEL[:HEADS]...
+Usage: parity.py TRANSPORT LAYOUT CASES MODEL[:HEADS]... [+ CASES MODEL...]...
 
 LAYOUT is NODESxGPUSxTILES (as ``cocodiff run --grid``) or "line" (the runtime's
-default); SCHEDULE/CHUNKS pipelines the phases in CHUNKS chunks. MODEL:HEADS builds the
-tiny model's transformer with HEADS attention heads (same config otherwise, seeded
-weights), so that more ranks than the tiny models' 4 heads can split them. Rank 0 prints
-one line per model and schedule with the largest differences; exits 0 when everything
-matches, prints each mismatch and exits 1 otherwise.
+default). CASES is a comma-separated list of SCHEDULE[/CHUNKS] (SCHEDULE/CHUNKS pipelines
+the phases in CHUNKS chunks) or of hybrid layouts UxRxB[i]/SCHEDULE (checked by
+hybrid_parity.py). MODEL:HEADS builds the tiny model's transformer with HEADS attention
+heads (same config otherwise, seeded weights), so that more ranks than the tiny models' 4
+heads can split them. ``+`` starts another group of cases and models in the same job:
+each launch costs every rank its imports (seconds on a small machine), so one job checks
+all the groups of one rank count. Rank 0 prints one line per model and case with the
+largest differences; exits 0 when everything matches, prints each mismatch and exits 1
+otherwise.
 """
 
 import sys
@@ -64,7 +68,7 @@ def build(model: str) -> DiffusionPipeline:
     return pipe
 
 
-def check(transport, grid, schedules, model):
+def check_schedules(transport, grid, schedules, model):
     name = model.partition(":")[0]
     pipe = build(model)
     inputs = transformer_inputs(name, pipe.transformer)
@@ -113,13 +117,39 @@ def report(transport, label: str, compared, failures: list[str]) -> bool:
     return not failures
 
 
-def main(check=check):
-    """``TRANSPORT LAYOUT CASE[,CASE...] MODEL...``: ``check`` each model's cases."""
-    transport_name, layout, cases, *models = sys.argv[1:]
+def groups(args: list[str]) -> list[tuple[list[str], list[str]]]:
+    """``CASES MODEL... + CASES MODEL...`` as (cases, models) pairs."""
+    found, group = [], []
+    for arg in [*args, "+"]:
+        if arg != "+":
+            group.append(arg)
+            continue
+        cases, *models = group
+        found.append((cases.split(","), models))
+        group = []
+    return found
+
+
+def is_hybrid(case: str) -> bool:
+    """``UxRxB[i]/SCHEDULE`` (a hybrid layout) rather than ``SCHEDULE[/CHUNKS]``."""
+    return "x" in case.partition("/")[0]
+
+
+def main(check=None):
+    """``TRANSPORT LAYOUT CASES MODEL... [+ CASES MODEL...]``: check each group's models'
+    cases with ``check``, or by default hybrid layouts with hybrid_parity.py's check and
+    schedules with this module's."""
+    transport_name, layout, *rest = sys.argv[1:]
     transport = create_transport(transport_name)
     try:
         grid = rank_grid(None if layout == "line" else layout, transport.world_size)
-        results = [check(transport, grid, cases.split(","), model) for model in models]
+        results = []
+        for cases, models in groups(rest):
+            checker = check or check_schedules
+            if check is None and any(map(is_hybrid, cases)):
+                assert all(map(is_hybrid, cases)), f"a group mixes hybrid cases: {cases}"
+                from hybrid_parity import check as checker  # it imports this module
+            results += [checker(transport, grid, cases, model) for model in models]
     finally:
         transport.close()
     return 0 if all(results) else 1
