@@ -347,7 +347,10 @@ def _chunks(args, names, model, topology, streams, options, collective, layouts,
     # (ranked schedule, layout) -> choice: cocodiff chooses as vfirst; side by side on the
     # local cores.
     keys = list(dict.fromkeys((get_schedule(name).ranked_as, layouts[name]) for name in phased))
-    context = (model, topology, streams, options, collective)
+    # The planner's own step of a schedule on its layout, at this chunk count: not re-run.
+    planned = {(name, layouts[name]): known[name] for name in known
+               if name in layouts and get_schedule(name).ranked_as == name}
+    context = (model, topology, streams, options, collective, planned)
     by_ranked = dict(zip(keys, map_local(_choose_chunks, context, keys,
                                          args.workers or local_cores()), strict=True))
     chosen: dict = {}
@@ -367,9 +370,10 @@ def _choose_chunks(context: tuple, key: tuple):
     worker's job)."""
     from cocodiff.simulator.planner import choose_chunks
 
-    model, topology, streams, options, collective = context
+    model, topology, streams, options, collective, planned = context
     name, layout = key
-    return choose_chunks(name, model, topology, streams, layout, options, collective)
+    return choose_chunks(name, model, topology, streams, layout, options, collective,
+                         known=planned.get(key))
 
 
 def _layout_name(layout, num_ranks: int) -> str:

@@ -54,6 +54,9 @@ class SimBackend:
         self._groups: dict[tuple[int, ...], Group] = {}
         self._started: dict[str, float] = {}
         self._splits: dict[tuple, tuple] = {}
+        # A step's time by its identity: a rank runs the same layer objects again and
+        # again (every layer, every patch), and the plan keeps them alive meanwhile.
+        self._step_s: dict[int, float] = {}
         self.compute_s = 0.0
         self.exchanges_started = 0
         self.exchange_intervals: list[tuple[float, float]] = []  # start -> arrival
@@ -63,7 +66,10 @@ class SimBackend:
         self._flights: dict[int, _InFlight] = {}
 
     def compute(self, step: Compute) -> SimHandle:
-        return self._compute(compute_seconds(step.cost, self._tile_spec), step.op)
+        duration_s = self._step_s.get(id(step))
+        if duration_s is None:
+            duration_s = self._step_s[id(step)] = compute_seconds(step.cost, self._tile_spec)
+        return self._compute(duration_s, step.op)
 
     def step_overhead(self) -> SimHandle | None:
         """The step's compute outside the transformer's blocks (the topology's

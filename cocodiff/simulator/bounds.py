@@ -11,7 +11,7 @@ it: ``efficiency = bound / simulated``.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cocodiff.cost import compute_seconds
@@ -159,78 +159,137 @@ def step_floor_s(plan: Plan, topology: Topology, placement: Placement,
     chunk's next phase only once the previous one has landed). The planner skips
     candidates whose floor is above the best step time it has already simulated.
     """
-    from cocodiff.plan.phasing import chunk_member_bytes
-    from transports.sim import group_span
+    walk = _FloorWalk(plan, topology, placement, collective)
+    # Any rank's walk bounds the step; node 0's ranks stand for the others (nodes are
+    # alike), which keeps this a small fraction of one simulation's cost.
+    return max(walk.program_s(rank)
+               for rank in range(min(plan.num_ranks, placement.ranks_per_node)))
 
-    spec = topology.spec
-    tiles = [placement.tile_of(rank) for rank in range(plan.num_ranks)]
-    message_s: dict[tuple, float] = {}
-    spans: dict[tuple[int, ...], str] = {}
 
-    def span_of(group: tuple[int, ...]) -> str:
-        if group not in spans:
-            spans[group] = group_span(topology, [tiles[rank] for rank in group])
-        return spans[group]
+def generation_floor_s(plans: Sequence[Plan], step_plans: Sequence[int], topology: Topology,
+                       placement: Placement, collective: CollectiveModel) -> float:
+    """A lower bound on the per-step time a PipeFusion generation simulates
+    (:func:`cocodiff.simulator.simulate.simulate_generation`: the generation's time over
+    its steps, plus the topology's step overhead), with no simulation.
 
-    def fastest_s(src: int, dst: int, num_bytes: int, messages: int, span: str) -> float:
+    :func:`step_floor_s`'s walk over each rank's whole generation (its steps' programs
+    back to back): compute at its exact time, each exchange and point-to-point transfer
+    this rank sends at the fastest its route and the collective model allow, a receive
+    at no cost (the sender's side is what takes time, and it is not walked here). Every
+    rank is walked (stages hold different layers); the slowest walk bounds the
+    generation. The planner skips a pipeline layout whose floor is above the step time
+    it must beat.
+    """
+    from cocodiff.schedules.pipefusion import generation_plan
+
+    plan = generation_plan(plans, step_plans)
+    walk = _FloorWalk(plan, topology, placement, collective)
+    total_s = max(walk.program_s(rank) for rank in range(plan.num_ranks))
+    return total_s / len(step_plans) + topology.spec.tile_step_overhead_us * 1e-6
+
+
+class _FloorWalk:
+    """The walks of :func:`step_floor_s` and :func:`generation_floor_s`: a rank's program
+    with compute at its exact time and every exchange at the fastest this rank's own
+    messages can go."""
+
+    def __init__(self, plan: Plan, topology: Topology, placement: Placement,
+                 collective: CollectiveModel) -> None:
+        self.plan, self.topology, self.collective = plan, topology, collective
+        self.tiles = [placement.tile_of(rank) for rank in range(plan.num_ranks)]
+        self.message_s: dict[tuple, float] = {}
+        self.spans: dict[tuple[int, ...], str] = {}
+        # A Ring repeats one pass object (ring - 1) times in a rank's layer, and layers
+        # are shared objects: times are worked out once per rank (keyed by identity; the
+        # plan keeps the steps alive).
+        self.by_step: dict[tuple[int, int], float] = {}
+        self.compute_s: dict[int, float] = {}
+        self.layers: dict[tuple[int, int], float | None] = {}
+
+    def span_of(self, group: tuple[int, ...]) -> str:
+        from transports.sim import group_span
+
+        if group not in self.spans:
+            self.spans[group] = group_span(self.topology, [self.tiles[rank] for rank in group])
+        return self.spans[group]
+
+    def fastest_s(self, src: int, dst: int, num_bytes: int, messages: int, span: str) -> float:
+        tiles, topology, collective = self.tiles, self.topology, self.collective
         key = (tiles[src], tiles[dst], num_bytes, messages, span)
-        if key not in message_s:
+        if key not in self.message_s:
             route = topology.route(tiles[src], tiles[dst])
             cost = collective.cost(span)
             rate = min(cost.rank_gbps * 1e9 / messages,
                        collective.cap_bytes_per_s(topology.tier(tiles[src], tiles[dst])),
                        *(topology.link_attrs(link)[0] * 1e9 for link in route))
-            message_s[key] = (topology.route_latency_us(route) * 1e-6
-                              + cost.setup_s(messages) + num_bytes / rate)
-        return message_s[key]
+            self.message_s[key] = (topology.route_latency_us(route) * 1e-6
+                                   + cost.setup_s(messages) + num_bytes / rate)
+        return self.message_s[key]
 
-    def sends_s(rank: int, group: tuple[int, ...], send_bytes) -> float:
+    def sends_s(self, rank: int, group: tuple[int, ...], send_bytes) -> float:
         sends = [(dst, num_bytes) for dst, num_bytes in zip(group, send_bytes, strict=True)
                  if num_bytes and dst != rank]
-        span = span_of(tuple(group))
-        return max((fastest_s(rank, dst, num_bytes, len(sends), span)
+        span = self.span_of(tuple(group))
+        return max((self.fastest_s(rank, dst, num_bytes, len(sends), span)
                     for dst, num_bytes in sends), default=0.0)
 
-    def exchange_s(rank: int, step: Exchange) -> float:
-        if not step.phases:
-            return sends_s(rank, step.group, [rows * step.row_bytes for rows in step.send_rows])
-        total = 0.0
-        for phase in step.phases:
-            total += sends_s(rank, phase.group, chunk_member_bytes(step, phase, 0)[0])
-        return total
+    def exchange_s(self, rank: int, step: Exchange) -> float:
+        from cocodiff.plan.phasing import chunk_member_bytes
 
-    # A Ring repeats one pass object (ring - 1) times in a rank's layer: its time is
-    # worked out once per rank (keyed by identity; the plan keeps the steps alive).
-    by_step: dict[tuple[int, int], float] = {}
+        key = (rank, id(step))
+        if key not in self.by_step:
+            if not step.phases:
+                total = self.sends_s(rank, step.group,
+                                     [rows * step.row_bytes for rows in step.send_rows])
+            else:
+                total = 0.0
+                for phase in step.phases:
+                    total += self.sends_s(rank, phase.group,
+                                          chunk_member_bytes(step, phase, 0)[0])
+            self.by_step[key] = total
+        return self.by_step[key]
 
-    def layer_s(rank: int, layer) -> float:
-        now = 0.0
-        started: dict[str, float] = {}
-        for step in layer.steps:
+    def step_compute_s(self, step: Compute) -> float:
+        key = id(step)
+        if key not in self.compute_s:
+            self.compute_s[key] = compute_seconds(step.cost, self.topology.spec)
+        return self.compute_s[key]
+
+    def walk(self, rank: int, steps, now: float, started: dict[str, float]) -> float:
+        """``now`` after ``steps`` from ``now``, ``started`` holding each exchange in
+        flight's earliest end (it may span layers: PipeFusion's transfers)."""
+        for step in steps:
             if isinstance(step, Compute):
-                now += compute_seconds(step.cost, spec)
+                now += self.step_compute_s(step)
             elif isinstance(step, Exchange):
-                key = (rank, id(step))
-                if key not in by_step:
-                    by_step[key] = exchange_s(rank, step)
-                started[step.tensor] = now + by_step[key]
+                started[step.tensor] = now + self.exchange_s(rank, step)
             else:  # Wait
                 now = max(now, started.pop(step.tensor))
         return now
 
-    floors: dict[tuple[int, int], float] = {}  # (rank, id(layer)): layers are shared
-    worst = 0.0
-    # Any rank's walk bounds the step; node 0's ranks stand for the others (nodes are
-    # alike), which keeps this a small fraction of one simulation's cost.
-    for rank in range(min(plan.num_ranks, placement.ranks_per_node)):
-        total = 0.0
-        for layer in plan.program(rank).layers:
-            key = (rank, id(layer))
-            if key not in floors:
-                floors[key] = layer_s(rank, layer)
-            total += floors[key]
-        worst = max(worst, total)
-    return worst
+    def layer_s(self, rank: int, layer) -> float | None:
+        """The time of a layer that waits for every exchange it starts and for no other
+        (so its time does not depend on what is in flight around it); None otherwise."""
+        key = (rank, id(layer))
+        if key not in self.layers:
+            started: dict[str, float] = {}
+            try:
+                end = self.walk(rank, layer.steps, 0.0, started)
+            except KeyError:  # waits for an exchange an earlier layer started
+                end = None
+            self.layers[key] = None if started else end
+        return self.layers[key]
+
+    def program_s(self, rank: int) -> float:
+        now = 0.0
+        started: dict[str, float] = {}
+        for layer in self.plan.program(rank).layers:
+            alone = self.layer_s(rank, layer)
+            if alone is not None:
+                now += alone
+            else:
+                now = self.walk(rank, layer.steps, now, started)
+        return now
 
 
 def model_bound_s(plan: Plan, topology: Topology, placement: Placement,

@@ -258,18 +258,24 @@ def _best_for(context: _Context, name: str) -> Choice:
     # the floor (a sum over layers) and for the simulation (two layers, extrapolated).
     num_layers = context.spec.num_layers
     short = replace(context.spec, num_layers=min(num_layers, 2))
-    plans = [plan_hybrid(name, short, context.grid, context.stream_tokens, layout,
-                         context.options) for layout in layouts]
-    floors = sorted((step_floor_s(plan, topology, placement, model) * num_layers
+
+    def plan_of(layout: ParallelLayout) -> Plan:
+        return plan_hybrid(name, short, context.grid, context.stream_tokens, layout,
+                           context.options)
+
+    # One plan alive at a time: at scale a plan of every rank is large, and most
+    # candidates are pruned by their floor, so those that are simulated are built again.
+    floors = sorted((step_floor_s(plan_of(layout), topology, placement, model) * num_layers
                      / short.num_layers, layout.name, index)
-                    for index, (layout, plan) in enumerate(zip(layouts, plans, strict=True)))
+                    for index, layout in enumerate(layouts))
     winner: tuple[float, str, int, SimResult] | None = None
     for floor_s, layout_name, index in floors:
         # A floor within float rounding of the best may still tie it: simulate it.
         if winner is not None and floor_s > winner[0] * (1 + _FLOOR_SLACK):
             break
-        result = simulate_layers(plans[index], topology, placement, context.collective,
-                                 num_layers, context.gathers(layouts[index]))
+        result = simulate_layers(plan_of(layouts[index]), topology, placement,
+                                 context.collective, num_layers,
+                                 context.gathers(layouts[index]))
         if winner is None or (result.step_time_s, layout_name) < winner[:2]:
             winner = (result.step_time_s, layout_name, index, result)
     assert winner is not None, "candidate_layouts always holds pure Ulysses or pure Ring"
@@ -315,7 +321,8 @@ class ChunkChoice:
 def choose_chunks(name: str, spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
                   layout: ParallelLayout | None, options: PlanOptions = DEFAULT_OPTIONS,
                   collective: CollectiveModel | None = None,
-                  candidates: Sequence[int] = CHUNK_CANDIDATES) -> ChunkChoice:
+                  candidates: Sequence[int] = CHUNK_CANDIDATES,
+                  known: SimResult | None = None) -> ChunkChoice:
     """The chunk count that gives schedule ``name`` (ranked as its registry entry says, at
     its first step) the shortest simulated step on ``layout`` (None: pure Ulysses).
 
@@ -324,6 +331,10 @@ def choose_chunks(name: str, spec: ModelSpec, topology: Topology, stream_tokens:
     (two layers, extrapolated; :func:`cocodiff.simulator.simulate.simulate_layers`), in
     increasing order until two in a row are slower than the best so far: past its best
     count, each chunk adds a set-up per transfer and less left to overlap.
+
+    ``known``: the step :func:`choose_layouts` simulated for this schedule on ``layout``
+    at ``options.chunks`` (its :class:`Choice`'s ``result``): that count is not simulated
+    again (the same plan, the same simulation).
     """
     from cocodiff.schedules.run_plan import canonical_streams
     from cocodiff.schedules.tapa import check_chunks
@@ -348,8 +359,12 @@ def choose_chunks(name: str, spec: ModelSpec, topology: Topology, stream_tokens:
             check_chunks(plan, chunks)
         except ScheduleError:  # some chunk empty everywhere, or nothing to pipeline
             continue
-        result = simulate_layers(plan, topology, placement, collective, num_layers, gathers)
-        result.simulation = None  # a worker's result must pickle
+        if known is not None and chunks == options.chunks:
+            result = known
+        else:
+            result = simulate_layers(plan, topology, placement, collective, num_layers,
+                                     gathers)
+            result.simulation = None  # a worker's result must pickle
         times[chunks], results[chunks] = result.step_time_s, result
         best = min(times, key=lambda c: (times[c], c))
         last_two = sorted(times)[-2:]

@@ -81,3 +81,63 @@ def test_pruned_search_picks_what_the_full_ranking_picks():
     for name in ("flat", "vfirst"):
         ranked = rank_layouts(PIXART, topology, (1024, 512), (name,), with_bounds=False)
         assert chosen[name] == ranked.best.layout, name
+
+
+def _pipeline_machine():
+    from cocodiff.simulator.pipelines import pipeline_layouts
+
+    # The two fewest stages: pipelines of many patches take longest to simulate.
+    topology = build_topology(get_preset("aurora", 1))
+    return topology, pipeline_layouts(12, PIXART)[:2]
+
+
+def test_generation_floor_never_exceeds_the_simulation():
+    from cocodiff.schedules import DEFAULT_OPTIONS
+    from cocodiff.schedules.pipefusion import pipefusion_step_plans
+    from cocodiff.simulator.bounds import generation_floor_s
+    from cocodiff.simulator.simulate import simulate_generation
+    from transports.sim import collective_model_for
+
+    topology, layouts = _pipeline_machine()
+    placement = Placement.node_major(topology)
+    grid = RankGrid.from_placement(topology, placement)
+    model = collective_model_for("aurora")
+    for layout in layouts:
+        plans, steps = pipefusion_step_plans(PIXART, grid, (1024, 512), layout, 4,
+                                             DEFAULT_OPTIONS)
+        simulated = simulate_generation(plans, steps, topology, placement).step_time_s
+        floor_s = generation_floor_s(plans, steps, topology, placement, model)
+        assert 0 < floor_s <= simulated * (1 + 1e-9), layout.name
+
+
+def test_pruned_ranking_has_the_full_rankings_top():
+    from cocodiff.simulator.pipelines import rank_pipelines
+    from cocodiff.simulator.ranking import rank_with_floors
+
+    topology, pipelines = _pipeline_machine()
+    names = ("flat", "vfirst")
+    layouts = candidate_layouts(12, PIXART.num_heads)
+    full = list(rank_layouts(PIXART, topology, (1024, 512), names, layouts=layouts).candidates)
+    full += rank_pipelines(PIXART, topology, (1024, 512), 4, layouts=pipelines)[0]
+    full.sort(key=lambda c: (c.step_time_s, c.layout.name, c.schedule))
+    for top, workers in ((3, 2),):  # two workers: candidates simulated in pairs
+        ranked = rank_with_floors(PIXART, topology, (1024, 512), names, layouts, pipelines, 4,
+                                  top=top, workers=workers)
+        assert len(ranked.candidates) + len(ranked.pruned) == len(full)
+        assert [(c.layout, c.schedule, c.step_time_s, c.compute_s, c.bound_s)
+                for c in ranked.candidates[:top]] == [
+            (c.layout, c.schedule, c.step_time_s, c.compute_s, c.bound_s) for c in full[:top]]
+        assert ranked.pruned, "the bounds prune something here"
+        assert all(p.floor_s > ranked.candidates[top - 1].step_time_s for p in ranked.pruned)
+
+
+def test_chunk_search_reuses_the_planners_step():
+    from cocodiff.simulator.planner import choose_chunks, choose_layouts
+
+    topology = build_topology(get_preset("aurora", 2))
+    choice = choose_layouts(PIXART, topology, (1024, 512), ("vfirst",))["vfirst"]
+    reused = choose_chunks("vfirst", PIXART, topology, (1024, 512), choice.layout,
+                           known=choice.result)
+    fresh = choose_chunks("vfirst", PIXART, topology, (1024, 512), choice.layout)
+    assert (reused.chunks, reused.step_times_s) == (fresh.chunks, fresh.step_times_s)
+    assert reused.step_times_s[1] == choice.result.step_time_s
