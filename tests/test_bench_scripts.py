@@ -144,6 +144,16 @@ def test_vmajor_tradeoff_and_calibration_stability_parse_their_flags(tmp_path) -
     assert done.returncode == 2 and "unknown launcher 'nope'" in done.stderr
 
 
+def test_pipefusion_tradeoff_refuses_a_bad_warmup_in_one_line(tmp_path) -> None:
+    """It launches a 2-rank job for minutes: its flags, here; the pipelined runtime it runs
+    is tested in tests/runtime/test_runtime_pipefusion.py."""
+    done = script(["bench/pipefusion_tradeoff.py", "--warmups", "20"], tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().startswith(
+        "pipefusion_tradeoff: error: --warmups '20' must be steps in [1, --steps 20)")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_calibration_stability_reads_and_predicts_a_calibration(tmp_path) -> None:
     """Its two halves past calibrate on a kept calibration: the numbers it compares and

@@ -211,8 +211,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--steps", type=positive_int, default=28,
                         help="denoising steps the plan file covers (default: 28)")
     parser.add_argument("--top", type=positive_int, default=5,
-                        help="how many of the best to print (default 5)")
-    parser.add_argument("--json", type=Path, help="write every candidate as JSON here")
+                        help="how many of the best to simulate and print (default 5); the "
+                        "others are pruned unsimulated where a lower bound shows they cannot "
+                        "enter these")
+    parser.add_argument("--json", type=Path, help="write every candidate as JSON here: "
+                        "those simulated with their step (`candidates`), those pruned with "
+                        "their floor (`pruned`)")
     parser.add_argument("--out", type=Path, metavar="PATH",
                         help="write the best (layout, schedule)'s plan for a whole run here: "
                         "`cocodiff simulate --plan PATH` and `cocodiff run --plan PATH` "
@@ -280,48 +284,48 @@ def _best_chunks(args, model, topology, streams, best, options, collective):
 
 def _rank_all(args, model, topology, streams, names, pipelined, options, collective,
               forced):
-    """The sequence family's candidates (``rank_layouts``) and, when ``pipelined``,
-    PipeFusion's, each with its memory per rank, those that do not fit the device
-    refused; all ranked together. A :class:`~cocodiff.simulator.planner.PlanResult` with
-    ``refused`` (one line per refused layout).
+    """The sequence family's candidates and, when ``pipelined``, PipeFusion's, those that
+    do not fit the device refused, ranked together with bounds
+    (:func:`cocodiff.simulator.ranking.rank_with_floors`: the top ``--top`` simulated, the
+    others pruned when their floor is above the ``--top``-th best step time).
 
     Raises:
         CocodiffError: no layout fits (the line says why for the first refused one).
     """
-    import time
-
     from cocodiff.layout import PipelineLayout
-    from cocodiff.simulator.pipelines import keep_fitting, pipeline_layouts, rank_pipelines
-    from cocodiff.simulator.planner import PlanResult, rank_layouts
+    from cocodiff.simulator.fanout import local_cores
+    from cocodiff.simulator.pipelines import pipeline_layouts
+    from cocodiff.simulator.planner import candidate_layouts
+    from cocodiff.simulator.ranking import rank_with_floors
 
-    start = time.perf_counter()
-    candidates, refused = [], []
-    if names:
-        ranked = rank_layouts(model, topology, streams, names, options, collective,
-                              layouts=None if forced is None else [forced])
-        candidates, refused = keep_fitting(ranked.candidates, model, streams, topology,
-                                           options)
     num_ranks = len(topology.tiles)
+    layouts = []
+    if names:
+        layouts = (candidate_layouts(num_ranks, model.num_heads, options.batch)
+                   if forced is None else [forced])
+    pipelines = []
     if pipelined and forced is None:
         if args.pipefusion is not None:
             if num_ranks % args.pipefusion:
                 raise CocodiffError(f"--pipefusion {args.pipefusion} does not divide the "
                                     f"{num_ranks} ranks")
-            layouts = [PipelineLayout(args.pipefusion, num_ranks // args.pipefusion,
-                                      args.patches or args.pipefusion, args.warmup)]
-            layouts[0].check(num_ranks, model.num_heads, model.num_layers)
+            pipelines = [PipelineLayout(args.pipefusion, num_ranks // args.pipefusion,
+                                        args.patches or args.pipefusion, args.warmup)]
+            pipelines[0].check(num_ranks, model.num_heads, model.num_layers)
         else:
-            layouts = pipeline_layouts(num_ranks, model, args.patches, args.warmup)
-        piped, piped_refused = rank_pipelines(model, topology, streams, args.steps, options,
-                                              collective, layouts)
-        candidates += piped
-        refused += piped_refused
-    if not candidates:
-        why = f": {refused[0]}" if refused else ""
+            pipelines = pipeline_layouts(num_ranks, model, args.patches, args.warmup)
+    result = rank_with_floors(model, topology, streams, names, layouts, pipelines, args.steps,
+                              options, collective, top=args.top, workers=local_cores())
+    if not result.candidates:
+        why = f": {result.refused[0]}" if result.refused else ""
         raise CocodiffError(f"no valid layout of {num_ranks} ranks for {model.name} with "
                             f"batch size {args.batch_size}{why}")
-    candidates.sort(key=lambda c: (c.step_time_s, c.layout.name, c.schedule))
-    return PlanResult(tuple(candidates), time.perf_counter() - start, tuple(refused))
+    return result
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -384,7 +388,7 @@ def plan_command(args: argparse.Namespace) -> int:
                       f"{c.memory.total_bytes / 1e9:.1f} GB" if c.memory else "-",
                       f"{c.step_time_s / best_s:.2f}x")
     plain_console(width=200).print(table)
-    layouts = len({c.layout.name for c in result.candidates})
+    layouts = len({c.layout.name for c in (*result.candidates, *result.pruned)})
     print("note: layout UxRxB = Ulysses x Ring x batch degrees; '/ring-inner' places the Ring "
           "on the fast tiers; PnxUuxMm/wW = PipeFusion's n stages x Ulysses u inside each, m "
           "patches, W warm-up steps (its step time: the mean over the whole generation); comm "
@@ -404,8 +408,15 @@ def plan_command(args: argparse.Namespace) -> int:
                  + (" --ring-inner" if best.layout.order == RING_INNER_ORDER
                     and best.layout.ring > 1 and best.layout.ulysses > 1 else "")
                  + f" --schedule {best.schedule}")
-    print(f"note: ranked {len(result.candidates)} (layout, schedule) pairs over {layouts} "
-          f"layouts in {result.wall_s:.2f} s; best: {flags}")
+    pairs = len(result.candidates) + len(result.pruned)
+    print(f"note: ranked {pairs} (layout, schedule) pairs over {layouts} layouts in "
+          f"{result.wall_s:.2f} s; best: {flags}")
+    if result.pruned:
+        print(f"note: {len(result.candidates)} simulated; {len(result.pruned)} pruned "
+              "unsimulated: a lower bound on each one's step time (its floor: compute, and "
+              "its own messages at their fastest) is above the "
+              f"{_ordinal(min(args.top, len(result.candidates)))} best step time, so none can "
+              f"enter the top {args.top} (--json lists them with their floor)")
     calls = host_call_note(spec)
     if calls:
         print(f"note: {calls}")
@@ -414,8 +425,8 @@ def plan_command(args: argparse.Namespace) -> int:
         # always reported beside its speed.
         print(f"note: {best.layout.name} is lossy: after its {best.layout.warmup} warm-up "
               "step(s) each patch attends to the other patches' K/V from the step before; "
-              "`cocodiff run` carries only synchronous steps so far (--warmup equal to "
-              "--steps), so this plan is for the simulator")
+              "`cocodiff run --reference` reports its PSNR and SSIM against the exact run "
+              "(--warmup equal to --steps)")
     if pipeline_best:
         from cocodiff.simulator.planner import ChunkChoice
 
@@ -446,7 +457,8 @@ def plan_command(args: argparse.Namespace) -> int:
             "batch_size": args.batch_size, "planner_wall_s": result.wall_s,
             "chunks": options.chunks, "chunks_auto": auto_chunks(args),
             "chunk_step_times_s": {str(c): t for c, t in chunks.step_times_s.items()},
-            "candidates": [c.to_json() for c in result.candidates]}, indent=2))
+            "candidates": [c.to_json() for c in result.candidates],
+            "pruned": [c.to_json() for c in result.pruned]}, indent=2))
     if run_plan is not None:
         atomic_write_text(args.out, run_plan.to_json())
     return 0

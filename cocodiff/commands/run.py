@@ -57,9 +57,11 @@ DEFAULT_MODEL = "tiny-flux"
 PLAN_FIXES = ("schedule", "steps", "dtype", "resolution", "frames", "grid", "layout",
               "parallel_layout", "ulysses", "ring", "batch", "ring_inner", "chunks",
               "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh", "pipefusion",
-              "warmup")
+              "warmup", "patches")
 # --timeout above this is a typo, not a wish: gloo's timeout is in int milliseconds.
 MAX_TIMEOUT_S = 1e6
+# PipeFusion's synchronous warm-up steps when --warmup is not given (xDiT's default).
+DEFAULT_WARMUP = 1
 # torch.Generator.manual_seed accepts [-2**63, 2**64).
 SEED_RANGE = range(-(2**63), 2**64)
 EXIT_USAGE = 2
@@ -94,9 +96,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         "holding only its stage's blocks; the ranks / N of a stage form a "
                         "Ulysses group (--ulysses, if given, must be that); docs/pipefusion.md")
     parser.add_argument("--warmup", type=positive_int, default=None, metavar="W",
-                        help="--schedule pipefusion: synchronous steps (default and, for now, "
-                        "at least: --steps, every step synchronous, which is exact; the "
-                        "pipelined steps after the warm-up do not run yet)")
+                        help="--schedule pipefusion: synchronous steps before the pipelined "
+                        "ones, which stream N patches through the stages with stale K/V "
+                        "(lossy; --reference reports how much). Default 1 (xDiT's); "
+                        "--warmup equal to --steps is exact")
+    parser.add_argument("--patches", type=positive_int, default=None, metavar="M",
+                        help="--schedule pipefusion: patches a pipelined step streams "
+                        "(default: the stage count, xDiT's)")
     parser.add_argument("--grid", default=None, metavar="NODESxGPUSxTILES",
                         help="the rank grid: where the launched ranks sit, e.g. 2x4x1: rank r "
                         "on node r // (GPUS*TILES); the product must be the number of ranks. "
@@ -227,15 +233,16 @@ def _check_arguments(args: argparse.Namespace) -> None:
     pipelined = args.schedule in PIPELINE_SCHEDULES
     if args.schedule not in BASELINES and not pipelined:  # a baseline is not a plan schedule
         get_schedule(args.schedule)
-    if (args.pipefusion is not None or args.warmup is not None) and not pipelined:
-        raise CocodiffError("--pipefusion and --warmup are PipeFusion's: give --schedule "
-                            "pipefusion")
+    if (args.pipefusion is not None or args.warmup is not None
+            or args.patches is not None) and not pipelined:
+        raise CocodiffError("--pipefusion, --patches and --warmup are PipeFusion's: give "
+                            "--schedule pipefusion")
     if pipelined and args.plan is None and args.pipefusion is None:
         raise CocodiffError("--schedule pipefusion needs --pipefusion N (the stage count)")
-    if pipelined and args.warmup is not None and args.warmup < args.steps:
-        raise CocodiffError(f"--warmup {args.warmup} < --steps {args.steps}: pipefusion's "
-                            "pipelined steps (patches, stale K/V) do not run yet; every step "
-                            "must be synchronous (--warmup at least --steps, the default)")
+    if pipelined and args.warmup is not None and args.warmup > args.steps:
+        raise CocodiffError(f"--warmup {args.warmup} > --steps {args.steps}: the warm-up is "
+                            "the first steps of the run (--warmup equal to --steps makes "
+                            "every step synchronous)")
     if args.transport != AUTO and args.transport not in TRANSPORTS:
         create_transport(args.transport)  # raises the registry's one-line error
     outputs = [path for path in (args.output, args.json, args.save_latents,
@@ -248,6 +255,13 @@ def _check_arguments(args: argparse.Namespace) -> None:
     lossy_only = [flag for flag, given in (("--vmajor-*", vmajor is not None),
                                            ("--record-activity", args.record_activity),
                                            ("--reference", args.reference)) if given]
+    # A pipefusion run with pipelined steps is lossy too: --reference applies to it.
+    lossy_pipeline = pipelined and not (args.warmup or DEFAULT_WARMUP) >= args.steps
+    if lossy_pipeline and lossy_only == ["--reference"]:
+        lossy_only = []
+    elif pipelined and lossy_only == ["--reference"]:
+        raise CocodiffError("--reference: every pipefusion step is synchronous here (--warmup "
+                            "at least --steps), which is exact; give a smaller --warmup")
     if lossy_only and (args.schedule in BASELINES or pipelined
                        or not get_schedule(args.schedule).step_dependent):
         raise CocodiffError(f"{', '.join(lossy_only)}: V-Major options, for --schedule "
@@ -376,11 +390,10 @@ def pipeline_layout(args: argparse.Namespace, num_ranks: int, run_plan=None):
         return None
     if run_plan is not None:
         layouts = [plan.pipeline for plan in run_plan.plans if plan.pipeline is not None]
-        if not layouts or any(layout.patches > 1 for layout in layouts):
-            raise CocodiffError(f"the plan {args.plan} has pipelined pipefusion steps "
-                                "(patches, stale K/V), which do not run yet: make it with "
-                                "--warmup at least --steps")
-        return replace(layouts[0], patches=1)
+        if not layouts:
+            raise CocodiffError(f"the plan {args.plan} has no pipeline layout")
+        # Each step's plan records its patch count (1: synchronous).
+        return replace(layouts[0], patches=max(layout.patches for layout in layouts))
     if args.ring is not None or args.batch is not None or args.parallel_layout is not None:
         raise CocodiffError("--schedule pipefusion runs pipeline stages x Ulysses inside each; "
                             "--ring, --batch and --parallel-layout do not combine with it")
@@ -391,9 +404,9 @@ def pipeline_layout(args: argparse.Namespace, num_ranks: int, run_plan=None):
     if args.ulysses is not None and args.ulysses != ulysses:
         raise CocodiffError(f"--pipefusion {stages} on {num_ranks} ranks leaves Ulysses "
                             f"{ulysses} inside each stage, not --ulysses {args.ulysses}")
-    # patches 1: every step synchronous (the plan records each step's patch count).
-    return PipelineLayout(stages, ulysses, 1,
-                          args.steps if args.warmup is None else args.warmup)
+    # N patches (xDiT's default, and `cocodiff plan`'s: the same flags make the same plan).
+    return PipelineLayout(stages, ulysses, args.patches or stages,
+                          DEFAULT_WARMUP if args.warmup is None else args.warmup)
 
 
 def _run(args: argparse.Namespace, launch) -> int:

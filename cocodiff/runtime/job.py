@@ -161,6 +161,10 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
         if guard is not None:
             guard.check_latents(latents)
         traffic_record = _traffic_per_step(transport, ulysses, traffic)
+        # The plan this run executed (an exact reference below runs another).
+        plan_sha256 = (ulysses.run_plan.sha256 if ulysses is not None
+                       and ulysses.run_plan is not None
+                       else run_plan.sha256 if run_plan is not None else None)
         vmajor_report, activity = None, None
         if ulysses is not None and ulysses.vmajor is not None:
             vmajor_report, activity = gather_activity(ulysses)
@@ -204,9 +208,7 @@ def run_job(request: RunRequest, launch, fault, run_plan, grid, parallel, option
                 "step_times_s": step_times,
                 "total_s": total_s,
                 "comm_s": runtime.comm_s if runtime else 0.0,
-                "plan_sha256": (ulysses.run_plan.sha256 if ulysses is not None
-                                and ulysses.run_plan is not None
-                                else run_plan.sha256 if run_plan is not None else None),
+                "plan_sha256": plan_sha256,
                 **traffic_record,
                 "output": str(request.output) if request.output else None,
                 **record,
@@ -260,10 +262,17 @@ def _traffic_per_step(transport, runtime, traffic: list[list[float]]) -> dict[st
 
 def _exact_reference(request: RunRequest, prompt: str, pipe, runtime, guard, is_root: bool,
                      size: tuple[int, int, int], text_tokens: int | None):
-    """The same generation with V-Major off (TAPA + V-First, exact): the final latents."""
+    """The same generation with V-Major off (TAPA + V-First, exact), or for PipeFusion
+    with every step synchronous (no stale K/V): the final latents."""
+    from cocodiff.runtime.pipefusion import PipelineRuntime
     from cocodiff.runtime.pipelines import run_pipeline
 
-    options, runtime.vmajor = runtime.vmajor, None
+    pipeline = isinstance(runtime, PipelineRuntime)
+    options = runtime.vmajor
+    if pipeline:
+        runtime.exact = True
+    else:
+        runtime.vmajor = None
     try:
         runtime.start_generation(request.steps)
         with StepProgress(is_root=is_root and request.progress, steps=request.steps,
@@ -276,7 +285,10 @@ def _exact_reference(request: RunRequest, prompt: str, pipe, runtime, guard, is_
             latents = run_pipeline(pipe, prompt, request.steps, *size, request.seed, on_step,
                                    max_sequence_length=text_tokens)
     finally:
-        runtime.vmajor = options
+        if pipeline:
+            runtime.exact = False
+        else:
+            runtime.vmajor = options
     if guard is not None:
         guard.check_latents(latents)
     return latents

@@ -26,21 +26,48 @@ step, so their latents stay equal). The last step sends nothing back in the plan
 output reaches stage 0 by one transfer outside the plan (``returned_bytes``), so that
 rank 0 writes the result. Middle stages' latents are not the run's.
 
-Only synchronous steps run (warm-up = every step): exact. The pipelined steps (patches,
-stale K/V buffers) are refused.
+Pipelined steps (after the warm-up) stream the M patches through the stages as xDiT's
+PipeFusion does: the stage's first block runs all the stage's blocks on each patch in
+turn (:meth:`PipelineRuntime.run_stage`), receiving the patch before and sending it
+after, so stage s+1 computes patch m while stage s computes patch m+1. A patch of a
+stage rank is a contiguous slice of that rank's image tokens (xDiT's
+``pp_patches_token_start_idx_local``): with Ulysses U inside the stage, patch m is the
+m-th slice of each of the U shards. Each of the rank's attention layers keeps a K/V
+buffer over the whole image (its heads, after the Ulysses exchange): a synchronous step
+writes all of it, a patch overwrites its own slice; the patch's queries attend to the
+buffer, so patches already computed this step are fresh and the later ones are the
+step before's (xDiT's ``CacheManager``, updated in place). The joint text (FLUX, SD3) is
+not buffered: as in xDiT's FLUX processor its K/V are computed fresh with every patch
+(the text's hidden states go through the stage's blocks with each patch), and the text
+reaching stage s+1 is stage s's output with patch 0, used for all its patches (xDiT
+sends ``encoder_hidden_states`` once per step, with patch 0). Why: the text is short
+and every patch's image queries need all of it; keeping it whole and fresh costs one
+text-length of recomputation per patch and no stale text.
+
+The ring across steps is carried in a different order than the plan's, with the same
+transfers and bytes: the last stage sends its M patch outputs after the transformer's
+output projection (which diffusers runs once, on the whole sequence), and stage 0
+receives all of them at the end of its call, because the unmodified pipeline runs the
+scheduler on the whole latents between two transformer calls. So the pipeline fills
+and drains every step here, where the simulator (after xDiT's per-patch scheduler
+step) fills it once per generation. ``tests/workers/pipefusion_reference.py`` holds
+the same algorithm in one process, serially: the reference the parallel runs are checked
+against (equal within 1e-5 in float32).
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from typing import Any
 
 import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
 
 from cocodiff.layout import PipelineLayout
-from cocodiff.plan.executor import PlanError, drive_blocking, run_layer
-from cocodiff.plan.steps import Compute, Exchange, LayerPlan
-from cocodiff.runtime.backend import StepRecord, TimedHandle
+from cocodiff.plan.executor import PlanError, drive_blocking, run_layer, run_steps
+from cocodiff.plan.steps import Compute, Exchange, LayerPlan, Step, Wait
+from cocodiff.runtime.backend import StepRecord, TensorBackend, TimedHandle
 from cocodiff.runtime.families.base import module_matches
 from cocodiff.runtime.hooks import UnsupportedModelError, install_processors, install_splits
 from cocodiff.runtime.parallel import UlyssesRuntime, family_of
@@ -65,10 +92,57 @@ BLOCK_OUTPUTS: dict[str, tuple[str, ...]] = {
     "PixArtTransformer2DModel": ("hidden_states",),
 }
 
+# Block arguments whose rows are the call's tokens, [text, image] in that order (FLUX's
+# rotary embedding, a (cos, sin) pair): a patch's block call gets the text rows and its
+# own image rows. Others are per sample (temb) or the whole cross-attention text.
+TOKEN_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "FluxTransformer2DModel": ("image_rotary_emb",),
+    "SD3Transformer2DModel": (),
+    "PixArtTransformer2DModel": (),
+}
+
+
+def patch_rows(value: Any, text_tokens: int, start: int, stop: int) -> Any:
+    """Rows ``[:text_tokens]`` and ``text_tokens + start .. text_tokens + stop`` of a
+    per-token block argument (a tensor or a tuple of them, tokens in dim 0), or
+    ``value`` unchanged when it is None."""
+    if value is None:
+        return None
+    if isinstance(value, tuple | list):
+        return type(value)(patch_rows(part, text_tokens, start, stop) for part in value)
+    return torch.cat([value[:text_tokens], value[text_tokens + start:text_tokens + stop]])
+
+
+def check_patches(image_tokens: int, ulysses: int, patches: int) -> None:
+    """Each of the stage's ``ulysses`` shards of the image cuts into ``patches`` equal
+    slices (the runtime does not pad patches).
+
+    Raises:
+        ScheduleError: it does not.
+    """
+    if image_tokens % (ulysses * patches):
+        raise ScheduleError(f"{image_tokens} image tokens do not cut into {patches} patches "
+                            f"on each of {ulysses} Ulysses rank(s): pipelined pipefusion "
+                            f"steps need the image tokens to be a multiple of "
+                            f"{ulysses * patches} (change --resolution, --patches or --pipefusion)")
+
 
 def _is_glue(layer: LayerPlan) -> bool:
     """A plan layer of transfers and waits only (no model layer)."""
     return not any(isinstance(step, Compute) for step in layer.steps)
+
+
+def _without(layer: LayerPlan, tensor: str) -> LayerPlan:
+    """A glue layer without its transfers of ``tensor`` ("send" or "recv") and their waits."""
+    return LayerPlan((), tuple(step for step in layer.steps
+                               if not (isinstance(step, Exchange | Wait)
+                                       and step.tensor == tensor)), ())
+
+
+def _only(layers: tuple[LayerPlan, ...], tensor: str) -> tuple[Step, ...]:
+    """The glue layers' transfers of ``tensor`` and their waits, in program order."""
+    return tuple(step for layer in layers if _is_glue(layer) for step in layer.steps
+                 if isinstance(step, Exchange | Wait) and step.tensor == tensor)
 
 
 def _flatten(value: Any) -> torch.Tensor:
@@ -151,11 +225,25 @@ class PipelineRuntime(UlyssesRuntime):
         # The current forward call's activations dtype and device.
         self._dtype: torch.dtype = torch.float32
         self._device: torch.device = torch.device("cpu")
-        # The block output the pipeline carries; what the next send sends; what the last
-        # receive delivered (flat).
+        # The block output the pipeline carries; what the next sends send (in order);
+        # what the receives delivered and nobody took yet (flat, in order).
         self.payload: Any = None
-        self.outgoing: torch.Tensor | None = None
-        self.received: torch.Tensor | None = None
+        self.outgoing: list[torch.Tensor] = []
+        self.received: list[torch.Tensor] = []
+        # Whether this call's step streams patches, and the patch being computed (None:
+        # the whole sequence).
+        self.pipelined = False
+        self.keep_buffers = False
+        self.patches = 1
+        self.patch: int | None = None
+        # Each own attention layer's K/V buffer over the whole image, (B, S, h, D) each,
+        # in the model's token order: what a patch's queries attend to.
+        self.kv_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Run every step synchronously (the exact reference of a lossy run): plans are
+        # built with the warm-up covering every step, a plan file set aside.
+        self.exact = False
+        # Each step's program as this rank runs it (see _programs).
+        self._programs: dict[int, tuple[tuple[LayerPlan, ...], tuple[Step, ...]]] = {}
         # Bytes this rank sent that the plan does not carry (the simulator does not
         # charge them): the last step's output returned to stage 0, and the output
         # gathers inside each stage's Ulysses group.
@@ -174,10 +262,15 @@ class PipelineRuntime(UlyssesRuntime):
     def sequence_group(self) -> Group:
         return self._stage_group
 
+    @property
+    def backend_type(self) -> type[TensorBackend]:
+        return PatchBackend
+
     def start_generation(self, num_steps: int) -> None:
         super().start_generation(num_steps)
         self._entered = -2  # the next call starts a program, even at the same step
         self._prefetched = False
+        self.kv_buffers.clear()
 
     # -- plans and the program's position ---------------------------------------------
 
@@ -193,23 +286,25 @@ class PipelineRuntime(UlyssesRuntime):
         streams = self.family.ops.streams
         stream_tokens = tuple(self.shards[name].total for name in streams)
         dtype_name = str(dtype).removeprefix("torch.")
-        key = (stream_tokens, batch, dtype_name, self.num_steps)
+        key = (stream_tokens, batch, dtype_name, self.num_steps, self.exact)
         run_plan = self._run_plans.get(key)
         if run_plan is None:
-            if self._follow_file:
+            if self._follow_file and not self.exact:
                 assert self.plan_file is not None
                 check_plan_fits_call(self.plan_file, stream_tokens, batch, dtype_name,
                                      self.num_steps)
                 run_plan = self.plan_file
             else:
                 options = PlanOptions(dtype=dtype_name, batch=batch, chunks=self.options.chunks)
+                steps = self.num_steps or 1
+                pipeline = (replace(self.pipeline, warmup=max(steps, self.pipeline.warmup))
+                            if self.exact else self.pipeline)
                 run_plan = build_run_plan("pipefusion", self.spec, self.grid, stream_tokens,
-                                          self.num_steps or 1, options, pipeline=self.pipeline,
-                                          **self._size())
-            if any(plan.pipeline is not None and plan.pipeline.patches > 1
-                   for plan in run_plan.plans):
-                raise ScheduleError("pipefusion's pipelined steps (patches, stale K/V) do not "
-                                    "run yet: give --warmup at least the step count")
+                                          steps, options, pipeline=pipeline, **self._size())
+            for plan in run_plan.plans:
+                if plan.pipeline is not None and plan.pipeline.patches > 1:
+                    check_patches(self.shards["image"].total, self.pipeline.ulysses,
+                                  plan.pipeline.patches)
             for plan in run_plan.plans:
                 self._create_groups(plan)
             self._run_plans[key] = run_plan
@@ -220,14 +315,48 @@ class PipelineRuntime(UlyssesRuntime):
             if not (self._prefetched and self.run_plan is run_plan and self._at_step == step):
                 self._check_done()
                 self.run_plan, self._at_step, self._cursor = run_plan, step, 0
+                self._programs.clear()
+                if self.is_first:  # the last stage's ring runs at the output (at_output)
+                    self._run_ring(self._programs_at(step)[1])
             self._prefetched = False
             self._entered = self.step
         self.plan = run_plan.plan_at(step)
+        # A run with no pipelined step keeps no K/V buffers.
+        self.keep_buffers = any(plan.pipeline is not None and plan.pipeline.patches > 1
+                                for plan in run_plan.plans)
+        planned = self.plan.pipeline
+        self.patches = planned.patches if planned is not None else 1
+        self.pipelined = self.patches > 1
         self.run_glue(cross=False)
 
+    def _programs_at(self, step: int) -> tuple[tuple[LayerPlan, ...], tuple[Step, ...]]:
+        """Step ``step``'s program as this rank runs it, and its ring transfers.
+
+        The ring (last stage -> stage 0) runs apart from the program: stage 0 takes all
+        its receives (and their waits) before the step's first layer, the last stage
+        makes all its sends after the transformer's output projection. In between, the
+        glue layers run without them, in the plan's order (same transfers and bytes).
+        """
+        cached = self._programs.get(step)
+        if cached is None:
+            assert self.run_plan is not None
+            layers = self.run_plan.plan_at(step).program(self.transport.rank).layers
+            ring = ("recv" if self.is_first else "send"
+                    if self.is_last else None) if self.pipeline.stages > 1 else None
+            if ring is None:
+                cached = (layers, ())
+            else:
+                cached = (tuple(_without(layer, ring) if _is_glue(layer) else layer
+                                for layer in layers), _only(layers, ring))
+            self._programs[step] = cached
+        return cached
+
+    def _run_ring(self, steps: tuple[Step, ...]) -> None:
+        if steps:
+            drive_blocking(run_steps(steps, PointToPointBackend(self), self._in_flight))
+
     def _layers(self) -> tuple[LayerPlan, ...]:
-        assert self.run_plan is not None
-        return self.run_plan.plan_at(self._at_step).program(self.transport.rank).layers
+        return self._programs_at(self._at_step)[0]
 
     def _check_done(self) -> None:
         """The previous call ran its program to the end (a start_generation between
@@ -253,6 +382,9 @@ class PipelineRuntime(UlyssesRuntime):
                     or self._at_step + 1 >= self.run_plan.num_steps):
                 return
             self._at_step, self._cursor = self._at_step + 1, 0
+            self._programs = {step: program for step, program in self._programs.items()
+                              if step >= self._at_step}
+            self._run_ring(self._programs_at(self._at_step)[1])
             self._prefetched = True
 
     def layer_plan(self, layer_index: int, streams: tuple[str, ...], batch: int,
@@ -269,6 +401,64 @@ class PipelineRuntime(UlyssesRuntime):
         layer = layers[self._cursor]
         self._cursor += 1
         return layer
+
+    def take_received(self) -> torch.Tensor:
+        """The oldest message received and not yet taken."""
+        if not self.received:
+            raise PlanError(f"rank {self.transport.rank}: stage {self.stage} received "
+                            "nothing before its layers")
+        return self.received.pop(0)
+
+    def run_stage(self, blocks: list[torch.nn.Module], arguments: dict[str, Any]) -> Any:
+        """A pipelined step of this stage: each patch through the stage's ``blocks``
+        (received from the stage before, sent to the stage after, as the plan's glue
+        says), called with the first block's ``arguments``. Returns the stage's output
+        over the rank's whole sequence: the image patches' outputs in order and, for a
+        joint model, the text as patch 0 left it (what the next stage gets)."""
+        outputs = BLOCK_OUTPUTS[type(self.transformer).__name__]
+        joint = len(outputs) == 2
+        hidden = arguments["hidden_states"]
+        text_in = arguments.get("encoder_hidden_states") if joint else None
+        text_tokens = text_in.shape[1] if text_in is not None else 0
+        per_patch = hidden.shape[1] // self.patches
+        token_arguments = TOKEN_ARGUMENTS[type(self.transformer).__name__]
+        images: list[torch.Tensor] = []
+        text_out = None
+        for m in range(self.patches):
+            start, stop = m * per_patch, (m + 1) * per_patch
+            self.run_glue(cross=False)  # the receive of patch m (after stage 0)
+            if self.is_first:
+                image = hidden[:, start:stop]
+            elif joint and m == 0:
+                # (B, t, D) text and (B, p, D) patch, as the stage before flattened them
+                text_in, image = _unflatten(self.take_received(),
+                                            (text_in, hidden[:, start:stop]))
+            else:
+                image = _unflatten(self.take_received(), hidden[:, start:stop])
+            call = dict(arguments, hidden_states=image)
+            if joint:
+                call["encoder_hidden_states"] = text_in
+            for name in token_arguments:
+                call[name] = patch_rows(call.get(name), text_tokens, start, stop)
+            self.patch = m
+            try:
+                for block in blocks:
+                    out = block(**call)
+                    if joint:
+                        call["encoder_hidden_states"], call["hidden_states"] = out
+                    else:
+                        call["hidden_states"] = out
+            finally:
+                self.patch = None
+            images.append(call["hidden_states"])
+            if m == 0 and joint:
+                text_out = call["encoder_hidden_states"]
+            if not self.is_last:
+                self.outgoing.append(_flatten((text_out, images[-1]) if joint and m == 0
+                                              else images[-1]))
+                self.run_glue(cross=False)  # the send of patch m
+        image_out = torch.cat(images, dim=1)
+        return (text_out, image_out) if joint else image_out
 
     def count_gathered(self, group: Group, num_bytes: int) -> None:
         self.unplanned_bytes += num_bytes * (group.size - 1)
@@ -315,10 +505,9 @@ class PointToPointBackend:
         group = runtime.group(step.group)
         element_bytes = torch.empty((), dtype=runtime._dtype).element_size()
         if step.tensor == "send":
-            if runtime.outgoing is None:
+            if not runtime.outgoing:
                 raise PlanError(f"rank {runtime.transport.rank}: a send with nothing to send")
-            send = runtime.outgoing.reshape(1, -1)
-            runtime.outgoing = None
+            send = runtime.outgoing.pop(0).reshape(1, -1)
             num_bytes = send.numel() * send.element_size()
             if num_bytes != step.row_bytes:
                 raise PlanError(f"the plan sends {step.row_bytes} B from rank {step.group[0]} "
@@ -337,7 +526,85 @@ class PointToPointBackend:
 
     def finish_exchange(self, step: Exchange, received: Any) -> None:
         if step.tensor == "recv":
-            self.runtime.received = received.reshape(-1)
+            self.runtime.received.append(received.reshape(-1))
+
+
+class PatchBackend(TensorBackend):
+    """The attention of a PipeFusion stage: over the whole sequence in a synchronous
+    step, writing the image's K/V into the layer's buffer; a patch's queries against the
+    buffer (its own slice written first) and the fresh text in a pipelined one."""
+
+    def _attention(self) -> None:
+        runtime = self.runtime
+        assert isinstance(runtime, PipelineRuntime)
+        if runtime.patch is None:
+            super()._attention()
+            if not runtime.keep_buffers:
+                return
+            # The image's K/V in the model's order: a later pipelined step's buffer.
+            positions = runtime.original_positions(self.ops.streams,
+                                                   self.state.tensors["k"].device)
+            before = sum(runtime.shards[name].total for name in
+                         self.ops.streams[:self.ops.streams.index("image")])
+            image = positions[before:before + runtime.shards["image"].total]
+            runtime.kv_buffers[self.layer_index] = tuple(  # type: ignore[assignment]
+                self.state.tensors[name].index_select(1, image) for name in ("k", "v"))
+            return
+        self._patch_attention(runtime, runtime.patch)
+
+    def _patch_attention(self, runtime: PipelineRuntime, patch: int) -> None:
+        tensors = self.state.tensors
+        if self.layer_index not in runtime.kv_buffers:
+            raise PlanError(f"layer {self.layer_index}: a pipelined step before any "
+                            "synchronous one (the K/V buffer is empty): give --warmup 1 "
+                            "or more")
+        buffer_k, buffer_v = runtime.kv_buffers[self.layer_index]
+        device = tensors["q"].device
+        u = runtime.sequence_group.size
+        image_total = runtime.shards["image"].total
+        shard = image_total // u  # check_patches: exact
+        per_patch = shard // runtime.patches
+        widths = {"image": per_patch, "text": runtime.shards["text"].chunk
+                  if "text" in self.ops.streams else 0}
+        local = sum(widths[name] for name in self.ops.streams)
+        # After the exchange, rank r's local sequence sits at r * local: its streams'
+        # rows in the model's order (the text's chunk, the patch's rows).
+        gathered: dict[str, torch.Tensor] = {}
+        offset = 0
+        for name in self.ops.streams:
+            if name == "text":
+                tokens = torch.arange(runtime.shards["text"].total)
+                chunk = widths["text"]
+                gathered["text"] = (tokens // chunk) * local + offset + tokens % chunk
+            else:
+                rows = torch.arange(per_patch)
+                gathered["image"] = (torch.arange(u)[:, None] * local + offset
+                                     + rows[None]).reshape(-1)
+            offset += widths[name]
+        # The patch's rows of the whole image: the patch-th slice of every rank's shard.
+        image_rows = (torch.arange(u)[:, None] * shard + patch * per_patch
+                      + torch.arange(per_patch)[None]).reshape(-1).to(device)
+        picked = {name: index.to(device) for name, index in gathered.items()}
+        # Fresh K/V of the patch into the buffer (in place: the later patches of this
+        # step see it, as xDiT's cache does).
+        buffer_k[:, image_rows] = tensors["k"].index_select(1, picked["image"])
+        buffer_v[:, image_rows] = tensors["v"].index_select(1, picked["image"])
+        keys = {"image": (buffer_k, buffer_v)}
+        if "text" in picked:
+            keys["text"] = (tensors["k"].index_select(1, picked["text"]),
+                            tensors["v"].index_select(1, picked["text"]))
+        # (B, q, h, D) queries of the call's real tokens against (B, S, h, D) keys of
+        # the whole sequence, both in the model's stream order.
+        queries = torch.cat([picked[name] for name in self.ops.streams])
+        k = torch.cat([keys[name][0] for name in self.ops.streams], dim=1)
+        v = torch.cat([keys[name][1] for name in self.ops.streams], dim=1)
+        stream_tokens = tuple(runtime.shards[name].total for name in self.ops.streams)
+        mask = self.ops.attention_mask(self.state, stream_tokens)
+        out = dispatch_attention_fn(tensors["q"].index_select(1, queries), k, v,
+                                    attn_mask=mask)
+        result = out.new_zeros(tensors["q"].shape)
+        result[:, queries] = out
+        tensors["out"] = result
 
 
 class _StandIn(torch.nn.Module):
@@ -358,12 +625,48 @@ class _StandIn(torch.nn.Module):
         if runtime.payload is None:  # the first block of the forward call
             hidden = bound["hidden_states"]
             runtime.enter(hidden.shape[0], hidden.dtype, hidden.device)
-            if runtime.received is None:
-                raise PlanError(f"rank {runtime.transport.rank}: stage {runtime.stage} "
-                                "received nothing before its layers")
-            runtime.payload = _unflatten(runtime.received, like_value)
-            runtime.received = None
+            if runtime.pipelined:
+                # The stage receives patch by patch (run_stage); until then the blocks
+                # carry their inputs' shapes.
+                runtime.payload = like_value
+            else:
+                runtime.payload = _unflatten(runtime.take_received(), like_value)
         return runtime.payload
+
+
+class _OwnBlock(torch.nn.Module):
+    """A block of this rank's stage. In a synchronous step it runs as it is (the first
+    of stage 0 enters the program, the last sends the stage's output); in a pipelined
+    one the first runs the whole stage patch by patch and the others pass its output
+    on."""
+
+    def __init__(self, runtime: PipelineRuntime, block: torch.nn.Module, index: int,
+                 stage_blocks: list[torch.nn.Module]) -> None:
+        super().__init__()
+        self.block = block
+        self._runtime = [runtime]
+        self._index = index
+        self._stage_blocks = stage_blocks  # a plain list: the blocks are submodules here
+        self._signature = inspect.signature(block.forward)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        runtime = self._runtime[0]
+        own = runtime.own_layers
+        first, last = self._index == own.start, self._index == own.stop - 1
+        if first and runtime.is_first:
+            hidden = self._signature.bind_partial(*args, **kwargs).arguments["hidden_states"]
+            runtime.enter(hidden.shape[0], hidden.dtype, hidden.device)
+        if runtime.pipelined:
+            if first:
+                arguments = self._signature.bind_partial(*args, **kwargs).arguments
+                runtime.payload = runtime.run_stage(self._stage_blocks, dict(arguments))
+            return runtime.payload
+        output = self.block(*args, **kwargs)
+        if last and not runtime.is_last:
+            runtime.payload = output
+            runtime.outgoing.append(_flatten(output))
+            runtime.run_glue(cross=False)
+        return output
 
 
 def _blocks(transformer: torch.nn.Module, pattern: str | None) -> list[str]:
@@ -379,7 +682,7 @@ def _blocks(transformer: torch.nn.Module, pattern: str | None) -> list[str]:
 
 
 def install_stages(runtime: PipelineRuntime) -> None:
-    """Replace the other stages' blocks by stand-ins and hook the stage's own."""
+    """Replace the other stages' blocks by stand-ins and wrap the stage's own."""
     transformer = runtime.transformer
     outputs = BLOCK_OUTPUTS[type(transformer).__name__]
     blocks = _blocks(transformer, runtime.family.attention_modules)
@@ -387,52 +690,47 @@ def install_stages(runtime: PipelineRuntime) -> None:
         raise UnsupportedModelError(f"{type(transformer).__name__}: found {len(blocks)} "
                                     f"blocks, the model has {runtime.spec.num_layers} layers")
     own = runtime.own_layers
-
-    def start(module, args, kwargs):
-        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
-        hidden = bound["hidden_states"]
-        runtime.enter(hidden.shape[0], hidden.dtype, hidden.device)
-
-    def end_of_stage(module, args, output):
-        runtime.payload = output
-        runtime.outgoing = _flatten(output)
-        runtime.run_glue(cross=False)
-
+    stage_blocks = [transformer.get_submodule(blocks[index]) for index in own]
     for index, name in enumerate(blocks):
         block = transformer.get_submodule(name)
+        replacement: torch.nn.Module
         if index in own:
-            if index == own.start and runtime.is_first:
-                block.register_forward_pre_hook(start, with_kwargs=True)
-            if index == own.stop - 1 and not runtime.is_last:
-                block.register_forward_hook(end_of_stage)
-            continue
+            replacement = _OwnBlock(runtime, block, index, stage_blocks)
+        else:
+            replacement = _StandIn(runtime, inspect.signature(block.forward), outputs)
         parent, _, child = name.rpartition(".")
-        stand_in = _StandIn(runtime, inspect.signature(block.forward), outputs)
-        setattr(transformer.get_submodule(parent) if parent else transformer, child, stand_in)
+        setattr(transformer.get_submodule(parent) if parent else transformer, child,
+                replacement)
 
     def begin(module, args, kwargs):
         runtime.payload = None
-        runtime.received = None
+        runtime.pipelined = False
 
     def at_output(module, args, output):
         # The output projection's local rows, before the stage's Ulysses gather: what
-        # the plan's ring carries (each stage rank's own tokens).
+        # the plan's ring carries (each stage rank's own tokens, patch by patch).
         if runtime.pipeline.stages == 1:
             return output
         if runtime.is_last:
-            runtime.outgoing = output
-            runtime.run_glue(cross=False)  # the ring: this step's output to stage 0
+            runtime.run_glue(cross=False)
+            ring = runtime._programs_at(runtime._at_step)[1]
+            if ring:  # the last step sends nothing back in the plan
+                # (B, s, C) -> patches' (B, s/M, C), in order
+                runtime.outgoing.extend(part.contiguous()
+                                        for part in output.chunk(runtime.patches, dim=1))
+                runtime._run_ring(ring)
             return runtime.return_output(output) if runtime.is_last_step() else output
         if not runtime.is_first:
             return output
         runtime.run_glue(cross=True)  # the next step's program starts with the ring
         if runtime.is_last_step():
             return runtime.return_output(output)
-        if runtime.received is None:
+        parts, runtime.received = runtime.received, []
+        if not parts:
             raise PlanError("stage 0 received no output from the last stage")
-        received = _unflatten(runtime.received, output)
-        runtime.received = None
-        return received
+        like = output.chunk(len(parts), dim=1)
+        return torch.cat([_unflatten(part, piece) for part, piece in zip(parts, like,
+                                                                        strict=True)], dim=1)
 
     # Before the splits' root hook (registered later, runs later): nothing carried yet.
     transformer.register_forward_pre_hook(begin, with_kwargs=True)

@@ -63,8 +63,8 @@ def test_plan_out_writes_a_pipefusion_plan_that_simulate_plan_executes(tmp_path,
                  "--pipefusion", "2", "--patches", "3", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "best: --schedule pipefusion --pipefusion 2 --patches 3" in printed
-    # A pick with pipelined (stale K/V) steps says it is lossy and not yet runnable.
-    assert "note: P2xU2xM3/w1 is lossy" in printed and "for the simulator" in printed
+    # A pick with pipelined (stale K/V) steps says it is lossy and how to measure it.
+    assert "note: P2xU2xM3/w1 is lossy" in printed and "run --reference" in printed
     run_plan = RunPlan.from_json(out.read_text())
     assert run_plan.plans[-1].pipeline == PipelineLayout(2, 2, 3, 1)
     assert main(["simulate", "--plan", str(out), "--json", str(record)]) == 0
@@ -87,9 +87,14 @@ def test_the_planner_ranks_pipeline_and_sequence_layouts_together(tmp_path):
     assert main(["plan", "--topology", "cluster", "--nodes", "2", "--model", "flux1-dev",
                  "--resolution", "256", "--steps", "6", "--schedule", "flat,pipefusion",
                  "--json", str(out)]) == 0
-    candidates = json.loads(out.read_text())["candidates"]
-    assert {c["schedule"] for c in candidates} == {"flat", "pipefusion"}
+    record = json.loads(out.read_text())
+    candidates = record["candidates"]
     assert [c["step_time_s"] for c in candidates] == sorted(c["step_time_s"] for c in candidates)
-    pipelines = {c["layout"] for c in candidates if c["schedule"] == "pipefusion"}
+    # the top 5 are simulated; the rest pruned, each with a floor above the 5th best
+    ranked = candidates + record["pruned"]
+    assert len(candidates) == min(5, len(ranked))
+    assert all(p["floor_s"] > candidates[-1]["step_time_s"] for p in record["pruned"])
+    assert {c["schedule"] for c in ranked} == {"flat", "pipefusion"}
+    pipelines = {c["layout"] for c in ranked if c["schedule"] == "pipefusion"}
     assert pipelines == {"P2xU2xM2/w1", "P4xU1xM4/w1"}  # every stage count from 2
-    assert all("memory_per_rank" in c for c in candidates)
+    assert all("memory_per_rank" in c for c in ranked)

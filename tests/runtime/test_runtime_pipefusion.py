@@ -5,6 +5,11 @@ output and pipeline latents (float32, atol = rtol = 1e-5), over torch.distribute
 torchrun) and mpi4py (mpiexec), on tiny FLUX, SD3 and PixArt built with more blocks (the
 tiny models have one): 4 stages, and 2 stages x Ulysses 2 inside each.
 
+The same launches run the pipelined steps (warm-up 1, then patches streamed with stale
+K/V, 3 steps): the final latents equal the one-process serial emulation of the same
+algorithm (tests/workers/pipefusion_reference.py) within 1e-5, and differ from the exact
+run (the stale K/V was used).
+
 One launch per launcher, every model and layout inside: each launch costs ~13 s of
 imports."""
 
@@ -19,12 +24,14 @@ from launching import WORKERS, launcher_prefix, needs_mpi, needs_torchrun, run_j
 from cocodiff.commands.cli import main
 from cocodiff.commands.run import pipeline_layout
 from cocodiff.layout import PipelineLayout
+from cocodiff.runtime.pipefusion import check_patches
 from cocodiff.schedules.run_plan import load_run_plan
-from cocodiff.util.errors import CocodiffError
+from cocodiff.util.errors import ScheduleError
 
 # tiny-flux:2 has 2 double + 2 single blocks; the others 4 blocks.
 MODELS = ["tiny-flux:2", "tiny-sd3:4", "tiny-pixart:4"]
-CASES = "4,2"
+# Synchronous: 4 stages, 2 stages x Ulysses 2; then both pipelined (w1: warm-up 1, N patches).
+CASES = "4,2,4w1,2w1"
 
 
 @pytest.mark.multiprocess
@@ -56,12 +63,13 @@ def test_synchronous_pipefusion_matches_single_process(launcher, transport, tmp_
 def test_one_pipefusion_plan_file_moves_the_same_bytes_in_simulate_and_run(
         tmp_path, launcher, transport):
     """One plan, two executors: a pipefusion plan (2 stages x Ulysses 2 on 2 nodes x 2
-    ranks, every step synchronous) run by ``cocodiff run --plan`` has the simulator's
+    ranks, one synchronous step then two pipelined ones: the patches' transfers and the
+    ring after both kinds of step) run by ``cocodiff run --plan`` has the simulator's
     sha256 and bytes per tier (the stage-to-stage transfers cross the nodes)."""
     plan, sim, ran = tmp_path / "p.json", tmp_path / "s.json", tmp_path / "r.json"
     assert main(["plan", "--topology", "cluster", "--nodes", "2", "--model", "tiny-flux",
                  "--resolution", "128", "--dtype", "float32", "--steps", "3",
-                 "--schedule", "pipefusion", "--pipefusion", "2", "--warmup", "3",
+                 "--schedule", "pipefusion", "--pipefusion", "2", "--warmup", "1",
                  "--out", str(plan)]) == 0
     assert main(["simulate", "--plan", str(plan), "--json", str(sim)]) == 0
     cmd = launcher_prefix(launcher, 4) + ["-m", "cocodiff", "run", "--plan", str(plan),
@@ -102,6 +110,29 @@ def test_run_pipefusion_builds_the_plan_that_plan_writes_and_matches_one_process
 
 @pytest.mark.multiprocess
 @needs_torchrun
+def test_a_pipelined_run_hashes_plans_plan_and_reports_its_quality(tmp_path):
+    """`run --pipefusion 2` with the default warm-up (1) runs pipelined steps: it hashes
+    the plan `plan --out` writes for the same flags, and `--reference` reports PSNR and
+    SSIM against the same run with every step synchronous (lossy: not identical)."""
+    plan, ran = tmp_path / "p.json", tmp_path / "r.json"
+    same = ["--model", "tiny-flux", "--resolution", "128", "--steps", "3", "--dtype", "float32",
+            "--schedule", "pipefusion", "--pipefusion", "2"]
+    assert main(["plan", "--topology", "cluster", "--nodes", "1", *same, "--out", str(plan)]) == 0
+    cmd = launcher_prefix("torchrun", 2) + ["-m", "cocodiff", "run", *same, "--transport",
+                                            "torch", "--quiet", "--reference", "--json", str(ran)]
+    result = run_job(cmd, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = json.loads(ran.read_text())
+    assert record["plan_sha256"] == load_run_plan(plan).sha256
+    assert record["parallel"] == "P2xU1xM2/w1"
+    quality = record["quality"]
+    assert not quality["identical_image"] and quality["latent_max_abs_error"] > 0
+    assert 20 < quality["psnr_db"] < float("inf") and 0.9 < quality["ssim"] <= 1
+    assert "quality against the exact plan: PSNR" in result.stdout
+
+
+@pytest.mark.multiprocess
+@needs_torchrun
 def test_more_stages_than_layers_is_one_line(tmp_path):
     cmd = launcher_prefix("torchrun", 4) + ["-m", "cocodiff", "run", "--model", "tiny-flux",
                                             "--schedule", "pipefusion", "--pipefusion", "4",
@@ -115,8 +146,10 @@ def test_more_stages_than_layers_is_one_line(tmp_path):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--pipefusion", "2"], r"--pipefusion 2 does not divide the 1 ranks"),
-    (["--pipefusion", "1", "--steps", "3", "--warmup", "2"],
-     r"--warmup 2 < --steps 3: pipefusion's pipelined steps .* do not run yet"),
+    (["--pipefusion", "1", "--steps", "3", "--warmup", "4"],
+     r"--warmup 4 > --steps 3: the warm-up is the first steps of the run"),
+    (["--pipefusion", "1", "--steps", "3", "--warmup", "3", "--reference"],
+     r"--reference: every pipefusion step is synchronous here .* which is exact"),
     (["--pipefusion", "1", "--ulysses", "2"], r"leaves Ulysses 1 inside each stage"),
     (["--pipefusion", "1", "--ring", "2"], r"--ring, --batch and --parallel-layout do not"),
     ([], r"--schedule pipefusion needs --pipefusion N"),
@@ -132,20 +165,25 @@ def test_run_refuses_a_bad_pipefusion_in_one_line(capsys, args, message):
 def test_run_refuses_pipefusion_flags_without_the_schedule(capsys):
     assert main(["run", "--pipefusion", "2", "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == ("cocodiff run: error: --pipefusion and --warmup are PipeFusion's: "
-                           "give --schedule pipefusion")
+    assert err.strip() == ("cocodiff run: error: --pipefusion, --patches and --warmup are "
+                           "PipeFusion's: give --schedule pipefusion")
 
 
-def test_run_refuses_a_plan_file_with_pipelined_steps(tmp_path):
+def test_a_pipelined_plan_file_gives_its_layout(tmp_path):
     plan = tmp_path / "p.json"
     assert main(["plan", "--topology", "cluster", "--nodes", "1", "--model", "tiny-flux",
                  "--resolution", "128", "--dtype", "float32", "--steps", "3",
                  "--schedule", "pipefusion", "--pipefusion", "2", "--warmup", "1",
                  "--out", str(plan)]) == 0
     args = argparse.Namespace(schedule="pipefusion", plan=plan)
-    with pytest.raises(CocodiffError, match=r"has pipelined pipefusion steps .* --warmup at "
-                                            r"least --steps"):
-        pipeline_layout(args, 2, load_run_plan(plan))
+    assert pipeline_layout(args, 2, load_run_plan(plan)) == PipelineLayout(2, 1, 2, 1)
+
+
+def test_patches_that_do_not_cut_the_image_evenly_are_one_line():
+    check_patches(64, 2, 4)  # 8 tokens a patch on each Ulysses rank
+    with pytest.raises(ScheduleError, match=r"^60 image tokens do not cut into 4 patches on "
+                                            r"each of 2 Ulysses rank\(s\): .* a multiple of 8"):
+        check_patches(60, 2, 4)
 
 
 def test_a_synchronous_plan_file_gives_its_layout(tmp_path):
