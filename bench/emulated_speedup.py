@@ -30,6 +30,15 @@ validate's report), prints a table per configuration, and with ``--plot`` /
         --quick-calibration --heads 4 --head-dim 16 --layers 1 --single-layers 1 \\
         --resolution 128                                                 # ~2 min smoke
 
+``--single-host`` runs, instead, the README's two commands on this machine as a user runs
+them (no namespaces, no shaped link, no root): ``mpiexec -n N cocodiff calibrate`` then
+``validate`` (and the same under ``torchrun``), 1 x 4 and 1 x 2 ranks, the built-in
+tiny-flux (the README's default model) and the enlarged model (issue 38: on one host the
+simulator missed such runs by 25-54%). Not run in CI (minutes; the path itself is tested
+at small settings by ``tests/test_readme_validation.py``).
+
+    python bench/emulated_speedup.py --single-host --json results/single_host.json
+
 ``--configs`` takes ``NODESxRANKS@GBIT[,...]`` (the model and transport from the flags) or
 a JSON file: a list of configurations, or ``{"configs": [...]}`` as
 ``bench/regime_search.py`` writes it, each ``{"nodes", "ranks_per_node", "gbit",
@@ -170,13 +179,18 @@ class Config:
     ranks_per_node: int
     gbit: float
     transport: str = "torch"
-    model: EnlargedModel = EnlargedModel()
+    model: EnlargedModel | None = EnlargedModel()  # None: the built-in tiny-flux as it is
+    single_host: bool = False  # the plain launcher on this machine: no namespaces, no link
 
     @property
     def label(self) -> str:
         m = self.model
-        return (f"{self.nodes}x{self.ranks_per_node}@{self.gbit:g} {self.transport} "
-                f"h{m.hidden_size}l{m.layers + m.single_layers}r{m.resolution}")
+        shape = ("tiny-flux" if m is None
+                 else f"h{m.hidden_size}l{m.layers + m.single_layers}r{m.resolution}")
+        where = "host" if self.single_host else f"@{self.gbit:g}"
+        launcher = {"mpi": "mpiexec", "torch": "torchrun"}[self.transport] \
+            if self.single_host else self.transport
+        return f"{self.nodes}x{self.ranks_per_node}{where} {launcher} {shape}"
 
     @property
     def layout(self) -> str:
@@ -184,7 +198,8 @@ class Config:
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node, "gbit": self.gbit,
-                "transport": self.transport, "model": dataclasses.asdict(self.model)}
+                "transport": self.transport, "single_host": self.single_host,
+                "model": None if self.model is None else dataclasses.asdict(self.model)}
 
 
 # 2 x 2 and 4 x 2; a bandwidth-bound link (0.2 Gbit/s) and one where the CPU bounds the
@@ -193,6 +208,14 @@ class Config:
 DEFAULT_CONFIGS = tuple(
     Config(nodes, ranks, gbit, "torch", model)
     for nodes, ranks in ((2, 2), (4, 2)) for gbit in (0.2, 5.0) for model in (SMALL, ENLARGED)
+)
+
+
+# One host as the README runs it (issue 38): 1 x 4 and 1 x 2 ranks on this machine's cores,
+# mpiexec (MPI) and torchrun (gloo), the built-in tiny-flux and the enlarged model.
+SINGLE_HOST_CONFIGS = tuple(
+    Config(1, ranks, 0.0, transport, model, single_host=True)
+    for ranks in (4, 2) for transport in ("mpi", "torch") for model in (None, ENLARGED)
 )
 
 
@@ -264,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
                         "flags), or a JSON file of configurations (e.g. bench/regime_search.py's"
                         "); default: 2x2 and 4x2 at 0.2 and 5 Gbit/s, a small and an enlarged "
                         "model, gloo (8 configurations)")
+    parser.add_argument("--single-host", action="store_true",
+                        help="the README's calibrate + validate on this machine under mpiexec "
+                        "and torchrun (1x4, 1x2; tiny-flux and the enlarged model), no "
+                        "emulated cluster; not with --configs")
     parser.add_argument("--top", type=int, default=None,
                         help="with a JSON --configs: only its first N configurations")
     parser.add_argument("--delay-ms", type=float, default=0.0,
@@ -275,11 +302,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="rounds over the schedules, at least (default 3)")
     parser.add_argument("--max-repeats", type=int, default=10,
                         help="rounds at most: after --repeats, validate adds rounds while a "
-                        "row's 95%% interval is wider than --precision (default 10)")
+                        "row's 95%% interval neither resolves its error nor is within "
+                        "--precision (default 10)")
     parser.add_argument("--precision", type=float, default=0.04,
-                        help="the widest 95%% interval a row may keep, as a fraction of its "
-                        "step (default 0.04: the small model's runs vary ~11%% round to round "
-                        "here, so its rows reach --max-repeats)")
+                        help="a row whose 95%% interval is this narrow, as a fraction of its "
+                        "step, needs no more rounds whatever its error (default 0.04: the "
+                        "small model's runs vary ~11%% round to round here)")
     parser.add_argument("--steps", type=int, default=6,
                         help="denoising steps per run; the first is not counted (default 6)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
@@ -332,7 +360,11 @@ def _check_schedules(text: str) -> list[str]:
 
 
 def _configs(args: argparse.Namespace) -> list[Config]:
-    if args.configs is None:
+    if args.single_host:
+        if args.configs is not None:
+            raise ValueError("--single-host runs its own configurations: not with --configs")
+        configs = list(SINGLE_HOST_CONFIGS)
+    elif args.configs is None:
         configs = list(DEFAULT_CONFIGS)
     else:
         model = EnlargedModel(args.base, args.heads, args.head_dim, args.layers,
@@ -358,12 +390,12 @@ def _run(args: argparse.Namespace) -> int:
     report_configs = []
     notes: list[str] = []
     for index, config in enumerate(configs):
-        if config.model not in model_dirs:
+        if config.model is not None and config.model not in model_dirs:
             model_dirs[config.model] = export_enlarged(config.model,
                                                        work / f"model-{len(model_dirs)}")
-        report_configs.append(_measure_config(args, config, schedules,
-                                              model_dirs[config.model], work / f"c{index}",
-                                              notes))
+        measure = _measure_single_host if config.single_host else _measure_config
+        report_configs.append(measure(args, config, schedules, model_dirs.get(config.model),
+                                      work / f"c{index}", notes))
     report = {
         "steps": args.steps,
         "repeats": args.repeats,
@@ -485,6 +517,64 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
                           "--timeout", str(args.timeout), "--quiet", "--json", str(validated)],
                 config.transport, timeout_s=args.timeout, log_dir=here / "validate-logs")
         print(f"  validated in {time.monotonic() - started:.0f} s", flush=True)
+    return config_report(config, {**dataclasses.asdict(cluster_spec), "layout": config.layout},
+                         calibration, validated, notes)
+
+
+def launcher_prefix(transport: str, ranks: int) -> list[str]:
+    """How a user launches ``ranks`` ranks of ``cocodiff`` on this machine."""
+    binaries = Path(sys.executable).parent
+    if transport == "mpi":
+        return [str(binaries / "mpiexec"), "-n", str(ranks), sys.executable, "-m", "cocodiff"]
+    return [str(binaries / "torchrun"), "--nproc-per-node", str(ranks), "--no-python",
+            sys.executable, "-m", "cocodiff"]
+
+
+def _measure_single_host(args, config: Config, schedules: list[str], model_dir: Path | None,
+                         here: Path, notes: list[str]) -> dict[str, Any]:
+    """The README's two commands on this machine under the configuration's launcher:
+    calibrate (its default settings, the model's size), then validate on its topology."""
+    here.mkdir(parents=True)
+    common = (["--model", "tiny-flux"] if model_dir is None or config.model is None else
+              ["--model", str(model_dir), "--resolution", str(config.model.resolution)])
+    launch = launcher_prefix(config.transport, config.ranks_per_node)
+    calibration, validated = here / "calibrated.toml", here / "validate.json"
+    print(f"{config.label}: {config.ranks_per_node} ranks on this host, {config.transport}",
+          flush=True)
+    env = single_process_env()
+    for name, command in (
+        ("calibrate", [*launch, "calibrate", *common, "--dtype", args.dtype,
+                       *(["--quick"] if args.quick_calibration else []),
+                       "--transport", config.transport, "--output", str(calibration),
+                       "--json", str(calibration.with_suffix(".json"))]),
+        ("validate", [*launch, "validate", *common, "--topology", str(calibration),
+                      "--steps", str(args.steps), "--rounds", str(args.repeats),
+                      "--max-rounds", str(args.max_repeats), "--precision", str(args.precision),
+                      "--schedules", ",".join(schedules), "--transport", config.transport,
+                      "--dtype", args.dtype, "--timeout", str(args.timeout), "--quiet",
+                      "--json", str(validated)])):
+        started = time.monotonic()
+        log = here / f"{name}.log"
+        with log.open("w") as out:
+            done = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, timeout=args.timeout, cwd=here)
+        if done.returncode != 0:
+            tail = log.read_text()[-500:].strip().splitlines()
+            raise ValueError(f"{name} on {config.label} exited {done.returncode}: "
+                             f"{tail[-1] if tail else 'no output'} (log: {log})")
+        print(f"  {name}d in {time.monotonic() - started:.0f} s", flush=True)
+    verdict = (read_json(calibration.with_suffix(".json")) or {}).get("verdict") or {}
+    if verdict.get("holds") is False:
+        notes.append(f"calibrate on {config.label}: {'; '.join(verdict['reasons'])}")
+    return config_report(config, {"num_nodes": 1, "ranks_per_node": config.ranks_per_node,
+                                  "inter_gbit": None, "layout": config.layout,
+                                  "single_host": True}, calibration, validated, notes)
+
+
+def config_report(config: Config, cluster: dict[str, Any], calibration: Path, validated: Path,
+                  notes: list[str]) -> dict[str, Any]:
+    """One configuration's entry: validate's report, the rows keyed by schedule
+    (``schedule@layout`` off pure Ulysses) with speedups, and the calibration."""
     report = json.loads(validated.read_text())
     from cocodiff.commands.validate import machine_text
 
@@ -502,7 +592,7 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
                     row[f"predicted_speedup_over_{base}"] = (
                         summary[base]["predicted_step_s"] / row["predicted_step_s"])
     return {
-        "cluster": {**dataclasses.asdict(cluster_spec), "layout": config.layout},
+        "cluster": cluster,
         "config": config.to_json(),
         "label": config.label,
         "calibration": {"topology": calibration.read_text(),

@@ -36,6 +36,7 @@ Conventions (``d`` = hidden size, ``S_loc`` = local tokens, ``S`` = total tokens
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from cocodiff import kernels as kn
@@ -228,7 +229,39 @@ def op_cost(spec: ModelSpec, op: str, shape: LayerShape) -> Cost:
 def op_kernels(spec: ModelSpec, op: str, shape: LayerShape) -> tuple[kn.Kernel, ...]:
     """The kernels ``op`` launches on one rank (:mod:`cocodiff.kernels`): its matrix
     products or attention at their shapes, and the elementwise work diffusers runs around
-    them (per token, :func:`cocodiff.kernels.family_passes`)."""
+    them (per token, :func:`cocodiff.kernels.family_passes`), each carrying its share of
+    the ATen ops the layer dispatches eager (:func:`host_ops_per_launch`)."""
+    out = _op_kernels(spec, op, shape)
+    per_launch = host_ops_per_launch(spec, shape)
+    return out if per_launch is None else tuple(k.with_host_ops(per_launch) for k in out)
+
+
+@functools.lru_cache(maxsize=512)
+def host_ops_per_launch(spec: ModelSpec, shape: LayerShape,
+                        ops_per_layer: float | None = None) -> float | None:
+    """ATen ops dispatched per eager kernel launch in a layer of ``spec`` at ``shape``:
+    the layer's dispatched ops (``ops_per_layer``, else the family's count,
+    :func:`cocodiff.kernels.dispatched_ops_per_layer`) spread over its launches in
+    proportion (an assumption: which op of the layer dispatches what is not counted,
+    only the layer's total). None where the family's ops are not counted (one per
+    launch, as the launch counts alone).
+
+    The family's count is diffusers' own blocks' for every layout. The runtime's
+    processors dispatch more under Ulysses (counted: FLUX 151 / 101 against 114 / 68),
+    but a Ring rank's count through the hybrid processors is not counted yet, and
+    charging the extra ops to Ulysses ranks alone made a pure Ring look cheaper than it
+    is (it flipped the 4 x H100 eager pick from Ulysses 4 to Ring 4): one count for all
+    until both are counted."""
+    if ops_per_layer is None:
+        ops_per_layer = kn.dispatched_ops_per_layer(spec)
+    if ops_per_layer is None:
+        return None
+    count = sum(kn.launches(k, "eager") for op in OPS if _OP_COSTS[op](spec, shape) != ZERO
+                for k in _op_kernels(spec, op, shape))
+    return ops_per_layer / count if count else None
+
+
+def _op_kernels(spec: ModelSpec, op: str, shape: LayerShape) -> tuple[kn.Kernel, ...]:
     d, s_loc, b = spec.hidden_size, shape.local_tokens, shape.dtype_bytes
     out: list[kn.Kernel] = []
     if op in ("proj_q", "proj_k", "proj_v", "proj_out"):

@@ -20,9 +20,14 @@ Kernel classes and their closed forms (``R`` = the device's rates, :func:`kernel
   merges): ``bytes / R.memory``; eager PyTorch runs each op as its own kernel over the
   whole tensor, ``torch.compile`` fuses a chain between two matrix products into one kernel
   that reads its inputs and writes its outputs once (:data:`PASSES` gives both counts).
-- every launch adds ``R.launch`` on the GPU; the host spends ``R.host`` issuing it. A
-  compute step takes ``max(GPU time, host time)``: the GPU runs ahead of nothing, so a
-  step of many small kernels is bound by the host that issues them (eager), not the GPU.
+- every launch adds ``R.launch`` on the GPU; the host spends ``R.host`` on every ATen op
+  it dispatches, eager (:data:`DISPATCHED_OPS`: views, chunks and casts included, several
+  per kernel: diffusers' FLUX blocks dispatch 114 / 68 ops where they launch ~40 kernels),
+  compiled on every kernel of the fused graph. A compute step takes
+  ``max(GPU time, host time)``: the GPU runs ahead of nothing, so a step of many small
+  kernels is bound by the host that issues them (eager), not the GPU. Where the device is
+  the host (a CPU: ``R.host`` is 0) one core does both, one after the other: the step is
+  the work plus ``R.launch`` per dispatched op.
 
 The kernels and bytes per operation are counted from diffusers' transformer code (see
 :data:`PASSES`): "passes" are reads or writes of one ``d``-wide row per token in the
@@ -61,6 +66,9 @@ class Kernel:
         fused_launches: kernels the compiled graph launches.
         m, k, n: a GEMM's shape (per launch).
         q_tokens, kv_tokens, heads, head_dim: an attention kernel's shape.
+        host_ops: ATen ops eager PyTorch dispatches for this kernel's share of the model
+            code (views and casts included, :func:`host_ops_per_launch`); None: one per
+            launch.
     """
 
     kind: KernelKind
@@ -76,6 +84,7 @@ class Kernel:
     kv_tokens: int = 0
     heads: int = 0
     head_dim: int = 0
+    host_ops: float | None = None
 
     def times(self, factor: int) -> Kernel:
         """The kernel over ``factor`` samples: a GEMM's rows and an attention's batch grow
@@ -85,7 +94,14 @@ class Kernel:
         return Kernel(self.kind, self.flops * factor, self.memory_bytes * factor,
                       self.fused_bytes * factor, self.launches, self.fused_launches,
                       self.m * factor, self.k, self.n, self.q_tokens, self.kv_tokens,
-                      self.heads * factor, self.head_dim)
+                      self.heads * factor, self.head_dim, self.host_ops)
+
+    def with_host_ops(self, per_launch: float) -> Kernel:
+        """The kernel with ``per_launch`` dispatched ATen ops per eager launch."""
+        return Kernel(self.kind, self.flops, self.memory_bytes, self.fused_bytes,
+                      self.launches, self.fused_launches, self.m, self.k, self.n,
+                      self.q_tokens, self.kv_tokens, self.heads, self.head_dim,
+                      self.launches * per_launch)
 
 
 def gemm(m: int, k: int, n: int, dtype_bytes: int, launches: float = 1.0) -> Kernel:
@@ -270,6 +286,38 @@ def ring_merge(attention_kernel: Kernel, dtype_bytes: int, first: bool) -> Kerne
                        passes.launches, passes.fused_launches)
 
 
+# ATen ops one layer dispatches in eager mode (a TorchDispatchMode over one forward,
+# inside each block: views, chunks, casts and copies included), by family and block kind,
+# as diffusers 0.42's blocks issue them alone ("diffusers") and as this project's runtime
+# issues them under Ulysses ("ulysses": its processors' layout, all-to-all and
+# head-split ops added; counted, not charged yet: cocodiff.cost.host_ops_per_launch says
+# why). Counted on the tiny twins (tiny-flux, tiny-sd3, tiny-qwen, tiny-wan); the count
+# does not depend on the sizes (the same at 4 x 16 and 8 x 32 heads, checked by
+# tests/test_dispatch_count.py, which re-counts them so this table cannot rot). What a
+# kernel launch costs the host is these ops, not one: 126 ops per tiny-flux layer under
+# the runtime against 46 kernels (docs/compute-model.md, "eager host").
+DISPATCHED_OPS: dict[str, dict[str, dict[str, float]]] = {
+    "flux": {"double": {"diffusers": 114, "ulysses": 151},
+             "single": {"diffusers": 68, "ulysses": 101}},
+    "sd3": {"joint": {"diffusers": 92}},
+    "qwen-image": {"joint": {"diffusers": 145}},
+    "wan": {"cross": {"diffusers": 106}},
+}
+
+
+def dispatched_ops_per_layer(spec: ModelSpec) -> float | None:
+    """ATen ops an (average) layer of ``spec``'s diffusers blocks dispatch eager
+    (:data:`DISPATCHED_OPS`; FLUX's block kinds mixed as the kernel counts are). None for
+    a family not counted."""
+    table = DISPATCHED_OPS.get(spec.family)
+    if table is None:
+        return None
+    if spec.family == "flux":
+        share = _flux_double_share(spec)
+        return share * table["double"]["diffusers"] + (1 - share) * table["single"]["diffusers"]
+    return next(iter(table.values()))["diffusers"]
+
+
 def check_mode(mode: str) -> str:
     """``mode`` if it is one of :data:`COMPUTE_MODES`.
 
@@ -322,12 +370,26 @@ def launches(kernel: Kernel, mode: str) -> float:
     return kernel.fused_launches if mode == "compiled" else kernel.launches
 
 
+def host_ops(kernel: Kernel, mode: str) -> float:
+    """ATen ops the host dispatches for ``kernel``: eager, its share of the model code's
+    ops (:attr:`Kernel.host_ops`, else one per launch); compiled, the fused graph's
+    launches."""
+    if mode == "compiled" or kernel.host_ops is None:
+        return launches(kernel, mode)
+    return kernel.host_ops
+
+
 def device_seconds(kernels: tuple[Kernel, ...], rates: DeviceRates, mode: str) -> float:
     """A compute step's time: ``max(GPU, host)`` where the GPU does every kernel's work
-    plus a launch gap per kernel and the host issues every kernel."""
+    plus a launch gap per kernel and the host spends ``host_us`` on every op it
+    dispatches (:func:`host_ops`). With ``host_us`` 0 the device is the host (a CPU):
+    the work plus ``launch_us`` per dispatched op, one after the other."""
     check_mode(mode)
     gap_us, host_us = ((rates.compiled_launch_us, rates.compiled_host_us) if mode == "compiled"
                        else (rates.launch_us, rates.host_us))
+    work = sum(kernel_seconds(k, rates, mode) for k in kernels)
+    dispatched = sum(host_ops(k, mode) for k in kernels)
+    if host_us == 0:
+        return work + dispatched * gap_us * 1e-6
     count = sum(launches(k, mode) for k in kernels)
-    gpu = sum(kernel_seconds(k, rates, mode) for k in kernels) + count * gap_us * 1e-6
-    return max(gpu, count * host_us * 1e-6)
+    return max(work + count * gap_us * 1e-6, dispatched * host_us * 1e-6)

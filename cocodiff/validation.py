@@ -12,9 +12,11 @@ predicted with the flat plan of the same run, its calls priced at what calibrate
 diffusers' own exchange call to cost (``[host] diffusers_call_cpu_us``, where there is one).
 
 How sure a measurement is comes from its rounds: each row's 95% interval over its round
-medians (:func:`log_interval_95`), and the pick's gap to the best paired round by round
-(:func:`pick_against_best`); ``validate --max-rounds`` adds rounds while the least
-precise row is wider than asked (:func:`widest_precision`).
+medians (:func:`log_interval_95`), whether that interval resolves the row's error
+(:func:`error_resolved`), and the pick's gap to the best paired round by round
+(:func:`pick_against_best`); ``validate`` adds rounds, up to ``--max-rounds``, while a
+row's interval neither resolves its error nor is within ``--precision``
+(:func:`rows_to_resolve`).
 
 The argument parsing and printing live in :mod:`cocodiff.commands.validate`.
 """
@@ -375,6 +377,56 @@ def widest_precision(measurements: Measurements, cases: Sequence[Case]) -> float
     return max(width for width in widths if width is not None)
 
 
+def error_resolved(error: float | None, precision: float | None) -> bool | None:
+    """Whether a row's 95% interval tells its error from none: the prediction lies outside
+    the interval of the measured step (``measured x [1 / (1 + p), 1 + p]``, p its
+    :func:`precision_95`), i.e. ``|log(1 + error)| > log(1 + p)``. None without both (one
+    round gives no interval)."""
+    if error is None or precision is None:
+        return None
+    return abs(math.log1p(error)) > math.log1p(precision)
+
+
+def rows_to_resolve(measurements: Measurements, cases: Sequence[Case],
+                    predicted: Callable[[Case], float | None], precision: float) -> list[str]:
+    """The rows another round can still help (by case name): under 2 rounds, or whose
+    95% interval neither resolves its error (:func:`error_resolved`) nor is within
+    ``precision``. ``predicted(case)``: the case's predicted step (None: none, and only
+    the precision counts).
+
+    Why the floor at ``precision``: an error of 1% would need a +-1% interval to be told
+    from none, more rounds than a busy machine gives; within ``precision`` the row's
+    step is pinned, whatever its error. The rule reads errors, so it stops sooner on a
+    round that happens to widen one; rows start with ``--rounds`` rounds, and the
+    reported errors of issue 38 (25-54%) are far beyond such a round's reach."""
+    unresolved = []
+    for case in cases:
+        if case.name in measurements.skipped:
+            continue
+        medians = measurements.medians(case)
+        width = precision_95(medians)
+        if width is None:
+            unresolved.append(case.name)
+            continue
+        step = predicted(case)
+        error = None if step is None else step / statistics.median(medians) - 1
+        if width > precision and not error_resolved(error, width):
+            unresolved.append(case.name)
+    return unresolved
+
+
+def predict_case(case: Case, measurements: Measurements, topology, collective
+                 ) -> dict[str, Any] | None:
+    """The simulated step of the plan ``case`` ran (:func:`predicted_plan`, on its
+    schedule's machine: :func:`topology_of`) with the plan's name and hash; None when
+    there is no plan to simulate."""
+    run_plan = predicted_plan(case, measurements)
+    if run_plan is None:
+        return None
+    return {**predict_step_s(run_plan, topology_of(case.schedule, topology), collective),
+            "predicted_with_plan": run_plan.schedule, "plan_sha256": run_plan.sha256}
+
+
 def predicted_plan(case: Case, measurements: Measurements):
     """The plan the simulator runs for ``case``: the one it executed, or for a baseline
     the flat plan its pure-Ulysses peers executed (None when none ran)."""
@@ -422,13 +474,15 @@ def predict_step_s(run_plan, topology, collective) -> dict[str, Any]:
 
 
 def summarise(cases: Sequence[Case], measurements: Measurements, topology, collective,
-              reference=None) -> dict[str, Any]:
+              reference=None, predictions: dict[Case, Any] | None = None) -> dict[str, Any]:
     """The rows (measured, predicted, error), the planner's pick and the measured best.
 
     The planner's pick is the plan-schedule row the simulator predicts fastest (what
     ``cocodiff plan`` would choose among the cases run); the measured best is the
     fastest row measured, baselines included. ``reference``: single-process final
     latents; each row then gets its round-1 latents' max abs difference from them.
+    ``predictions``: :func:`predict_case`'s results already made (by case), reused.
+    Each row says whether its interval resolves its error (``error_resolved``).
     """
     from cocodiff.runtime.baseline import BASELINES
     from cocodiff.schedules import get_schedule
@@ -450,15 +504,14 @@ def summarise(cases: Sequence[Case], measurements: Measurements, topology, colle
                 and run["comm_s"] is not None]
         if comm:
             row["comm_s"] = statistics.median(comm)
-        run_plan = predicted_plan(case, measurements)
-        if run_plan is not None:
-            row.update(predict_step_s(run_plan, topology_of(case.schedule, topology),
-                                      collective))
-            row["predicted_with_plan"] = run_plan.schedule
-            row["plan_sha256"] = run_plan.sha256
+        predicted = (predictions[case] if predictions is not None and case in predictions
+                     else predict_case(case, measurements, topology, collective))
+        if predicted is not None:
+            row.update(predicted)
             row["error"] = row["predicted_step_s"] / measured - 1
         else:
             row.update(predicted_step_s=None, error=None)
+        row["error_resolved"] = error_resolved(row["error"], row["precision_95"])
         if reference is not None and case in measurements.first_latents:
             diff = float((measurements.first_latents[case].float() - reference.float())
                          .abs().max())

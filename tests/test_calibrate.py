@@ -191,6 +191,29 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     assert block["step_overhead_s"] > 0 and len(block["per_rank_step_overhead_s"]) == 2
     assert spec.tile_step_overhead_us == pytest.approx(block["step_overhead_s"] * 1e6)
     assert "outside the blocks:" in done.stdout
+    # The kernel model's classes, timed every rank at once, its rates fitted to them alone
+    # and checked on the real blocks; written as [device] only where the check holds.
+    kernels = data["kernels"]
+    assert kernels["rates"]["gemm_tflops"] > 0 and kernels["rates"]["sm_count"] == 1
+    assert len(kernels["per_rank_seconds"]) == 2
+    check = kernels["block_check"]
+    assert check["error"] == pytest.approx(check["kernel_layer_s"] / check["measured_layer_s"]
+                                           - 1)
+    assert check["measured_layer_s"] == pytest.approx(block["layer_s"])
+    # The host term: the ATen ops the blocks dispatch, counted on the model at hand
+    # (tiny-flux: 1 double + 1 single block under the runtime, cocodiff.kernels' table).
+    from cocodiff.kernels import DISPATCHED_OPS
+
+    flux = DISPATCHED_OPS["flux"]
+    assert check["dispatched_ops_per_layer"] == pytest.approx(
+        (flux["double"]["ulysses"] + flux["single"]["ulysses"]) / 2)
+    assert "kernel model on the real blocks:" in done.stdout
+    written = output.read_text()
+    if kernels["used"]:
+        assert spec.device.gemm_tflops == pytest.approx(kernels["rates"]["gemm_tflops"])
+    else:
+        assert spec.device is None and "# [device]" in written
+        assert f"# gemm_tflops = {kernels['rates']['gemm_tflops']!r}" in written
     # One core's rates, as measured: the simulator shares the host's cores.
     assert spec.tile_tflops == pytest.approx(data["compute"]["tile_tflops"])
     assert data["compute"]["tile_tflops"] == pytest.approx(block["effective_tflops"])

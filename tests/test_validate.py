@@ -319,3 +319,78 @@ def test_diffusers_is_simulated_with_its_own_call_price_where_calibrate_measured
     assert topology_of("diffusers", unpriced) is unpriced
     bare = build_topology(get_preset("cluster"))
     assert topology_of("diffusers", bare) is bare
+
+
+def test_a_rows_error_is_resolved_only_when_the_prediction_lies_outside_its_interval():
+    from cocodiff.validation import error_resolved
+
+    assert error_resolved(-0.30, 0.10)  # measured 10 +-10%, predicted 7: outside
+    assert not error_resolved(-0.05, 0.10)  # predicted 9.5: inside the interval
+    assert not error_resolved(0.09, 0.10) and error_resolved(0.11, 0.10)
+    # the interval is [m / 1.1, m x 1.1]: -9.1% is its edge below
+    assert not error_resolved(-0.09, 0.10) and error_resolved(-0.092, 0.10)
+    assert error_resolved(None, 0.1) is None and error_resolved(0.2, None) is None
+
+
+def test_rounds_are_added_while_a_rows_interval_neither_resolves_its_error_nor_is_precise():
+    from cocodiff.commands.validate import _another_round, rounds_stop
+    from cocodiff.validation import rows_to_resolve
+
+    cases = [Case("flat"), Case("vfirst")]
+    measurements = Measurements()
+    for index, (flat, vfirst) in enumerate(((1.0, 2.0), (1.2, 2.02))):
+        for case, step in zip(cases, (flat, vfirst), strict=True):
+            measurements.add(case, index, RunResult([9.0, step, step], None, None, None))
+    # flat +-116%: a prediction of 1.5 (+36%) lies inside; vfirst +-6%: 1.0 (-50%) outside
+    predicted = {"flat": 1.5, "vfirst": 1.0}
+    assert rows_to_resolve(measurements, cases, lambda case: predicted[case.schedule],
+                           0.03) == ["flat"]
+    # flat predicted at 10 x: resolved however wide; vfirst within a loose precision
+    assert rows_to_resolve(measurements, cases, lambda case: 10.0, 0.07) == []
+    args = SimpleNamespace(rounds=2, max_rounds=5, precision=0.03)
+    assert _another_round(_OneRank(), args, measurements, cases, 2,
+                          lambda case: predicted[case.schedule])
+    assert not _another_round(_OneRank(), args, measurements, cases, 2, lambda case: 10.0)
+    assert not _another_round(_OneRank(), args, measurements, cases, 5,
+                              lambda case: predicted[case.schedule])  # the cap
+    # the stop's reason, from the rows as reported
+    rows = [{"schedule": "flat", "layout": "pure", "precision_95": 1.16, "error_resolved": False},
+            {"schedule": "vfirst", "layout": "pure", "precision_95": 0.06,
+             "error_resolved": True}]
+    stop = rounds_stop(args, 5, rows)
+    assert stop["reason"] == "max_rounds" and stop["unresolved"] == ["flat@pure"]
+    assert "--max-rounds 5" in stop["text"] and "flat@pure" in stop["text"]
+    assert rounds_stop(args, 3, rows[1:])["reason"] == "resolved"
+    no_extra = SimpleNamespace(rounds=2, max_rounds=2, precision=0.03)
+    assert rounds_stop(no_extra, 2, rows)["reason"] == "no_extra_rounds"
+
+
+def test_the_rounds_cap_defaults_to_ten_or_rounds_when_more():
+    from cocodiff.commands.validate import DEFAULT_MAX_ROUNDS, max_rounds
+
+    assert max_rounds(SimpleNamespace(rounds=3, max_rounds=None)) == DEFAULT_MAX_ROUNDS == 10
+    assert max_rounds(SimpleNamespace(rounds=12, max_rounds=None)) == 12
+    assert max_rounds(SimpleNamespace(rounds=3, max_rounds=3)) == 3
+
+
+def test_a_row_whose_interval_is_wider_than_its_error_says_so():
+    from cocodiff.commands.validate import error_text
+
+    assert error_text(-0.052, False) == "-5.2% (unresolved)"
+    assert error_text(-0.30, True) == "-30.0%"
+    assert error_text(0.1, None) == "+10.0%" and error_text(None, None) == "-"
+
+
+def test_calibrates_verdict_beside_the_topology_is_a_note_when_it_will_not_hold(tmp_path):
+    from cocodiff.commands.validate import _calibration_verdict
+
+    topology = tmp_path / "m.toml"
+    topology.write_text(TWO_RANKS_TOML)
+    assert _calibration_verdict(str(topology)) is None  # no JSON beside it
+    beside = topology.with_suffix(".json")
+    beside.write_text(json.dumps({"verdict": {"holds": True, "reasons": []}}))
+    assert _calibration_verdict(str(topology)) is None
+    beside.write_text(json.dumps({"verdict": {"holds": False, "reasons": ["load 9 on 2 cores"]}}))
+    assert _calibration_verdict(str(topology)) == "predictions will not hold: load 9 on 2 cores"
+    beside.write_text("[1, 2]")
+    assert _calibration_verdict(str(topology)) is None and _calibration_verdict("aurora") is None

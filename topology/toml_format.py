@@ -24,6 +24,21 @@ A file describes one node and how many of them there are; every node is identica
     memory_gb = 80.0           # device memory of one tile, GB; the planner refuses layouts
                                # that do not fit (default 0: not known, nothing refused)
 
+    [device]                   # optional: the tile's kernel rates written out (what
+                               # `cocodiff calibrate` measured; topology.DeviceRates). Each
+                               # key replaces that rate of [tile] device's (or the preset's)
+                               # rates; without either, every key is required
+    name = "calibrated-cpu"
+    gemm_tflops = 0.1          # matrix products' achieved TFLOP/s (slope of t = F / R + t0)
+    gemm_fixed_us = 2.6        # a matrix product's fixed time t0, us
+    attention_tflops = [[20, 0.0056], [80, 0.029]]  # (sequence length, TFLOP/s), ascending
+    memory_gbps = 6.9          # elementwise kernels' GB/s
+    sm_count = 1               # units thread blocks spread over (SMs; 1 on a CPU)
+    launch_us = 1.5            # device time per kernel launch, us
+    host_us = 0.0              # host CPU time to issue one op, us (0: the device is the host)
+    compiled_launch_us = 1.5   # the same under torch.compile
+    compiled_host_us = 0.0
+
     [links.tile]               # every two tiles of one GPU; required iff tiles_per_gpu > 1
     bandwidth_gbps = 185.0     # GB/s per direction
     latency_us = 2.0
@@ -77,9 +92,11 @@ from topology.errors import TopologyError
 from topology.presets import DEVICES, PRESETS
 from topology.spec import (
     HOST_FIELDS,
+    DeviceRates,
     HostSpec,
     LinkSpec,
     TopologySpec,
+    check_device_rates,
     check_num_nodes,
     validate_spec,
 )
@@ -89,13 +106,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-_TOP_KEYS = ("preset", "name", "nodes", "tile", "links", "fabric", "host")
+_TOP_KEYS = ("preset", "name", "nodes", "tile", "links", "fabric", "host", "device")
 _NODES_KEYS = ("count", "gpus", "tiles_per_gpu", "nics")
 _TILE_KEYS = ("tflops", "memory_gbps", "step_overhead_us", "device", "memory_gb")
 _LINK_NAMES = ("tile", "gpu", "port", "host", "nic")
 _LINK_KEYS = ("bandwidth_gbps", "latency_us")
 _GPU_LINK_KEYS = (*_LINK_KEYS, "fabric")
 _FABRIC_KEYS = ("latency_us",)
+_DEVICE_NUMBERS = ("gemm_tflops", "gemm_fixed_us", "memory_gbps", "launch_us", "host_us",
+                   "compiled_launch_us", "compiled_host_us")
+_DEVICE_KEYS = ("name", *_DEVICE_NUMBERS, "sm_count", "attention_tflops")
 
 # Spec field -> (TOML table, key or None for a whole link table).
 _FIELD_KEYS: dict[str, tuple[str, str | None]] = {
@@ -178,8 +198,10 @@ def dump_topology(spec: TopologySpec) -> str:
     ]
     if spec.tile_step_overhead_us:  # 0 is the default: files without it stay as they were
         lines.append(f"step_overhead_us = {_toml_float(spec.tile_step_overhead_us)}")
-    if spec.device is not None and DEVICES.get(spec.device.name) == spec.device:
-        lines.append(f"device = {_toml_string(spec.device.name)}")
+    device = spec.device
+    preset_device = device is not None and DEVICES.get(device.name) == device
+    if device is not None and preset_device:
+        lines.append(f"device = {_toml_string(device.name)}")
     if spec.tile_memory_gb:  # 0 (not known) is the default
         lines.append(f"memory_gb = {_toml_float(spec.tile_memory_gb)}")
 
@@ -205,8 +227,19 @@ def dump_topology(spec: TopologySpec) -> str:
     lines.extend(["", "[fabric]", f"latency_us = {_toml_float(spec.fabric_latency_us)}"])
     if spec.host is not None:
         lines.extend(_host_lines(spec.host))
+    if device is not None and not preset_device:
+        lines.extend(device_lines(device))
     lines.append("")
     return "\n".join(lines)
+
+
+def device_lines(rates: DeviceRates) -> list[str]:
+    """The ``[device]`` table of ``rates`` (every key: it loads without a base device)."""
+    table = ", ".join(f"[{length}, {_toml_float(rate)}]" for length, rate in
+                      rates.attention_tflops)
+    return ["", "[device]", f"name = {_toml_string(rates.name)}",
+            *(f"{key} = {_toml_float(getattr(rates, key))}" for key in _DEVICE_NUMBERS),
+            f"sm_count = {rates.sm_count}", f"attention_tflops = [{table}]"]
 
 
 def _host_lines(host: HostSpec) -> list[str]:
@@ -288,6 +321,10 @@ class _Loader:
                 f"unknown device {device_name!r} in {self.where('tile', 'device')} "
                 f"(valid: {', '.join(sorted(DEVICES))}, roofline)"
             )
+        if "device" in self.doc and device_name == "roofline":
+            raise TopologyError(f"{self.where('tile', 'device')} is \"roofline\" but "
+                                f"{self.where('device')} sets kernel rates: keep one")
+        device = self.device(device)
 
         links = self.table(doc, "links")
         self.check_keys(links, "links", _LINK_NAMES)
@@ -367,6 +404,42 @@ class _Loader:
                 f"unknown preset {preset!r} in {self.file} (valid: {', '.join(sorted(PRESETS))})"
             )
         return factory()
+
+    def device(self, base: DeviceRates | None) -> DeviceRates | None:
+        """The ``[device]`` table over ``base`` (``[tile] device``'s or the preset's
+        rates): each key given replaces that rate; without a base every key is needed."""
+        table = self.table(self.doc, "device")
+        self.check_keys(table, "device", _DEVICE_KEYS)
+        if not table:
+            return base
+        where = self.where("device")
+        name = self.string(table, "device", "name")
+        values: dict[str, Any] = {
+            "name": name if name is not None else (base.name if base else "custom")}
+        for key in _DEVICE_NUMBERS:
+            values[key] = self.number(table, "device", key,
+                                      getattr(base, key) if base else None)
+        values["sm_count"] = self.count(table, "device", "sm_count",
+                                        base.sm_count if base else None, 1)
+        attention = table.get("attention_tflops")
+        if attention is None:
+            if base is None:
+                raise TopologyError(f"missing key attention_tflops in {where}")
+            values["attention_tflops"] = base.attention_tflops
+        else:
+            pairs = []
+            for pair in attention if isinstance(attention, list) else [None]:
+                if (not isinstance(pair, list) or len(pair) != 2
+                        or isinstance(pair[0], bool) or not isinstance(pair[0], int)
+                        or isinstance(pair[1], bool) or not isinstance(pair[1], (int, float))):
+                    raise TopologyError(
+                        f"expected [[length, TFLOP/s], ...] for "
+                        f"{self.where('device', 'attention_tflops')}, got {_describe(attention)}")
+                pairs.append((pair[0], float(pair[1])))
+            values["attention_tflops"] = tuple(pairs)
+        rates = DeviceRates(**values)
+        check_device_rates(rates, where)
+        return rates
 
     def host(self, default: HostSpec | None) -> HostSpec | None:
         """The ``[host]`` table over the preset's host (if any); None without either."""

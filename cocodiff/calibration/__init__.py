@@ -32,6 +32,12 @@ What is measured (all on the real transport, between real processes):
   **work outside the blocks** (the forward less its blocks: embedders, RoPE's positions,
   norm_out, proj_out, all on the rank's shard) plus a scheduler step on the full latents:
   ``[tile] step_overhead_us``, which the simulator charges once per denoising step.
+- **The kernel model's classes** (:mod:`~cocodiff.calibration.kernel_bench`), on every
+  rank at once on the same device: GEMMs at the layer's shapes, attention by sequence
+  length, elementwise work by bytes and a launch; the rates of :mod:`cocodiff.kernels`
+  fitted to them alone (:mod:`~cocodiff.calibration.kernel_fit`) and checked on the real
+  blocks. Written as the topology's ``[device]`` where that check holds within 10% (or on
+  an accelerator with no blocks timed); else commented out beside the blocks' rate.
 - **Each link tier**, with a two-rank exchange (each side sends ``n`` bytes to the other at
   once; an all-to-all over the pair) swept over message sizes, between two ranks of one
   node (intra) and two ranks of different nodes (inter), fitted as
@@ -80,6 +86,8 @@ settings). Started without a launcher, ``cocodiff calibrate`` launches itself on
 Modules, by concern: :mod:`~cocodiff.calibration.options` (what to do, the error),
 :mod:`~cocodiff.calibration.fits` (fitting times), :mod:`~cocodiff.calibration.model_shapes`
 (the shapes timed), :mod:`~cocodiff.calibration.compute` (operation rates),
+:mod:`~cocodiff.calibration.kernel_bench` and :mod:`~cocodiff.calibration.kernel_fit` (the
+kernel model's rates),
 :mod:`~cocodiff.calibration.blocks` (real blocks), :mod:`~cocodiff.calibration.exchanges`
 (timed exchanges), :mod:`~cocodiff.calibration.loaded` (exchanges under load),
 :mod:`~cocodiff.calibration.patterns` (a step's exchanges as issued),

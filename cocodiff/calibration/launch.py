@@ -82,6 +82,8 @@ def _argv_of(options: CalibrateOptions, num_nodes: int) -> list[str]:
         argv.append("--quick")
     if options.fit_patterns:
         argv.append("--fit-patterns")
+    if options.strict:
+        argv.append("--strict")
     return argv
 
 

@@ -382,6 +382,19 @@ def _call(transport, group, num_bytes: int, torch, via: str = "transport"
     return lambda: transport.all_to_all(send, splits, splits, group).wait()
 
 
+BUSY_POLL_NOTE = ("CPU not priced: waits spin, the spinning is the calls' cost; the loops are "
+                  "timed for the wait per call on busy cores")
+
+
+def unpriced_loops(points: Sequence[LoadedPoint], burst_cpu_s: float, burst_wall_s: float,
+                   compute: str) -> CallCpuFit:
+    """The loops of a busy-polling transport: no CPU per call or message (its waiting
+    rank spins, and the host model charges that spinning, not a price), the points kept
+    so that the wait per call is fitted on them and the host model checked against them
+    as for any transport (``max_error`` 0: nothing was fitted)."""
+    return CallCpuFit(0.0, 0.0, None, burst_cpu_s, burst_wall_s, tuple(points), 0.0, compute)
+
+
 def diffusers_call_cpu_us(points: Sequence[LoadedPoint], call_cpu_us: float) -> float | None:
     """CPU per exchange call made as diffusers makes it: ``call_cpu_us`` (the transport's
     call, fitted) plus what the :data:`DIFFUSERS_WORLD` loop costs per call beyond the

@@ -22,7 +22,9 @@ from cocodiff.calibration.exchanges import (
     predict_all_to_all,
 )
 from cocodiff.calibration.fits import CpuFit, LinkFit, fit_exchange_cpu, wire_points
+from cocodiff.calibration.kernel_bench import measure_kernel_rates
 from cocodiff.calibration.loaded import (
+    BUSY_POLL_NOTE,
     DIFFUSERS_WORLD,
     LOADED_KIB,
     CallCpuFit,
@@ -33,6 +35,7 @@ from cocodiff.calibration.loaded import (
     fit_call_cpu,
     measure_loaded,
     model_work,
+    unpriced_loops,
 )
 from cocodiff.calibration.model_shapes import LayerShapes, layer_shapes
 from cocodiff.calibration.options import (
@@ -95,6 +98,8 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
     )
     compute = dataclasses.replace(compute, block=measure_blocks(transport, options, compute,
                                                                  world, device))
+    # The kernel model's classes on the same device, its rates from them alone.
+    kernels = measure_kernel_rates(transport, options, shapes, device, compute.block)
 
     sizes, larger = sweep_sizes(options, shapes, num_nodes, ranks_per_node)
     # Medians over this many: two calibrations one after the other must agree (5 let one
@@ -178,7 +183,7 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                        intra_wire=wires["intra"], inter_wire=wires["inter"],
                        load_average=(load_began, _load_average()),
                        reference_cpu_s=(speed_began, _reference_cpu_s(transport)),
-                       patterns=patterns)
+                       patterns=patterns, kernels=kernels)
 
 
 # A flat layer makes this many exchange calls (Q, K, V in, the attention's output back).
@@ -213,12 +218,11 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
                 cpu: CpuFit | None, compute: ComputeRates) -> tuple[CallCpuFit | None, str]:
     """What exchange calls cost a rank's CPU with every rank computing and exchanging
     (:mod:`cocodiff.calibration.loaded`), and a note of why not when it is not measured:
-    a spinning transport's cost is its spinning (the host model's busy-poll), and without
-    a pair sweep there is no copy rate to take out."""
+    without a pair sweep there is no copy rate to take out. A spinning transport's loops
+    are timed but not priced (:func:`~cocodiff.calibration.loaded.unpriced_loops`): its
+    cost is its spinning (the host model's busy-poll)."""
     if cpu is None:
         return None, "not measured: no pair exchange was timed"
-    if cpu.busy_poll:
-        return None, "not measured: waits spin, the spinning is the cost"
     sizes = [kib * 1024 for kib in LOADED_KIB if kib <= options.max_kib]
     iterations = 10 if options.quick else 20
     standin = (model_standin(options, transport.world_size, transport.rank)
@@ -236,6 +240,13 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
     burst_cpu, burst_wall, points = measure_loaded(
         transport, shapes_of_calls, sizes, work, iterations, rounds=3)
     ours = [p for p in points if p.shape != DIFFUSERS_WORLD]
+    if cpu.busy_poll:
+        # Waits spin: the spinning is the calls' CPU (the host model's busy_poll), so no
+        # CPU price is fitted; the loops still give the wait per call on busy cores
+        # (`call_wait_us`, fitted on them by write_outputs) and check the host model on
+        # a step-like load. Without them, 4 MPICH ranks on 2 cores were simulated 27-38%
+        # short on these very loops, as short as on tiny-flux's steps (issue 38).
+        return unpriced_loops(ours, burst_cpu, burst_wall, work.source), BUSY_POLL_NOTE
     try:
         fit = fit_call_cpu(ours, cpu.copy_gbps, burst_cpu, burst_wall, work.source)
     except CalibrationError as exc:

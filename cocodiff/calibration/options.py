@@ -39,6 +39,9 @@ class CalibrateOptions:
         quick: fewer sizes and repeats.
         fit_patterns: also fit the collective on a step's exchange patterns (the several-
             node rate, the inter-node per-transfer cap); by default they are only checked.
+        strict: refuse to write a topology whose own checks say its predictions will
+            not hold (:mod:`cocodiff.calibration.verdict`); by default it is written with
+            a warning.
         output: the topology TOML to write.
         json: where to write every measurement as JSON, or None.
     """
@@ -56,6 +59,7 @@ class CalibrateOptions:
     timeout_s: float = 120.0
     quick: bool = False
     fit_patterns: bool = False
+    strict: bool = False
     output: Path = Path("cluster.toml")
     json: Path | None = None
 

@@ -13,9 +13,10 @@ from cocodiff.calibration.compute import ComputeRates
 from cocodiff.calibration.fits import CpuFit, LinkFit
 from cocodiff.calibration.loaded import CallCpuFit, LoadedPoint, predict_loop_s
 from cocodiff.calibration.model_shapes import LayerShapes
-from cocodiff.calibration.options import CalibrateOptions
+from cocodiff.calibration.options import CalibrateOptions, CalibrationError
 
 if TYPE_CHECKING:
+    from cocodiff.calibration.kernel_bench import KernelCalibration
     from topology import TopologySpec
     from transports.sim import CollectiveModel
 
@@ -31,7 +32,8 @@ class HostMeasurement:
             pair was measured); its copy rate and busy-poll verdict are the host's.
         loaded: what exchange calls cost with every rank computing and exchanging at once
             (the host's per-call and per-message CPU); None: see ``loaded_note``.
-        loaded_note: why ``loaded`` is None.
+        loaded_note: why ``loaded`` is None, or what it leaves out (a busy-polling
+            transport's loops: timed, not priced).
         call_wait_us: the wall time a call waits to be scheduled when it completes on a
             busy host (:meth:`Loops.fitted_call_wait_us`, from the same loops).
         codec_cpu_us: CPU of V-Major's codec per selective message at one end
@@ -63,8 +65,8 @@ class HostMeasurement:
         mine = {"cores": self.cores, "ranks_per_host": self.ranks_per_host,
                 "codec_cpu_us": self.codec_cpu_us, "phase_cpu_us": self.phase_cpu_us,
                 "compute_core_demand": self.compute_core_demand}
-        if cpu is None or cpu.busy_poll:
-            return HostSpec(**mine, busy_poll=cpu is not None)
+        if cpu is None or cpu.busy_poll:  # the wait per call: fitted on the loops, if timed
+            return HostSpec(**mine, busy_poll=cpu is not None, call_wait_us=self.call_wait_us)
         if self.loaded is not None:
             return HostSpec(**mine, call_cpu_us=self.loaded.call_cpu_us,
                             message_cpu_us=self.loaded.message_cpu_us, copy_gbps=cpu.copy_gbps,
@@ -76,7 +78,7 @@ class HostMeasurement:
         return {"cores": self.cores, "ranks_per_host": self.ranks_per_host,
                 "cpu": None if self.cpu is None else self.cpu.to_json(),
                 "loaded": (self.loaded.to_json() if self.loaded is not None
-                           else {"note": self.loaded_note}),
+                           else {}) | ({"note": self.loaded_note} if self.loaded_note else {}),
                 "call_wait_us": self.call_wait_us, "codec_cpu_us": self.codec_cpu_us,
                 "phase_cpu_us": self.phase_cpu_us,
                 "compute_core_demand": self.compute_core_demand}
@@ -116,6 +118,10 @@ class Calibration:
     reference_cpu_s: tuple[float, float] | None = None
     # A step's exchanges as the schedules issue them (cocodiff.calibration.patterns).
     patterns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # The kernel model's rates from its microbenchmarks (cocodiff.calibration.kernel_bench).
+    kernels: KernelCalibration | None = None
+    # Whether predictions from it can hold (cocodiff.calibration.verdict), set on writing.
+    verdict: dict[str, Any] | None = None
 
     def topology(self, name: str | None = None):
         """The ``cluster`` preset with the measured numbers (and ``[host]`` when measured).
@@ -136,8 +142,9 @@ class Calibration:
         )
         label = name or f"calibrated-{self.num_nodes}x{self.ranks_per_node}"
         host = None if self.host is None else self.host.spec()
+        device = self.kernels.rates if self.kernels is not None and self.kernels.used else None
         return dataclasses.replace(spec, name=label, host=host,
-                                   tile_step_overhead_us=self.step_overhead_us,
+                                   tile_step_overhead_us=self.step_overhead_us, device=device,
                                    **unconstrained_host_links(spec))
 
     @property
@@ -166,6 +173,8 @@ class Calibration:
             + (f"= the real blocks' effective rate ({self._block_text()})."
                if self.compute.block else "= the matrix products' rate."),
             *self._overhead_notes(),
+            *([f"device: the kernel model's rates from calibrate's kernel microbenchmarks, "
+               f"{self.kernels.verdict()}."] if self.kernels is not None else []),
             f"links.gpu: intra-node exchange fit ({self._link('intra').source}), max "
             f"error {self.intra.max_rel_error:.0%}.",
             f"links.nic: inter-node exchange fit ({self._link('inter').source}), max "
@@ -239,6 +248,8 @@ class Calibration:
             "load_average": self.load_average,
             "reference_cpu_s": self.reference_cpu_s,
             "patterns": self.patterns,
+            "kernels": None if self.kernels is None else self.kernels.to_json(),
+            "verdict": self.verdict,
         }
 
 
@@ -453,6 +464,8 @@ def summary(result: Calibration, output: Path) -> str:
             + (f" (memory rate raised to {b['effective_memory_gbps']:.2f} GB/s: the memory-bound "
                "operations alone took longer at the measured rate than the real blocks did)"
                if b["effective_memory_gbps"] != c.memory_gbps else ""))
+    if result.kernels is not None:
+        lines += result.kernels.summary_lines()
     if c.block and "step_overhead_s" in c.block:
         lines.append(
             f"  outside the blocks: {c.block['step_overhead_s'] * 1e3:.2f} ms "
@@ -486,7 +499,13 @@ def summary(result: Calibration, output: Path) -> str:
                      f"({spin}{'busy-polls' if cpu.busy_poll else 'sleeps'} while waiting)")
         lines.append(text)
         loaded = host.loaded
-        if loaded is not None:
+        if loaded is not None and cpu is not None and cpu.busy_poll:
+            lines.append(f"  exchanges under load (every rank computing and exchanging; "
+                         f"{loaded.compute or 'a compute burst, then the calls'}): the "
+                         f"spinning is their CPU; a call completing on busy cores waits "
+                         f"{host.call_wait_us:.0f} us more (the loops' median): written to "
+                         "[host]")
+        elif loaded is not None:
             lines.append(
                 f"  exchanges under load (every rank computing and exchanging; "
                 f"{loaded.compute or 'a compute burst, then the calls'}): "
@@ -539,9 +558,41 @@ def write_outputs(result: Calibration, options: CalibrateOptions) -> None:
         result.host = dataclasses.replace(result.host, call_wait_us=loops.fitted_call_wait_us())
         loops = Loops.of(result)  # with the wait just fitted
     result.loops_check = loops.check() if loops is not None else []
+    verdict = judge_calibration(result)
+    result.verdict = verdict.to_json()
+    if options.strict and verdict.line() is not None:  # before anything is written
+        raise CalibrationError(f"refused (--strict): {verdict.line()}")
     spec = result.topology()
-    header = "".join(f"# {line}\n" for line in result.notes())
-    atomic_write_text(options.output, header + dump_topology(spec))
+    header = "".join(f"# {line}\n" for line in [*result.notes(), *verdict_notes(verdict)])
+    unused = (result.kernels.commented_table()
+              if result.kernels is not None and not result.kernels.used else "")
+    atomic_write_text(options.output, header + dump_topology(spec) + unused)
     if options.json is not None:
         atomic_write_text(options.json, json.dumps(result.to_json(), indent=2))
     print(summary(result, options.output))
+    if verdict.line() is not None:
+        print(f"warning: {verdict.line()}")
+
+
+def judge_calibration(result: Calibration):
+    """calibrate's verdict on ``result`` (:mod:`cocodiff.calibration.verdict`): its loops
+    simulated back, the machine's load and speed drift."""
+    from cocodiff.calibration.verdict import judge, machine_warnings
+
+    host = result.host
+    ranks = result.num_nodes * result.ranks_per_node
+    if host is not None:
+        ranks = host.ranks_per_host or ranks
+    warnings = machine_warnings(result.load_average, None if host is None else host.cores,
+                                ranks, speed_drift(result), SPEED_DRIFT_WARNING)
+    return judge(result.loops_check, warnings)
+
+
+def verdict_notes(verdict) -> list[str]:
+    """The verdict as the topology file's header says it."""
+    if verdict.holds is None:
+        return [f"verdict: not checked ({'; '.join(verdict.notes)})."]
+    if verdict.holds:
+        return [f"verdict: the simulator reproduces calibrate's loops (median |error| "
+                f"{verdict.loops_median_abs_error:.0%}, limit {verdict.limit:.0%})."]
+    return [f"verdict: {verdict.line()}."]

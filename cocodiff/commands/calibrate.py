@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cocodiff.calibration import (
     CalibrateOptions,
+    CalibrationError,
     calibrate,
     check_options,
     self_launch,
@@ -50,6 +51,12 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser, positive_int) -> No
                         "(they are always timed and checked against the simulator); "
                         "experimental: on the emulated cluster it read hosts' fixed costs "
                         "as bandwidth (docs/validate.md)")
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse (exit 2, nothing written) when calibrate's own check says "
+                        "predictions from the topology will not hold: the simulator missing "
+                        "its loops of the model's forward and exchange calls, or a machine "
+                        "busy or drifting while measured (default: write it and say so in "
+                        "one line)")
     parser.add_argument("--output", type=Path, default=Path("cluster.toml"),
                         help="topology TOML to write (default: cluster.toml)")
     parser.add_argument("--json", type=Path, default=None,
@@ -63,11 +70,12 @@ def options_from_args(args: argparse.Namespace) -> CalibrateOptions:
         nodes=args.nodes, ranks_per_node=args.ranks_per_node, inter_gbps=args.inter_gbps,
         inter_latency_us=args.inter_latency_us, max_kib=args.max_kib, transport=args.transport,
         timeout_s=args.timeout, quick=args.quick, fit_patterns=args.fit_patterns,
-        output=args.output, json=args.json)
+        strict=args.strict, output=args.output, json=args.json)
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
     """The ``cocodiff calibrate`` handler: calibrate under a launcher, or launch itself."""
+    from cocodiff.calibration.collect import gather_floats
     from transports.launch import detect_launch
     from transports.torch_dist import default_device
 
@@ -86,11 +94,19 @@ def calibrate_command(args: argparse.Namespace) -> int:
         create_transport(name)  # raises the registry's one-line error
     transport_options = {"timeout_s": options.timeout_s} if name == "torch" else {}
     transport = create_transport(name, **transport_options)
+    refusal = ""
     try:
         result = calibrate(transport, options)
         if transport.rank == 0:
-            write_outputs(result, options)
+            try:
+                write_outputs(result, options)
+            except CalibrationError as error:  # --strict: nothing written
+                refusal = str(error)
+        # Rank 0's word reaches every rank: all exit alike, none waits for a file.
+        refused = gather_floats(transport, [float(bool(refusal))])[0][0] > 0
         transport.barrier()
     finally:
         transport.close()
-    return 0
+    if refusal:
+        raise CalibrationError(refusal)  # one line, from rank 0 only
+    return 2 if refused else 0

@@ -8,8 +8,10 @@ interleaved, the order rotated every round, ``--rounds`` times; rank 0 simulates
 plans that ran and prints, per row, the measured step (the median over rounds of each
 run's median step, the first step left out; min-max over rounds), the predicted step
 and the error (predicted / measured - 1), then the planner's pick against the measured
-best, with the rounds' 95% intervals; ``--max-rounds`` adds rounds (up to that many) while
-a row's interval is wider than ``--precision``. The logic is :mod:`cocodiff.validation`.
+best, with the rounds' 95% intervals; after ``--rounds`` it adds rounds (up to
+``--max-rounds``, default 10) while a row's interval neither resolves its error nor is
+within ``--precision``, says why it stopped, and marks a row whose interval is wider than
+its error. The logic is :mod:`cocodiff.validation`.
 
 Failures never hang the job: every wait on a peer is bounded by ``--timeout``, and a
 rank that fails ends the job as ``cocodiff run`` does.
@@ -29,6 +31,9 @@ from cocodiff.commands.run import MAX_TIMEOUT_S, run_on_every_rank
 from cocodiff.util.errors import CocodiffError
 
 DEFAULT_SCHEDULES = "flat,tapa,vfirst,cocodiff,diffusers"
+# Rounds at most by default: on tiny-flux, 4 ranks on 2 cores, a round of the four MPI
+# schedules takes ~10 s, so the cap keeps the README's command near 2 minutes.
+DEFAULT_MAX_ROUNDS = 10
 DTYPES = ("float32", "bfloat16")
 
 
@@ -53,11 +58,14 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
                         help="rounds over every case, the order rotated each round (default 3)")
     parser.add_argument("--max-rounds", type=positive_int, default=None,
                         help="after --rounds, keep adding rounds up to this many while a "
-                        "row's 95%% interval is wider than --precision (default: --rounds, "
-                        "no extra round)")
+                        "row's 95%% interval neither resolves its error (the prediction "
+                        "outside it) nor is within --precision (default "
+                        f"{DEFAULT_MAX_ROUNDS}, or --rounds if more; equal to --rounds: no "
+                        "extra round)")
     parser.add_argument("--precision", type=float, default=0.03,
-                        help="with --max-rounds: the widest 95%% interval a row may keep, as a "
-                        "fraction of its step (default 0.03: +-3%%)")
+                        help="a row whose 95%% interval is this narrow, as a fraction of its "
+                        "step, needs no more rounds whatever its error (default 0.03: "
+                        "+-3%%)")
     parser.add_argument("--schedules", default=DEFAULT_SCHEDULES,
                         help="comma-separated: flat, tapa, vfirst, cocodiff, and diffusers "
                         f"(diffusers' own context parallelism) (default {DEFAULT_SCHEDULES})")
@@ -156,12 +164,14 @@ def _validate(args: argparse.Namespace, launch) -> int:
         generate,
         machine_drift,
         make_cases,
+        predict_case,
         reference_latents,
         round_order,
     )
     from topology import Placement, build_topology
     from topology.presets import cluster
     from transports.registry import create_transport
+    from transports.sim import collective_model_for
 
     is_root = launch.rank == 0
     fault = fault_from_env()  # COCODIFF_FAULT (tests): one rank misbehaves, as in `run`
@@ -183,6 +193,9 @@ def _validate(args: argparse.Namespace, launch) -> int:
         if checked["described"] is None:
             notes.append("no --topology: the uncalibrated `cluster` preset (run `cocodiff "
                          "calibrate` and pass its TOML)")
+        verdict = _calibration_verdict(args.topology)
+        if verdict:
+            notes.append(f"calibrate's verdict on this topology: {verdict}")
         if launched is not None and tuple(launched_shape) != tuple(grid.shape):
             notes.append(f"the launch spans {'x'.join(map(str, launched_shape))} (nodes x "
                          f"ranks x 1), the topology says {'x'.join(map(str, grid.shape))}: "
@@ -208,6 +221,15 @@ def _validate(args: argparse.Namespace, launch) -> int:
         # The machine's compute now, at the start and the end, against the calibration's.
         machine = [blocks_layer_s(args.model, args.resolution, args.dtype, transport)]
         measurements = Measurements()
+        collective = checked["collective"][0] or collective_model_for(topology.spec.name)
+        predictions: dict = {}  # rank 0's, by case: the plans do not change between rounds
+
+        def predicted(case) -> float | None:
+            if case not in predictions:
+                predictions[case] = predict_case(case, measurements, topology, collective)
+            found = predictions[case]
+            return None if found is None else found["predicted_step_s"]
+
         progress = StepProgress(is_root=is_root and not args.quiet,
                                 steps=args.rounds * len(cases) * args.steps, label="validate")
         with progress as show_step:
@@ -221,7 +243,8 @@ def _validate(args: argparse.Namespace, launch) -> int:
                     step_fault.after_step(steps_done)
 
             rounds = 0
-            while rounds == 0 or _another_round(transport, args, measurements, cases, rounds):
+            while rounds == 0 or _another_round(transport, args, measurements, cases, rounds,
+                                                predicted if is_root else None):
                 if rounds >= args.rounds:
                     progress.grow(len(cases) * args.steps)
                 for case in round_order(cases, rounds):
@@ -239,7 +262,8 @@ def _validate(args: argparse.Namespace, launch) -> int:
         if is_root:
             report = _report(args, cases, measurements, topology, checked, grid, spec,
                              (width, height, frames), transport.name, reference, notes,
-                             rounds, machine_drift(machine, _calibrated_layer_s(args.topology)))
+                             rounds, machine_drift(machine, _calibrated_layer_s(args.topology)),
+                             predictions)
             _print(report)
             if args.json is not None:
                 from cocodiff.util.atomic import atomic_write_text
@@ -251,23 +275,55 @@ def _validate(args: argparse.Namespace, launch) -> int:
     return 0
 
 
+def max_rounds(args: argparse.Namespace) -> int:
+    """The rounds cap: ``--max-rounds``, by default :data:`DEFAULT_MAX_ROUNDS` (or
+    ``--rounds`` when more)."""
+    return args.max_rounds if args.max_rounds is not None else max(args.rounds,
+                                                                   DEFAULT_MAX_ROUNDS)
+
+
 def _another_round(transport, args: argparse.Namespace, measurements, cases,
-                   rounds: int) -> bool:
+                   rounds: int, predicted=None) -> bool:
     """Whether the ranks run round ``rounds + 1``: always up to ``--rounds``; then, up to
-    ``--max-rounds``, while rank 0's least precise row is wider than ``--precision``
-    (rank 0 decides, as it reports; every rank takes its word)."""
+    :func:`max_rounds`, while one of rank 0's rows can still gain from a round
+    (:func:`cocodiff.validation.rows_to_resolve`; ``predicted(case)``: its predicted step,
+    on rank 0; without it, only the rows' spread against ``--precision`` counts). Rank 0
+    decides, as it reports; every rank takes its word."""
     if rounds < args.rounds:
         return True
-    if rounds >= (args.max_rounds or args.rounds):
+    if rounds >= max_rounds(args):
         return False
     import torch
 
     from cocodiff.runtime.exchange import all_gather_rows
-    from cocodiff.validation import widest_precision
+    from cocodiff.validation import rows_to_resolve
 
-    widest = widest_precision(measurements, cases)
-    mine = torch.tensor([int(widest is None or widest > args.precision)], dtype=torch.int64)
+    wanted = bool(rows_to_resolve(measurements, cases, predicted or (lambda case: None),
+                                  args.precision))
+    mine = torch.tensor([int(wanted)], dtype=torch.int64)
     return bool(all_gather_rows(transport, mine)[0].item())
+
+
+def rounds_stop(args: argparse.Namespace, rounds: int, rows: list[dict[str, Any]]
+                ) -> dict[str, Any]:
+    """Why the rounds stopped: ``reason`` (``resolved``: no row needs another;
+    ``max_rounds``: the cap, with rows unresolved; ``no_extra_rounds``: the cap was
+    ``--rounds``), the rows left unresolved and a sentence."""
+    unresolved = [f"{row['schedule']}@{row['layout']}" for row in rows
+                  if row.get("precision_95") is None
+                  or (row["precision_95"] > args.precision and not row.get("error_resolved"))]
+    cap = max_rounds(args)
+    if not unresolved:
+        reason, text = "resolved", (f"every row's 95% interval resolves its error or is within "
+                                    f"+-{args.precision:.0%}")
+    elif cap <= args.rounds:
+        reason, text = "no_extra_rounds", (f"--max-rounds {cap} asked for no round past "
+                                           f"--rounds; unresolved: {', '.join(unresolved)}")
+    else:
+        reason, text = "max_rounds", (f"the cap, --max-rounds {cap}, with "
+                                      f"{', '.join(unresolved)} unresolved")
+    return {"reason": reason, "rounds": rounds, "max_rounds": cap, "unresolved": unresolved,
+            "text": text}
 
 
 def _calibrated_layer_s(topology: str | None) -> float | None:
@@ -282,8 +338,23 @@ def _calibrated_layer_s(topology: str | None) -> float | None:
         return None
 
 
+def _calibration_verdict(topology: str | None) -> str | None:
+    """calibrate's reasons, when its verdict (``verdict`` in the JSON beside the topology:
+    :mod:`cocodiff.calibration.verdict`) was that predictions from it will not hold."""
+    beside = calibration_beside(topology)
+    if beside is None:
+        return None
+    try:
+        verdict = json.loads(beside.read_text()).get("verdict") or {}
+    except (ValueError, AttributeError):  # not calibrate's JSON
+        return None
+    if verdict.get("holds") is not False:
+        return None
+    return "predictions will not hold: " + "; ".join(map(str, verdict.get("reasons", ())))
+
+
 def _report(args, cases, measurements, topology, checked, grid, spec, size, transport_name,
-            reference, notes, rounds, machine) -> dict[str, Any]:
+            reference, notes, rounds, machine, predictions=None) -> dict[str, Any]:
     from dataclasses import asdict
 
     from cocodiff.validation import EXACT_ATOL, layouts_json, summarise
@@ -292,7 +363,7 @@ def _report(args, cases, measurements, topology, checked, grid, spec, size, tran
 
     collective, source = checked["collective"]
     used = collective or collective_model_for(topology.spec.name)
-    summary = summarise(cases, measurements, topology, used, reference)
+    summary = summarise(cases, measurements, topology, used, reference, predictions)
     for name, message in measurements.skipped.items():
         notes.append(f"{name} skipped: the runtime refused it ({message})")
     exactness = None
@@ -312,8 +383,9 @@ def _report(args, cases, measurements, topology, checked, grid, spec, size, tran
         "dtype": args.dtype,
         "steps": args.steps,
         "rounds": rounds,
-        "max_rounds": args.max_rounds or args.rounds,
-        "precision_target": args.precision if args.max_rounds else None,
+        "max_rounds": max_rounds(args),
+        "precision_target": args.precision,
+        "rounds_stop": rounds_stop(args, rounds, summary["rows"]),
         "layouts": layouts_json(cases),
         "calibration": {"topology": args.topology or "cluster (preset, uncalibrated)",
                         "topology_toml": dump_topology(topology.spec),
@@ -360,6 +432,13 @@ def machine_text(machine: dict[str, Any]) -> str:
     return text
 
 
+def error_text(error: float | None, resolved: bool | None) -> str:
+    """A row's error as printed: marked when its interval is wider than the error."""
+    if error is None:
+        return "-"
+    return f"{error:+.1%}" + (" (unresolved)" if resolved is False else "")
+
+
 def _print(report: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -380,9 +459,15 @@ def _print(report: dict[str, Any]) -> None:
                       f"{row['max_step_s'] * 1e3:.2f})",
                       "-" if precision is None else f"+-{precision:.1%}",
                       "-" if predicted is None else f"{predicted * 1e3:.2f} ms",
-                      "-" if error is None else f"{error:+.1%}")
+                      error_text(error, row.get("error_resolved")))
     console = plain_console()
     console.print(table)
+    if any(row.get("error_resolved") is False for row in report["rows"]):
+        console.print("unresolved: the row's 95% interval is wider than its error (the "
+                      "prediction lies inside it); more rounds can tell")
+    stop = report.get("rounds_stop")
+    if stop is not None:
+        console.print(f"rounds: {stop['rounds']} (stopped: {stop['text']})")
     pick, best = report["planner_pick"], report["measured_best"]
     if pick is not None:
         console.print(f"planner's pick: {pick['schedule']} {pick['layout']} (predicted "

@@ -362,10 +362,14 @@ def _kernels_from(data: Any) -> tuple[Kernel, ...]:
     _check(isinstance(data, list), "compute kernels must be a list, got", data)
     kernels = []
     for entry in data:
+        if isinstance(entry, dict) and "host_ops" not in entry:
+            entry = {**entry, "host_ops": None}  # a plan written before the host term
         kernel = _dataclass_from(Kernel, entry, "a compute kernel")
         _check(kernel.kind in get_args(KernelKind), "unknown kernel kind", kernel.kind)
+        # host_ops None: one dispatched op per launch (cocodiff.kernels.host_ops)
         _check(all(_is_number(getattr(kernel, f.name)) for f in fields(Kernel)
-                   if f.name != "kind"), "kernel sizes must be non-negative numbers, got", entry)
+                   if f.name != "kind" and not (f.name == "host_ops" and kernel.host_ops is None)),
+               "kernel sizes must be non-negative numbers, got", entry)
         kernels.append(kernel)
     return tuple(kernels)
 

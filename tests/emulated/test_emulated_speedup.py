@@ -88,6 +88,7 @@ def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, cap
         (["--configs", "missing.json"], "--configs missing.json"),
         (["--steps", "1"], "--steps must be at least 2"),
         (["--repeats", "4", "--max-repeats", "3"], "--max-repeats (3) is below --repeats (4)"),
+        (["--single-host", "--configs", "2x2@1"], "--single-host runs its own configurations"),
     ],
 )
 def test_bad_input_is_one_line(argv, message, capsys):
@@ -126,3 +127,18 @@ def test_the_plots_error_bars_are_the_rows_interval_else_the_rounds_min_max():
     assert error_bar(row) == pytest.approx((10.0, 20.0))
     # +-10%: a ratio either side of the measured 100 ms
     assert error_bar({**row, "precision_95": 0.1}) == pytest.approx((100 - 100 / 1.1, 10.0))
+
+
+def test_single_host_configurations_are_the_readmes_runs_under_both_launchers():
+    # 1 x 4 and 1 x 2 ranks, mpiexec and torchrun, the built-in tiny-flux and the enlarged
+    # model (issue 38); run with the plain launcher, no emulated cluster.
+    configs = emulated_speedup.SINGLE_HOST_CONFIGS
+    assert all(config.single_host and config.nodes == 1 for config in configs)
+    assert {(c.ranks_per_node, c.transport, c.model) for c in configs} == {
+        (ranks, transport, model) for ranks in (4, 2) for transport in ("mpi", "torch")
+        for model in (None, emulated_speedup.ENLARGED)}
+    labels = [config.label for config in configs]
+    assert "1x4host mpiexec tiny-flux" in labels and "1x2host torchrun h256l6r512" in labels
+    assert emulated_speedup.launcher_prefix("mpi", 4)[1:3] == ["-n", "4"]
+    assert emulated_speedup.launcher_prefix("torch", 2)[1:3] == ["--nproc-per-node", "2"]
+    assert configs[0].to_json()["model"] is None and configs[0].to_json()["single_host"]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import topology
 from topology import (
     PRESETS,
+    DeviceRates,
     LinkSpec,
     TopologyError,
     TopologySpec,
@@ -170,11 +171,14 @@ latency_us = 0
 def test_format_document_examples_load(tmp_path: Path) -> None:
     doc = (Path(topology.__file__).parents[1] / "README.md").read_text()
     blocks = re.findall(r"```toml\n(.*?)```", doc, flags=re.S)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     specs = [load_topology(write(tmp_path, block, f"ex{i}.toml")) for i, block in enumerate(blocks)]
     assert specs[0] == get_preset("aurora", 8)
     assert specs[1].gpu_link == LinkSpec(28.0, 3.0)
-    assert specs[2].tiles_per_gpu == 4
+    # [device] over the preset's rates: the one key given replaces that rate.
+    h100 = get_preset("dgx-h100", 1).device
+    assert specs[2].device == dataclasses.replace(h100, gemm_tflops=650.0)
+    assert specs[3].tiles_per_gpu == 4
     for spec in specs:
         build_topology(spec)
 
@@ -203,7 +207,19 @@ def specs(draw) -> TopologySpec:
         host_link=LinkSpec(draw(number), draw(latency)),
         nic_link=LinkSpec(draw(number), draw(latency)),
         fabric_latency_us=draw(latency),
+        # Kernel rates of its own (a calibration's [device]), or none.
+        device=draw(st.none() | device_rates(number, latency)),
     )
+
+
+@st.composite
+def device_rates(draw, number, latency) -> DeviceRates:
+    lengths = sorted(draw(st.sets(st.integers(1, 1 << 20), min_size=1, max_size=5)))
+    return DeviceRates(
+        name=draw(st.text(min_size=1, max_size=12)), gemm_tflops=draw(number),
+        gemm_fixed_us=draw(latency), attention_tflops=tuple((n, draw(number)) for n in lengths),
+        memory_gbps=draw(number), sm_count=draw(st.integers(1, 256)), launch_us=draw(latency),
+        host_us=draw(latency), compiled_launch_us=draw(latency), compiled_host_us=draw(latency))
 
 
 @settings(max_examples=80, deadline=None)

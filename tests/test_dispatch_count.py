@@ -1,0 +1,155 @@
+"""The eager host term: the ATen ops a layer dispatches (cocodiff.kernels.DISPATCHED_OPS,
+re-counted here on the tiny twins so the table cannot rot) and what they cost in the
+kernel model's closed form."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cocodiff import kernels as kn
+from cocodiff.calibration.dispatch import count_ops, host_stack, ops_per_block
+from topology import DEVICES
+
+H100 = DEVICES["h100-sxm"]
+
+
+def _diffusers_counts(name: str, heads_factor: int) -> dict[str, float]:
+    """Plain diffusers (no runtime) ops per block kind of tiny model ``name``, its heads
+    multiplied by ``heads_factor`` (the count must not depend on it)."""
+    import diffusers
+    import torch
+
+    from cocodiff.calibration.model_shapes import tiny_transformer_config
+
+    config = dict(tiny_transformer_config(name))
+    config["num_attention_heads"] *= heads_factor
+    for key in ("caption_projection_dim", "ffn_dim"):  # widths that follow the heads
+        if key in config:
+            config[key] *= heads_factor
+    transformer = getattr(diffusers, config["_class_name"]).from_config(config).eval()
+    c = transformer.config
+    gen = torch.Generator().manual_seed(0)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen)
+
+    if name == "tiny-flux":
+        from cocodiff.calibration.blocks import flux_inputs
+
+        inputs = flux_inputs(c, 64, 16, torch.float32)
+        kinds = {"double": "transformer_blocks", "single": "single_transformer_blocks"}
+    elif name == "tiny-sd3":
+        inputs = dict(hidden_states=r(1, 16, 16, 16), encoder_hidden_states=r(1, 8, 64),
+                      pooled_projections=r(1, c.pooled_projection_dim),
+                      timestep=torch.tensor([500.0]))
+        kinds = {"joint": "transformer_blocks"}
+    elif name == "tiny-qwen":
+        inputs = dict(hidden_states=r(1, 64, c.in_channels),
+                      encoder_hidden_states=r(1, 8, c.joint_attention_dim),
+                      encoder_hidden_states_mask=torch.ones(1, 8),
+                      timestep=torch.tensor([0.5]), img_shapes=[(1, 8, 8)])
+        kinds = {"joint": "transformer_blocks"}
+    else:
+        inputs = dict(hidden_states=r(1, 16, 2, 8, 8), timestep=torch.tensor([500.0]),
+                      encoder_hidden_states=r(1, 8, c.text_dim))
+        kinds = {"cross": "blocks"}
+    return ops_per_block({kind: list(getattr(transformer, attr)) for kind, attr in kinds.items()},
+                         lambda: transformer(**inputs, return_dict=False))
+
+
+@pytest.mark.parametrize("name,family", [("tiny-flux", "flux"), ("tiny-sd3", "sd3"),
+                                         ("tiny-qwen", "qwen-image"), ("tiny-wan", "wan")])
+def test_diffusers_blocks_dispatch_the_tabled_ops(name, family):
+    counted = _diffusers_counts(name, 1)
+    assert counted == {kind: row["diffusers"] for kind, row in kn.DISPATCHED_OPS[family].items()}
+
+
+def test_the_count_does_not_depend_on_the_sizes():
+    assert _diffusers_counts("tiny-flux", 2) == _diffusers_counts("tiny-flux", 1)
+
+
+def test_the_runtime_under_ulysses_dispatches_the_tabled_ops():
+    from cocodiff.calibration.dispatch import runtime_ops_per_block, runtime_ops_per_layer
+    from cocodiff.calibration.model_shapes import tiny_transformer_config
+
+    config = tiny_transformer_config("tiny-flux")
+    per_block, sizes = runtime_ops_per_block(config, (64, 16), world=2)
+    table = kn.DISPATCHED_OPS["flux"]
+    assert per_block == {"transformer_blocks": table["double"]["ulysses"],
+                         "single_transformer_blocks": table["single"]["ulysses"]}
+    assert sizes == {"transformer_blocks": 1, "single_transformer_blocks": 1}
+    assert runtime_ops_per_layer(config, (64, 16), world=2) == pytest.approx(
+        (table["double"]["ulysses"] + table["single"]["ulysses"]) / 2)
+
+
+def _flux_layer(world: int):
+    from cocodiff.cost import OPS, op_cost
+    from cocodiff.runtime.model_names import model_spec
+    from cocodiff.schedules.ulysses import head_split, layer_shape
+
+    spec = model_spec("flux1-dev")
+    shape = layer_shape(head_split(spec, world, (4096, 512)), 0, 2)
+    return spec, [k for op in OPS for k in op_cost(spec, op, shape).kernels]
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_a_layers_kernels_carry_the_layers_dispatched_ops(world):
+    # diffusers' own count at every rank count (cocodiff.cost.host_ops_per_launch: the
+    # Ring's count through the runtime is not counted, so neither split is charged more)
+    spec, layer = _flux_layer(world)
+    share = 19 / 57
+    row = "diffusers"
+    table = kn.DISPATCHED_OPS["flux"]
+    expected = share * table["double"][row] + (1 - share) * table["single"][row]
+    assert sum(kn.host_ops(k, "eager") for k in layer) == pytest.approx(expected)
+    # compiled: the fused graph's launches, as before
+    assert sum(kn.host_ops(k, "compiled") for k in layer) == sum(k.fused_launches for k in layer)
+
+
+def test_the_host_term_in_closed_form():
+    g = kn.gemm(64, 64, 64, 2, launches=2).with_host_ops(3.0)  # 6 dispatched ops
+    e = kn.elementwise(128.0, 4, 2, 3, 1).with_host_ops(3.0)  # 9
+    work = kn.kernel_seconds(g, H100, "eager") + kn.kernel_seconds(e, H100, "eager")
+    # An accelerator: max(device's work and launch gaps, host's dispatched ops).
+    assert kn.device_seconds((g, e), H100, "eager") == pytest.approx(
+        max(work + 5 * H100.launch_us * 1e-6, 15 * H100.host_us * 1e-6))
+    assert 15 * H100.host_us * 1e-6 > work + 5 * H100.launch_us * 1e-6  # host-bound here
+    # A CPU (host_us 0: the device is the host): work plus launch_us per dispatched op.
+    cpu = dataclasses.replace(H100, host_us=0.0, launch_us=5.0)
+    assert kn.device_seconds((g, e), cpu, "eager") == pytest.approx(work + 15 * 5e-6)
+    # Without a count a kernel dispatches one op per launch (as the launch counts alone).
+    plain = kn.gemm(64, 64, 64, 2, launches=2)
+    assert kn.host_ops(plain, "eager") == 2.0
+
+
+def test_the_host_microbenchmark_counts_what_its_stack_dispatches():
+    import torch
+
+    stack, inputs = host_stack(torch.float32, "cpu")
+    with torch.inference_mode():
+        ops = count_ops(lambda: stack(*inputs))
+    # modules, chunk, views, transposes, SDPA: many more ATen ops than its 8 Linear calls
+    assert ops > 20
+
+
+def test_the_fit_charges_the_host_per_op_where_it_belongs():
+    from cocodiff.calibration.kernel_fit import (
+        AttentionPoint,
+        ElementwisePoint,
+        GemmPoint,
+        fit_device_rates,
+    )
+
+    elementwise = [ElementwisePoint("mul", b, 2e-6 + b / 1e10) for b in (12.0, 1e4, 1e5)]
+    gemms = [GemmPoint(m, 64, 64, 2e-6 + 2.0 * m * 64 * 64 / 1e11) for m in (64, 128)]
+    attention = [AttentionPoint(64, 64, 1, 16, 1e-4)]
+    cpu = fit_device_rates("cpu", elementwise, gemms, attention, 1, host_us=1.0,
+                           on_host=True, host_op_us=8.0).rates
+    assert (cpu.host_us, cpu.launch_us) == (0.0, 8.0)
+    assert cpu.compiled_launch_us == pytest.approx(2.0)  # the bare op, per fused launch
+    gpu = fit_device_rates("gpu", elementwise, gemms, attention, 4, host_us=1.0,
+                           on_host=False, host_op_us=8.0).rates
+    assert (gpu.host_us, gpu.compiled_host_us) == (8.0, 1.0)
+    assert gpu.launch_us == pytest.approx(2.0)
