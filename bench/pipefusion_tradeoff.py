@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -32,27 +31,19 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))  # run as a script or imported
+
+from vmajor_tradeoff import torchrun_worker  # noqa: E402  (its launcher, shared)
+
 MODEL = "tiny-digits"
 
 
 def launch(stages: int, warmups: list[int], steps: int, seeds: int, work: Path,
            timeout_s: float) -> dict:
     """One torchrun launch of the worker below; returns rank 0's record."""
-    record = work / "pipefusion.json"
-    torchrun = Path(sys.executable).parent / "torchrun"
-    cmd = [str(torchrun), "--nproc-per-node", str(stages), "--no-python", sys.executable,
-           str(Path(__file__).resolve()), "--worker", "--stages", str(stages),
-           "--warmups", ",".join(map(str, warmups)), "--steps", str(steps),
-           "--seeds", str(seeds), "--json", str(record)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COCODIFF_RENDEZVOUS_DIR": str(work),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    job = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=timeout_s, stdin=subprocess.DEVNULL)
-    if job.returncode != 0:
-        errors = [line for line in job.stderr.splitlines() if "Error" in line]
-        last = (errors or job.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"exit {job.returncode}: {last}")
-    return json.loads(record.read_text())
+    return torchrun_worker(Path(__file__), stages, [
+        "--stages", str(stages), "--warmups", ",".join(map(str, warmups)),
+        "--steps", str(steps), "--seeds", str(seeds)], work / "pipefusion.json", timeout_s)
 
 
 def worker(stages: int, warmups: list[int], steps: int, seeds: int, out: Path) -> None:

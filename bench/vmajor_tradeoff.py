@@ -44,20 +44,33 @@ NUM_RANKS, LAYOUT = 4, "2x2x1"
 def launch(model: str, schedules: list[str], steps: int, seeds: int, work: Path,
            timeout_s: float) -> dict:
     """One torchrun launch of the worker below; returns rank 0's record."""
-    record = work / f"{model}.json"
+    try:
+        return torchrun_worker(Path(__file__), NUM_RANKS, [
+            "--models", model, "--schedules", ",".join(schedules), "--steps", str(steps),
+            "--seeds", str(seeds)], work / f"{model}.json", timeout_s)
+    except RuntimeError as error:
+        raise RuntimeError(f"{model}: {error}") from None
+
+
+def torchrun_worker(script: Path, ranks: int, args: list[str], record: Path,
+                    timeout_s: float) -> dict:
+    """``script --worker ARGS --json RECORD`` on ``ranks`` torchrun ranks (one thread
+    each, rendezvous files beside ``record``); returns the record rank 0 wrote.
+
+    Raises:
+        RuntimeError: the job failed (its last error line).
+    """
     torchrun = Path(sys.executable).parent / "torchrun"
-    cmd = [str(torchrun), "--nproc-per-node", str(NUM_RANKS), "--no-python", sys.executable,
-           str(Path(__file__).resolve()), "--worker", "--models", model,
-           "--schedules", ",".join(schedules), "--steps", str(steps), "--seeds", str(seeds),
-           "--json", str(record)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COCODIFF_RENDEZVOUS_DIR": str(work),
+    cmd = [str(torchrun), "--nproc-per-node", str(ranks), "--no-python", sys.executable,
+           str(script.resolve()), "--worker", *args, "--json", str(record)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COCODIFF_RENDEZVOUS_DIR": str(record.parent),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     job = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=timeout_s, stdin=subprocess.DEVNULL)
     if job.returncode != 0:
         errors = [line for line in job.stderr.splitlines() if "Error" in line]
         last = (errors or job.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"{model}: exit {job.returncode}: {last}")
+        raise RuntimeError(f"exit {job.returncode}: {last}")
     return json.loads(record.read_text())
 
 

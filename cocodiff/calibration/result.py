@@ -14,6 +14,7 @@ from cocodiff.calibration.fits import CpuFit, LinkFit
 from cocodiff.calibration.loaded import CallCpuFit, LoadedPoint, predict_loop_s
 from cocodiff.calibration.model_shapes import LayerShapes
 from cocodiff.calibration.options import CalibrateOptions, CalibrationError
+from cocodiff.calibration.verdict import Verdict, judge, machine_warnings
 
 if TYPE_CHECKING:
     from cocodiff.calibration.kernel_bench import KernelCalibration
@@ -574,11 +575,9 @@ def write_outputs(result: Calibration, options: CalibrateOptions) -> None:
         print(f"warning: {verdict.line()}")
 
 
-def judge_calibration(result: Calibration):
+def judge_calibration(result: Calibration) -> Verdict:
     """calibrate's verdict on ``result`` (:mod:`cocodiff.calibration.verdict`): its loops
     simulated back, the machine's load and speed drift."""
-    from cocodiff.calibration.verdict import judge, machine_warnings
-
     host = result.host
     ranks = result.num_nodes * result.ranks_per_node
     if host is not None:
@@ -588,7 +587,7 @@ def judge_calibration(result: Calibration):
     return judge(result.loops_check, warnings)
 
 
-def verdict_notes(verdict) -> list[str]:
+def verdict_notes(verdict: Verdict) -> list[str]:
     """The verdict as the topology file's header says it."""
     if verdict.holds is None:
         return [f"verdict: not checked ({'; '.join(verdict.notes)})."]
