@@ -426,7 +426,7 @@ def plan_command(args: argparse.Namespace) -> int:
         print(f"note: {best.layout.name} is lossy: after its {best.layout.warmup} warm-up "
               "step(s) each patch attends to the other patches' K/V from the step before; "
               "`cocodiff run --reference` reports its PSNR and SSIM against the exact run "
-              "(--warmup equal to --steps)")
+              "(every step synchronous: --warmup equal to --steps)")
     if pipeline_best:
         from cocodiff.simulator.planner import ChunkChoice
 
