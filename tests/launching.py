@@ -3,6 +3,7 @@ clean environment and a bounded time."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,3 +57,21 @@ def run_job(cmd: list[str], tmp_path: Path, timeout_s: float = 240) -> subproces
         cmd, cwd=REPO, env=job_env(tmp_path), capture_output=True, text=True,
         timeout=timeout_s, stdin=subprocess.DEVNULL,
     )
+
+
+def plan_simulate_run(tmp_path: Path, launcher: str, transport: str, plan_args: list[str],
+                      num_ranks: int = 4) -> tuple[Path, dict, dict]:
+    """One plan, two executors: ``cocodiff plan PLAN_ARGS --out`` a file, ``simulate
+    --plan`` it here and ``run --plan`` it on ``num_ranks`` ranks. Returns the file, the
+    simulator's JSON and the run's JSON (the job must succeed)."""
+    from cocodiff.commands.cli import main
+
+    plan, sim, ran = tmp_path / "p.json", tmp_path / "s.json", tmp_path / "r.json"
+    assert main(["plan", *plan_args, "--out", str(plan)]) == 0
+    assert main(["simulate", "--plan", str(plan), "--json", str(sim)]) == 0
+    cmd = launcher_prefix(launcher, num_ranks) + [
+        "-m", "cocodiff", "run", "--plan", str(plan), "--transport", transport, "--quiet",
+        "--json", str(ran)]
+    result = run_job(cmd, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return plan, json.loads(sim.read_text()), json.loads(ran.read_text())

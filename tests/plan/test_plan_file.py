@@ -5,7 +5,13 @@ import json
 import re
 
 import pytest
-from launching import launcher_prefix, needs_mpi, needs_torchrun, run_job
+from launching import (
+    launcher_prefix,
+    needs_mpi,
+    needs_torchrun,
+    plan_simulate_run,
+    run_job,
+)
 
 from cocodiff.commands.cli import main
 from cocodiff.layout import RING_INNER_ORDER, LayoutError, ParallelLayout
@@ -196,17 +202,10 @@ def test_one_plan_file_moves_the_same_bytes_in_simulate_and_run(tmp_path, launch
     """A V-Major plan (per-step choices, selective phases on the inter-node tier, 2
     pipeline chunks) on 2 nodes x 2 ranks: the runtime's bytes per tier and exchanges per
     step are the simulator's."""
-    plan, sim, ran = tmp_path / "p.json", tmp_path / "s.json", tmp_path / "r.json"
-    assert main(["plan", "--topology", "cluster", "--nodes", "2", "--model", "tiny-flux",
-                 "--resolution", "128", "--dtype", "float32", "--steps", "4",
-                 "--schedule", "cocodiff", "--vmajor-ratio-schedule", "linear:0.5",
-                 "--chunks", "2", "--ulysses", "4", "--out", str(plan)]) == 0
-    assert main(["simulate", "--plan", str(plan), "--json", str(sim)]) == 0
-    cmd = launcher_prefix(launcher, 4) + ["-m", "cocodiff", "run", "--plan", str(plan),
-                                          "--transport", transport, "--quiet", "--json", str(ran)]
-    result = run_job(cmd, tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    simulated, measured = json.loads(sim.read_text()), json.loads(ran.read_text())
+    plan, simulated, measured = plan_simulate_run(tmp_path, launcher, transport, [
+        "--topology", "cluster", "--nodes", "2", "--model", "tiny-flux", "--resolution", "128",
+        "--dtype", "float32", "--steps", "4", "--schedule", "cocodiff",
+        "--vmajor-ratio-schedule", "linear:0.5", "--chunks", "2", "--ulysses", "4"])
     [predicted] = simulated["results"]
     assert measured["plan_sha256"] == simulated["plan_sha256"] == load_run_plan(plan).sha256
     assert measured["schedule"] == predicted["schedule"] == "cocodiff"
@@ -228,18 +227,10 @@ def test_a_hybrid_plan_file_moves_the_same_bytes_in_simulate_and_run(tmp_path, m
     whole sequence group) and Ulysses x batch (tiny-pixart's guidance batch split in two,
     the output gathered over each Ulysses group, then whole samples over the batch groups):
     the runtime's bytes per tier, output gathers included, are the simulator's."""
-    plan, sim, ran = tmp_path / "p.json", tmp_path / "s.json", tmp_path / "r.json"
-    assert main(["plan", "--topology", "cluster", "--nodes", "2", "--model", model, *size,
-                 "--dtype", "float32", "--steps", "2", "--schedule", "vfirst", *layout,
-                 "--out", str(plan)]) == 0
-    assert main(["simulate", "--plan", str(plan), "--json", str(sim)]) == 0
-    cmd = launcher_prefix("torchrun", 4) + ["-m", "cocodiff", "run", "--plan", str(plan),
-                                            "--transport", "torch", "--quiet", "--json",
-                                            str(ran)]
-    result = run_job(cmd, tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    [predicted] = json.loads(sim.read_text())["results"]
-    measured = json.loads(ran.read_text())
+    _, simulated, measured = plan_simulate_run(tmp_path, "torchrun", "torch", [
+        "--topology", "cluster", "--nodes", "2", "--model", model, *size, "--dtype", "float32",
+        "--steps", "2", "--schedule", "vfirst", *layout])
+    [predicted] = simulated["results"]
     assert measured["bytes_by_tier"] == predicted["bytes_by_tier"]
     assert predicted["bytes_by_tier"]["inter-node"] > 0
 

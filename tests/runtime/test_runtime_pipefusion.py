@@ -19,7 +19,14 @@ import re
 
 import pytest
 import torch
-from launching import WORKERS, launcher_prefix, needs_mpi, needs_torchrun, run_job
+from launching import (
+    WORKERS,
+    launcher_prefix,
+    needs_mpi,
+    needs_torchrun,
+    plan_simulate_run,
+    run_job,
+)
 
 from cocodiff.commands.cli import main
 from cocodiff.commands.run import pipeline_layout
@@ -66,17 +73,10 @@ def test_one_pipefusion_plan_file_moves_the_same_bytes_in_simulate_and_run(
     ranks, one synchronous step then two pipelined ones: the patches' transfers and the
     ring after both kinds of step) run by ``cocodiff run --plan`` has the simulator's
     sha256 and bytes per tier (the stage-to-stage transfers cross the nodes)."""
-    plan, sim, ran = tmp_path / "p.json", tmp_path / "s.json", tmp_path / "r.json"
-    assert main(["plan", "--topology", "cluster", "--nodes", "2", "--model", "tiny-flux",
-                 "--resolution", "128", "--dtype", "float32", "--steps", "3",
-                 "--schedule", "pipefusion", "--pipefusion", "2", "--warmup", "1",
-                 "--out", str(plan)]) == 0
-    assert main(["simulate", "--plan", str(plan), "--json", str(sim)]) == 0
-    cmd = launcher_prefix(launcher, 4) + ["-m", "cocodiff", "run", "--plan", str(plan),
-                                          "--transport", transport, "--quiet", "--json", str(ran)]
-    result = run_job(cmd, tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    simulated, measured = json.loads(sim.read_text()), json.loads(ran.read_text())
+    plan, simulated, measured = plan_simulate_run(tmp_path, launcher, transport, [
+        "--topology", "cluster", "--nodes", "2", "--model", "tiny-flux", "--resolution", "128",
+        "--dtype", "float32", "--steps", "3", "--schedule", "pipefusion", "--pipefusion", "2",
+        "--warmup", "1"])
     [predicted] = simulated["results"]
     assert measured["plan_sha256"] == simulated["plan_sha256"] == load_run_plan(plan).sha256
     assert measured["schedule"] == predicted["schedule"] == "pipefusion"
@@ -169,14 +169,17 @@ def test_run_refuses_pipefusion_flags_without_the_schedule(capsys):
                            "PipeFusion's: give --schedule pipefusion")
 
 
-def test_a_pipelined_plan_file_gives_its_layout(tmp_path):
+# Pipelined steps after one warm-up step (2 patches), or every step synchronous (1).
+@pytest.mark.parametrize(("warmup", "layout"), [(1, PipelineLayout(2, 1, 2, 1)),
+                                                (3, PipelineLayout(2, 1, 1, 3))])
+def test_a_plan_file_gives_its_layout(tmp_path, warmup, layout):
     plan = tmp_path / "p.json"
     assert main(["plan", "--topology", "cluster", "--nodes", "1", "--model", "tiny-flux",
                  "--resolution", "128", "--dtype", "float32", "--steps", "3",
-                 "--schedule", "pipefusion", "--pipefusion", "2", "--warmup", "1",
+                 "--schedule", "pipefusion", "--pipefusion", "2", "--warmup", str(warmup),
                  "--out", str(plan)]) == 0
     args = argparse.Namespace(schedule="pipefusion", plan=plan)
-    assert pipeline_layout(args, 2, load_run_plan(plan)) == PipelineLayout(2, 1, 2, 1)
+    assert pipeline_layout(args, 2, load_run_plan(plan)) == layout
 
 
 def test_patches_that_do_not_cut_the_image_evenly_are_one_line():
@@ -184,13 +187,3 @@ def test_patches_that_do_not_cut_the_image_evenly_are_one_line():
     with pytest.raises(ScheduleError, match=r"^60 image tokens do not cut into 4 patches on "
                                             r"each of 2 Ulysses rank\(s\): .* a multiple of 8"):
         check_patches(60, 2, 4)
-
-
-def test_a_synchronous_plan_file_gives_its_layout(tmp_path):
-    plan = tmp_path / "p.json"
-    assert main(["plan", "--topology", "cluster", "--nodes", "1", "--model", "tiny-flux",
-                 "--resolution", "128", "--dtype", "float32", "--steps", "3",
-                 "--schedule", "pipefusion", "--pipefusion", "2", "--warmup", "3",
-                 "--out", str(plan)]) == 0
-    args = argparse.Namespace(schedule="pipefusion", plan=plan)
-    assert pipeline_layout(args, 2, load_run_plan(plan)) == PipelineLayout(2, 1, 1, 3)
