@@ -86,6 +86,15 @@ def outside_seconds(mode: str) -> dict[str, float]:
             "per_step_s": run(step)}
 
 
+def _ops_per_layer(ulysses: int, ring: int) -> float | None:
+    """ATen ops a FLUX.1-dev rank's layer dispatches eager in a ``ulysses x ring`` split
+    (``cocodiff.kernels.DISPATCHED_OPS``, counted on the tiny twin through the runtime)."""
+    from cocodiff import kernels as kn
+    from cocodiff.runtime.model_names import model_spec
+
+    return kn.dispatched_ops_per_layer(model_spec("flux1-dev"), ulysses, ring)
+
+
 def _cli(args: list[str], out: Path) -> dict:
     subprocess.run([sys.executable, "-m", "cocodiff", *args, "--json", str(out)], check=True,
                    capture_output=True, text=True)
@@ -122,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
                     "step_s": step_s, "predicted_s": image_s,
                     "published_s": published[MODES.index(mode)],
                     "error": image_s / published[MODES.index(mode)] - 1}
+                if mode == "eager":
+                    # what the host term charges a rank's layer in this layout
+                    rows[name][mode]["dispatched_ops_per_layer"] = _ops_per_layer(u, r)
             plan = _cli(["plan", "--model", "flux1-dev", "--resolution", "1024", "--steps",
                          str(STEPS), "--schedule", "flat", "--topology",
                          str(_topology(folder, 4)), "--compute-mode", mode],
@@ -143,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:20s} {cell['predicted_s']:6.2f} | {cell['published_s']:5.2f} "
                   f"({cell['error']:+6.1%});  {cell['speedup']:5.2f}x | "
                   f"{cell['published_speedup']:4.2f}x ({cell['speedup_error']:+6.1%})")
+        if mode == "eager":
+            print("  ATen ops a rank's layer dispatches (counted through the runtime, 9 us "
+                  "each): " + ", ".join(f"{name} {row[mode]['dispatched_ops_per_layer']:.1f}"
+                                        for name, row in rows.items()))
         pick = picks[mode]
         print(f"  planner's pick on 4 GPUs: {pick['planner']}; measured best: "
               f"{pick['measured_best']}; outside the transformer: "

@@ -37,7 +37,7 @@ Conventions (``d`` = hidden size, ``S_loc`` = local tokens, ``S`` = total tokens
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cocodiff import kernels as kn
 from cocodiff.models import ModelSpec
@@ -246,19 +246,65 @@ def host_ops_per_launch(spec: ModelSpec, shape: LayerShape,
     only the layer's total). None where the family's ops are not counted (one per
     launch, as the launch counts alone).
 
-    The family's count is diffusers' own blocks' for every layout. The runtime's
-    processors dispatch more under Ulysses (counted: FLUX 151 / 101 against 114 / 68),
-    but a Ring rank's count through the hybrid processors is not counted yet, and
-    charging the extra ops to Ulysses ranks alone made a pure Ring look cheaper than it
-    is (it flipped the 4 x H100 eager pick from Ulysses 4 to Ring 4): one count for all
-    until both are counted."""
+    The family's count is the one of the rank's layout, counted for each: diffusers'
+    own blocks on an unsplit shape (one rank), this runtime's processors where the
+    shape splits the sequence (Ulysses; FLUX 151 / 101 against 114 / 68). A Ring's
+    blocks add their own ops on the Ring's steps (:func:`ring_block_cost`, with
+    :func:`ring_host_ops`), and a Ring of one-rank Ulysses groups, whose layer shape is
+    unsplit, is charged the runtime's count there (:attr:`RingHostOps.layer_scale`):
+    every layout pays what its rank dispatches, so no split looks cheaper for being
+    counted less."""
     if ops_per_layer is None:
-        ops_per_layer = kn.dispatched_ops_per_layer(spec)
+        # The runtime's count is the same at every Ulysses degree (counted at 2 and 4).
+        ops_per_layer = kn.dispatched_ops_per_layer(
+            spec, ulysses=2 if shape.local_tokens < shape.total_tokens else 1)
     if ops_per_layer is None:
         return None
     count = sum(kn.launches(k, "eager") for op in OPS if _OP_COSTS[op](spec, shape) != ZERO
                 for k in _op_kernels(spec, op, shape))
     return ops_per_layer / count if count else None
+
+
+@dataclass(frozen=True, slots=True)
+class RingHostOps:
+    """What a Ring rank's host dispatches beyond its Ulysses group's layer
+    (:class:`cocodiff.kernels.DispatchCount`), eager.
+
+    Attributes:
+        first: ATen ops the Ring's first block adds beyond the attention step it replaces.
+        later: ATen ops each later block dispatches (its attention kernel and merge).
+        layer_scale: the factor on the layer's other kernels' ops: a Ring of one-rank
+            Ulysses groups runs the runtime's processors, where its unsplit layer shape
+            alone would charge diffusers' blocks (runtime / diffusers); 1 otherwise.
+    """
+
+    first: float
+    later: float
+    layer_scale: float = 1.0
+
+
+def ring_host_ops(spec: ModelSpec, ulysses: int) -> RingHostOps | None:
+    """The Ring's host ops for ``spec`` with Ulysses groups of ``ulysses`` ranks; None
+    for a family whose ops are not counted (its merges then dispatch one op per
+    launch)."""
+    ring = kn.ring_dispatched_ops(spec)
+    if ring is None:
+        return None
+    scale = 1.0
+    if ulysses == 1:
+        unsplit, split = (kn.dispatched_ops_per_layer(spec),
+                          kn.dispatched_ops_per_layer(spec, ulysses=2))
+        scale = split / unsplit if unsplit and split else 1.0
+    return RingHostOps(ring[0], ring[1], scale)
+
+
+def scale_host_ops(cost: Cost, factor: float) -> Cost:
+    """``cost`` with its kernels' counted host ops multiplied by ``factor``."""
+    if factor == 1.0:
+        return cost
+    return Cost(cost.flops, cost.memory_bytes, tuple(
+        k if k.host_ops is None else replace(k, host_ops=k.host_ops * factor)
+        for k in cost.kernels))
 
 
 def _op_kernels(spec: ModelSpec, op: str, shape: LayerShape) -> tuple[kn.Kernel, ...]:
@@ -294,15 +340,26 @@ def _op_kernels(spec: ModelSpec, op: str, shape: LayerShape) -> tuple[kn.Kernel,
     return tuple(out)
 
 
-def ring_block_cost(attention: Cost, block: int, dtype_bytes: int) -> Cost:
+def ring_block_cost(attention: Cost, block: int, dtype_bytes: int,
+                    host: RingHostOps | None = None) -> Cost:
     """One Ring block's attention: ``attention`` (already at the block's shape) and the
     merge of its output into the running one (:func:`cocodiff.kernels.ring_merge`; the
-    first block only converts its output). The merge's bytes join ``memory_bytes``."""
+    first block only converts its output). The merge's bytes join ``memory_bytes``.
+
+    ``host``: the Ring's counted host ops (:func:`ring_host_ops`): the first block keeps
+    the attention step's share of the layer's ops and its merge carries ``host.first``;
+    a later block's ops are ``host.later``, all on its merge. None: the merges dispatch
+    one op per launch and every block's attention keeps the step's share."""
     kernels = attention.kernels
     if block > 0:  # the Ulysses layout copies around the attention happen once, in block 0
         kernels = tuple(kernel for kernel in kernels if kernel.kind == "attention")
+        if host is not None:
+            kernels = tuple(replace(kernel, host_ops=0.0) for kernel in kernels)
     merges = tuple(kn.ring_merge(kernel, dtype_bytes, first=block == 0)
                    for kernel in kernels if kernel.kind == "attention")
+    if host is not None:
+        merges = tuple(replace(m, host_ops=(host.first if block == 0 else host.later)
+                               / len(merges)) for m in merges)
     return Cost(attention.flops, attention.memory_bytes + sum(m.memory_bytes for m in merges),
                 kernels + merges)
 

@@ -22,8 +22,9 @@ Kernel classes and their closed forms (``R`` = the device's rates, :func:`kernel
   that reads its inputs and writes its outputs once (:data:`PASSES` gives both counts).
 - every launch adds ``R.launch`` on the GPU; the host spends ``R.host`` on every ATen op
   it dispatches, eager (:data:`DISPATCHED_OPS`: views, chunks and casts included, several
-  per kernel: diffusers' FLUX blocks dispatch 114 / 68 ops where they launch ~40 kernels),
-  compiled on every kernel of the fused graph. A compute step takes
+  per kernel: diffusers' FLUX blocks dispatch 114 / 68 ops where they launch ~40 kernels,
+  this runtime's 151 / 101 on a rank of a split and 26 more per Ring block), compiled on
+  every kernel of the fused graph. A compute step takes
   ``max(GPU time, host time)``: the GPU runs ahead of nothing, so a step of many small
   kernels is bound by the host that issues them (eager), not the GPU. Where the device is
   the host (a CPU: ``R.host`` is 0) one core does both, one after the other: the step is
@@ -37,6 +38,7 @@ model's dtype (a float32 intermediate counts two).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -286,36 +288,85 @@ def ring_merge(attention_kernel: Kernel, dtype_bytes: int, first: bool) -> Kerne
                        passes.launches, passes.fused_launches)
 
 
-# ATen ops one layer dispatches in eager mode (a TorchDispatchMode over one forward,
-# inside each block: views, chunks, casts and copies included), by family and block kind,
-# as diffusers 0.42's blocks issue them alone ("diffusers") and as this project's runtime
-# issues them under Ulysses ("ulysses": its processors' layout, all-to-all and
-# head-split ops added; counted, not charged yet: cocodiff.cost.host_ops_per_launch says
-# why). Counted on the tiny twins (tiny-flux, tiny-sd3, tiny-qwen, tiny-wan); the count
-# does not depend on the sizes (the same at 4 x 16 and 8 x 32 heads, checked by
-# tests/test_dispatch_count.py, which re-counts them so this table cannot rot). What a
-# kernel launch costs the host is these ops, not one: 126 ops per tiny-flux layer under
-# the runtime against 46 kernels (docs/compute-model.md, "eager host").
-DISPATCHED_OPS: dict[str, dict[str, dict[str, float]]] = {
-    "flux": {"double": {"diffusers": 114, "ulysses": 151},
-             "single": {"diffusers": 68, "ulysses": 101}},
-    "sd3": {"joint": {"diffusers": 92}},
-    "qwen-image": {"joint": {"diffusers": 145}},
-    "wan": {"cross": {"diffusers": 106}},
+@dataclass(frozen=True, slots=True)
+class DispatchCount:
+    """ATen ops one block of a model dispatches in eager mode, by who runs it and how the
+    sequence is split (counted with a TorchDispatchMode over one forward, inside the block:
+    views, chunks, casts and copies included; :data:`DISPATCHED_OPS`).
+
+    Attributes:
+        diffusers: diffusers' own block on one rank (no split).
+        runtime: this project's runtime on a rank of any split, Ulysses, Ring or both,
+            before the Ring's blocks: its processors' layout copies, head splits and
+            exchange calls added (the same count at Ulysses 2 and 4, and for a Ring of
+            one-rank Ulysses groups: those run the same processors).
+        ring_first: the Ring's first block, beyond the attention call it replaces (its
+            attention on the block in hand, the pass's send, the output's scatter back).
+        ring_later: every later Ring block: the block's index selects, its attention with
+            the log-sum-exp, the merge into the running output, the pass's send and
+            receive.
+    """
+
+    diffusers: float
+    runtime: float
+    ring_first: float
+    ring_later: float
+
+    def per_block(self, ulysses: int = 1, ring: int = 1) -> float:
+        """Ops per block on a rank of a ``ulysses x ring`` split: diffusers' alone on one
+        rank, else ``runtime + ring_first + (ring - 1) ring_later`` (no Ring terms at
+        ``ring`` 1)."""
+        if ulysses * ring == 1:
+            return self.diffusers
+        if ring == 1:
+            return self.runtime
+        return self.runtime + self.ring_first + (ring - 1) * self.ring_later
+
+
+# Counted on the tiny twins (tiny-flux, tiny-sd3, tiny-qwen, tiny-wan; diffusers 0.42,
+# float32) through the runtime over a stand-in transport (nothing moved), at U1, U2, U4,
+# R2, R3, R4 and U2xR2: a Ring's ops are linear in its degree (FLUX: 183 / 209 / 235 at
+# R = 2 / 3 / 4 for a double block), and U2xR2 counts what R2 counts. The counts do not
+# depend on the sizes (the same at 4 x 16 and 8 x 32 heads, and at twice the tokens) nor
+# on the rank. tests/test_dispatch_count.py re-counts every entry so this table cannot
+# rot. Qwen-Image's blocks pass an attention mask: the Ring then attends by the explicit
+# (masked) path, 45 ops a block instead of 26; in bfloat16 its blocks dispatch 4 more
+# casts (149 / 192 / 258 at 1 / U2 / R2; FLUX's counts do not change). What a kernel
+# launch costs the host is these ops, not one: FLUX's blocks launch ~46 kernels.
+DISPATCHED_OPS: dict[str, dict[str, DispatchCount]] = {
+    "flux": {"double": DispatchCount(114, 151, 6, 26),
+             "single": DispatchCount(68, 101, 6, 26)},
+    "sd3": {"joint": DispatchCount(92, 126, 6, 26)},
+    "qwen-image": {"joint": DispatchCount(145, 188, 21, 45)},
+    "wan": {"cross": DispatchCount(106, 143, 6, 26)},
 }
 
 
-def dispatched_ops_per_layer(spec: ModelSpec) -> float | None:
-    """ATen ops an (average) layer of ``spec``'s diffusers blocks dispatch eager
-    (:data:`DISPATCHED_OPS`; FLUX's block kinds mixed as the kernel counts are). None for
-    a family not counted."""
+def _per_layer(spec: ModelSpec, count: Callable[[DispatchCount], float]) -> float | None:
     table = DISPATCHED_OPS.get(spec.family)
     if table is None:
         return None
     if spec.family == "flux":
         share = _flux_double_share(spec)
-        return share * table["double"]["diffusers"] + (1 - share) * table["single"]["diffusers"]
-    return next(iter(table.values()))["diffusers"]
+        return share * count(table["double"]) + (1 - share) * count(table["single"])
+    return count(next(iter(table.values())))
+
+
+def dispatched_ops_per_layer(spec: ModelSpec, ulysses: int = 1, ring: int = 1
+                             ) -> float | None:
+    """ATen ops an (average) layer of ``spec`` dispatches eager on a rank of a
+    ``ulysses x ring`` split (:meth:`DispatchCount.per_block`; FLUX's block kinds mixed
+    as the kernel counts are). None for a family not counted."""
+    return _per_layer(spec, lambda c: c.per_block(ulysses, ring))
+
+
+def ring_dispatched_ops(spec: ModelSpec) -> tuple[float, float] | None:
+    """``(first, later)``: ATen ops the Ring's first block adds beyond the attention call
+    it replaces, and each later block's (:class:`DispatchCount`). None for a family not
+    counted."""
+    first = _per_layer(spec, lambda c: c.ring_first)
+    later = _per_layer(spec, lambda c: c.ring_later)
+    return None if first is None or later is None else (first, later)
 
 
 def check_mode(mode: str) -> str:

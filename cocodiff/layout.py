@@ -249,12 +249,21 @@ class PipelineLayout:
         ulysses: ranks of one stage's Ulysses group.
         patches: patches a pipelined step streams (M; xDiT's default M = N).
         warmup: synchronous steps before the pipelined ones (xDiT's default 1).
+        overlap: consecutive pipelined steps overlap: stage 0 starts patch m of a step
+            as soon as the last stage has sent patch m of the step before (xDiT's engine,
+            whose scheduler steps each patch, so the pipeline fills once per generation).
+            False (the default): stage 0 waits for all of the step before's patches
+            before its first, and the last stage sends them after its last patch, as
+            ``cocodiff run`` does (diffusers' loop steps the scheduler on the whole
+            latents between two transformer calls: the pipeline fills and drains every
+            step).
     """
 
     stages: int
     ulysses: int = 1
     patches: int = 1
     warmup: int = 1
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         for name, least in (("stages", 1), ("ulysses", 1), ("patches", 1), ("warmup", 0)):
@@ -262,6 +271,8 @@ class PipelineLayout:
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise LayoutError(f"pipefusion {name} must be an integer >= {least}, "
                                   f"got {value!r}")
+        if not isinstance(self.overlap, bool):
+            raise LayoutError(f"pipefusion overlap must be true or false, got {self.overlap!r}")
 
     @property
     def num_ranks(self) -> int:
@@ -269,8 +280,11 @@ class PipelineLayout:
 
     @property
     def name(self) -> str:
-        """``P4xU4xM4/w1``: stages, Ulysses degree, patches, warm-up steps."""
-        return f"P{self.stages}xU{self.ulysses}xM{self.patches}/w{self.warmup}"
+        """``P4xU4xM4/w1``: stages, Ulysses degree, patches, warm-up steps; then
+        ``/overlap`` when consecutive steps overlap (the default, what ``run`` executes,
+        keeps the names it always had)."""
+        text = f"P{self.stages}xU{self.ulysses}xM{self.patches}/w{self.warmup}"
+        return text + "/overlap" if self.overlap else text
 
     def stage_of(self, position: int) -> int:
         return position // self.ulysses

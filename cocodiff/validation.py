@@ -18,6 +18,14 @@ medians (:func:`log_interval_95`), whether that interval resolves the row's erro
 row's interval neither resolves its error nor is within ``--precision``
 (:func:`rows_to_resolve`).
 
+PipeFusion rows (schedule ``pipefusion`` on a pipeline layout ``PnxUuxMm/wW``) run
+:func:`cocodiff.runtime.pipefusion.parallelize_pipefusion`, whose plan fills and drains
+the pipeline every step, as the runtime does (``PipelineLayout.overlap`` False). Their
+row compares time per step like the others: the measured median of steps 2..T (all
+pipelined with one warm-up step) against the simulated mean of the same steps, the
+generation's simulated time less its first step's, over ``T - 1``
+(:func:`pipeline_step_s`).
+
 The argument parsing and printing live in :mod:`cocodiff.commands.validate`.
 """
 
@@ -32,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from cocodiff.layout import DEFAULT_ORDER, ParallelLayout
+from cocodiff.layout import DEFAULT_ORDER, ParallelLayout, PipelineLayout
 from cocodiff.util.errors import CocodiffError
 
 PURE = "pure"
@@ -51,6 +59,10 @@ _T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
           2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 T = TypeVar("T")
 _LAYOUT_NAME = re.compile(r"U(\d+)xR(\d+)xB(\d+)(/ring-inner)?")
+# PipelineLayout.name without "/overlap": `run` executes no overlapping steps.
+_PIPELINE_NAME = re.compile(r"P(\d+)xU(\d+)xM(\d+)/w(\d+)")
+# The schedule a pipeline layout runs (cocodiff.schedules.pipefusion.PIPELINE_SCHEDULES).
+PIPEFUSION = "pipefusion"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +70,14 @@ class Case:
     """One thing to measure: a schedule (or baseline) on a parallel layout.
 
     Attributes:
-        schedule: a plan schedule's registry name, or a baseline's (``diffusers``).
-        layout: the Ulysses x Ring x batch layout; None: pure Ulysses over every rank.
+        schedule: a plan schedule's registry name, a baseline's (``diffusers``), or
+            ``pipefusion``.
+        layout: the Ulysses x Ring x batch layout, or PipeFusion's pipeline layout; None:
+            pure Ulysses over every rank.
     """
 
     schedule: str
-    layout: ParallelLayout | None = None
+    layout: ParallelLayout | PipelineLayout | None = None
 
     @property
     def layout_name(self) -> str:
@@ -74,17 +88,23 @@ class Case:
         return self.schedule if self.layout is None else f"{self.schedule}@{self.layout.name}"
 
 
-def parse_layout_name(text: str) -> ParallelLayout:
-    """``U4xR2xB1`` or ``U4xR2xB1/ring-inner`` (:attr:`ParallelLayout.name`) -> the layout.
+def parse_layout_name(text: str) -> ParallelLayout | PipelineLayout:
+    """``U4xR2xB1`` or ``U4xR2xB1/ring-inner`` (:attr:`ParallelLayout.name`), or a
+    PipeFusion layout ``P2xU2xM2/w1`` (:attr:`PipelineLayout.name`) -> the layout.
 
     Raises:
         CocodiffError: not such a name.
     """
     from cocodiff.layout import RING_INNER_ORDER
 
+    pipeline = _PIPELINE_NAME.fullmatch(text)
+    if pipeline is not None:
+        stages, ulysses, patches, warmup = (int(group) for group in pipeline.groups())
+        return PipelineLayout(stages, ulysses, patches, warmup)
     match = _LAYOUT_NAME.fullmatch(text)
     if match is None:
-        raise CocodiffError(f"not a layout name (pure, or U4xR2xB1[/ring-inner]): {text!r}")
+        raise CocodiffError(f"not a layout name (pure, U4xR2xB1[/ring-inner], or PipeFusion's "
+                            f"P2xU2xM2/w1): {text!r}")
     ulysses, ring, batch = (int(group) for group in match.groups()[:3])
     order = RING_INNER_ORDER if match.group(4) else DEFAULT_ORDER
     return ParallelLayout(ulysses, ring, batch, order)
@@ -112,35 +132,65 @@ def parse_schedules(text: str) -> list[str]:
     if not names:
         raise CocodiffError("--schedules names no schedule")
     for name in names:
-        if name not in BASELINES:
+        if name not in BASELINES and name != PIPEFUSION:
             try:
                 get_schedule(name)
             except ValueError as error:
-                raise CocodiffError(f"{error}, or a baseline: {', '.join(BASELINES)}") from None
+                raise CocodiffError(f"{error}, {PIPEFUSION}, or a baseline: "
+                                    f"{', '.join(BASELINES)}") from None
     if len(set(names)) != len(names):
         raise CocodiffError(f"--schedules names a schedule twice: {text}")
     return names
 
 
 def make_cases(schedules: Sequence[str], layout_names: Sequence[str], num_ranks: int,
-               num_heads: int) -> list[Case]:
+               num_heads: int, num_layers: int | None = None) -> list[Case]:
     """The cases to run. ``auto``: pure Ulysses where the heads split over every rank,
     else every batch-1 layout the planner considers (both placements). A layout without a
     Ulysses exchange (Ulysses degree 1) runs its first plan schedule only: every schedule
-    makes the same plan there. Baselines run pure Ulysses only.
+    makes the same plan there. Baselines run pure Ulysses only. ``pipefusion`` runs on
+    PipeFusion layouts only (``P2xU2xM2/w1``), the other schedules on the others; with
+    ``auto``, on every pipeline layout of two stages or more (patches = stages, one
+    warm-up step: xDiT's defaults, as ``cocodiff plan`` ranks them).
+
+    Args:
+        num_layers: the model's layers (None: unknown, stages not checked against it).
 
     Raises:
         CocodiffError: a layout that does not hold ``num_ranks`` ranks or splits more
-            heads than the model has; nothing left to run.
+            heads than the model has; a pipeline layout without ``pipefusion`` or the
+            reverse; nothing left to run.
     """
     from cocodiff.runtime.baseline import BASELINES
-    from cocodiff.simulator.planner import candidate_layouts
+    from cocodiff.simulator.planner import candidate_layouts, divisors
 
+    pipelined = PIPEFUSION in schedules
+    schedules = [name for name in schedules if name != PIPEFUSION]
+    layouts: list[ParallelLayout | None]
     if list(layout_names) == [AUTO]:
-        layouts: list[ParallelLayout | None] = (
-            [None] if num_ranks <= num_heads else list(candidate_layouts(num_ranks, num_heads, 1)))
+        layouts = (([None] if num_ranks <= num_heads
+                    else list(candidate_layouts(num_ranks, num_heads, 1))) if schedules else [])
+        pipelines = [PipelineLayout(stages, num_ranks // stages, stages, 1)
+                     for stages in divisors(num_ranks)
+                     if stages >= 2 and num_ranks // stages <= num_heads
+                     and (num_layers is None or stages <= num_layers)] if pipelined else []
     else:
-        layouts = [None if name == PURE else parse_layout_name(name) for name in layout_names]
+        parsed = [None if name == PURE else parse_layout_name(name) for name in layout_names]
+        pipelines = [layout for layout in parsed if isinstance(layout, PipelineLayout)]
+        layouts = [layout for layout in parsed if not isinstance(layout, PipelineLayout)]
+        if pipelines and not pipelined:
+            raise CocodiffError(f"--layouts {pipelines[0].name} is a PipeFusion layout: add "
+                                f"{PIPEFUSION} to --schedules")
+        if pipelined and not pipelines:
+            raise CocodiffError(f"--schedules {PIPEFUSION} runs on PipeFusion layouts (e.g. "
+                                "P2xU2xM2/w1, or --layouts auto): --layouts names none")
+        if layouts and not schedules:
+            names = ",".join(PURE if layout is None else layout.name for layout in layouts)
+            raise CocodiffError(f"--layouts {names}: no schedule but {PIPEFUSION} to run on "
+                                "them")
+    for pipeline in pipelines:
+        pipeline.check(num_ranks, num_heads, pipeline.stages if num_layers is None
+                       else num_layers)
     for layout in layouts:
         if layout is None:
             if num_ranks > num_heads:
@@ -163,6 +213,7 @@ def make_cases(schedules: Sequence[str], layout_names: Sequence[str], num_ranks:
             cases += [Case(name, layout) for name in plan_schedules[:1]]
         else:
             cases += [Case(name, layout) for name in plan_schedules]
+    cases += [Case(PIPEFUSION, pipeline) for pipeline in pipelines]
     if not cases:
         raise CocodiffError("nothing to run: baselines run pure Ulysses only; add a plan "
                             "schedule or a pure layout")
@@ -239,6 +290,14 @@ def generate(setup: RunSetup, transport, case: Case,
     generation = Generation(model_spec(setup.model), (width, height), frames)
     if case.schedule in BASELINES:
         runtime = BASELINES[case.schedule](pipe, transport)
+    elif isinstance(case.layout, PipelineLayout):
+        from cocodiff.runtime.pipefusion import parallelize_pipefusion
+
+        if case.layout.warmup > setup.steps:  # as `run --warmup` refuses it
+            raise CocodiffError(f"{case.name}: warm-up {case.layout.warmup} > --steps "
+                                f"{setup.steps}")
+        runtime = parallelize_pipefusion(pipe, transport, case.layout, setup.grid,
+                                         generation=generation)
     elif case.layout is not None and not case.layout.is_pure_ulysses:
         from cocodiff.runtime.hybrid import parallelize_hybrid
 
@@ -437,7 +496,8 @@ def predicted_plan(case: Case, measurements: Measurements):
         return measurements.plans[case]
     plan_schedule = PLAN_OF.get(case.schedule)
     peer = next((plan for other, plan in measurements.plans.items()
-                 if other.layout is None or other.layout.is_pure_ulysses), None)
+                 if other.layout is None or (isinstance(other.layout, ParallelLayout)
+                                             and other.layout.is_pure_ulysses)), None)
     if plan_schedule is None or peer is None:
         return None
     options = PlanOptions(dtype=peer.options.dtype, batch=peer.options.batch)
@@ -464,13 +524,41 @@ def topology_of(schedule: str, topology):
 def predict_step_s(run_plan, topology, collective) -> dict[str, Any]:
     """The simulated step of ``run_plan``, averaged over the steps that are measured (all
     but the first), with its compute and exposed communication."""
+    from cocodiff.schedules.pipefusion import PIPELINE_SCHEDULES
     from cocodiff.simulator.simulate import simulate_run_plan
 
     result = simulate_run_plan(run_plan, topology, collective=collective, with_bound=False)
+    if run_plan.schedule in PIPELINE_SCHEDULES:
+        step_s = pipeline_step_s(run_plan, result.step_time_s, topology, collective)
+        return {"predicted_step_s": step_s, "predicted_compute_s": result.compute_s,
+                "predicted_comm_exposed_s": max(0.0, step_s - result.compute_s)}
     steps = result.step_times_s[1:] if len(result.step_times_s) > 1 else result.step_times_s
     return {"predicted_step_s": statistics.fmean(steps),
             "predicted_compute_s": result.compute_s,
             "predicted_comm_exposed_s": result.comm_exposed_s}
+
+
+def pipeline_step_s(run_plan, generation_step_s: float, topology, collective) -> float:
+    """A PipeFusion generation's simulated mean step over steps 2..T, what validate
+    measures (the first step left out): ``(T g_T - g_1) / (T - 1)``, ``g_T`` the
+    generation's simulated step (its time over T, plus the step overhead; the simulator
+    runs a pipeline's steps back to back, not one by one) and ``g_1`` that of the
+    generation's first step alone. The first step alone ends when its last stage does;
+    in the generation, stage 0 (rank 0, whose steps are timed) also waits for the latents
+    sent back, one transfer that this counts in step 2."""
+    from cocodiff.schedules.run_plan import build_run_plan
+    from cocodiff.simulator.simulate import simulate_run_plan
+
+    num_steps = run_plan.num_steps
+    if num_steps < 2:
+        return generation_step_s
+    layout = run_plan.plans[run_plan.step_plans[-1]].pipeline
+    first = build_run_plan(run_plan.schedule, run_plan.spec, run_plan.grid,
+                           run_plan.stream_tokens, 1, run_plan.options, pipeline=layout,
+                           resolution=run_plan.resolution, frames=run_plan.frames)
+    first_s = simulate_run_plan(first, topology, collective=collective,
+                                with_bound=False).step_time_s
+    return (num_steps * generation_step_s - first_s) / (num_steps - 1)
 
 
 def summarise(cases: Sequence[Case], measurements: Measurements, topology, collective,
@@ -515,7 +603,14 @@ def summarise(cases: Sequence[Case], measurements: Measurements, topology, colle
         if reference is not None and case in measurements.first_latents:
             diff = float((measurements.first_latents[case].float() - reference.float())
                          .abs().max())
-            exact = case.schedule in BASELINES or not get_schedule(case.schedule).step_dependent
+            if isinstance(case.layout, PipelineLayout):  # exact with every step synchronous
+                steps = next(len(run["step_times_s"]) for run in measurements.runs
+                             if (run["schedule"], run["layout"])
+                             == (case.schedule, case.layout_name))
+                exact = case.layout.warmup >= steps
+            else:
+                exact = (case.schedule in BASELINES
+                         or not get_schedule(case.schedule).step_dependent)
             row.update(max_abs_diff=diff, exact_schedule=exact,
                        exact=diff <= EXACT_ATOL if exact else None)
         rows.append(row)

@@ -321,6 +321,17 @@ class Network:
             for i, link in enumerate(self.links)
         }
 
+    def carried_bytes(self) -> dict[LinkId, float]:
+        """Bytes carried by each link that carried any, in link order: what
+        :attr:`stats` says of them, without materialising every link's record (a
+        thousand-node machine has hundreds of thousands of links, most of them idle in a
+        folded simulation)."""
+        return {self.links[i]: float(self._bytes_carried[i])
+                for i in np.flatnonzero(self._bytes_carried > 0).tolist()}
+
+    def capacity_bytes_per_s(self, link: LinkId) -> float:
+        return float(self._capacity[self.link_index(link)])
+
     def finish(self) -> None:
         """Close the busy intervals still open at the end of a simulation."""
         now = self.env.now

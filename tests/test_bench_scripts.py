@@ -208,3 +208,21 @@ def test_tapa_gap_orders_its_bounds(tmp_path) -> None:
     assert 0 < row["link"] <= row["model_bound"] <= row["aurora"] * (1 + 1e-9)
     for variant in ("ideal", "no_setup", "no_rate", "no_caps"):
         assert row[variant] <= row["aurora"] * (1 + 1e-9)
+
+
+def test_pipefusion_patch_cost_sets_measured_patches_beside_their_flops(tmp_path) -> None:
+    out = tmp_path / "patch_cost.json"
+    done = script(["bench/pipefusion_patch_cost.py", "--patches", "2", "--repeats", "2",
+                   "--calls", "2", "--json", str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["patches"] for row in rows] == [1, 2]
+    assert [row["image_tokens"] for row in rows] == [64, 32]
+    assert all(row["measured_s"] > 0 and row["plan_flops"] > 0 for row in rows)
+    assert rows[0]["measured_ratio"] == rows[0]["flops_ratio"] == 1.0
+    # Half the image tokens, the whole text: more than half the FLOPs, less than all.
+    assert 0.5 < rows[1]["flops_ratio"] < 1.0
+    done = script(["bench/pipefusion_patch_cost.py", "--patches", "3"], tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "pipefusion_patch_cost: error: --patches 3 does not divide the 64 image tokens")

@@ -206,7 +206,7 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
 
     flux = DISPATCHED_OPS["flux"]
     assert check["dispatched_ops_per_layer"] == pytest.approx(
-        (flux["double"]["ulysses"] + flux["single"]["ulysses"]) / 2)
+        (flux["double"].runtime + flux["single"].runtime) / 2)
     assert "kernel model on the real blocks:" in done.stdout
     written = output.read_text()
     if kernels["used"]:

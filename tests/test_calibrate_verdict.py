@@ -40,6 +40,10 @@ def test_a_busy_or_drifting_machine_is_a_reason_and_no_loops_is_no_verdict():
         "load average 9.5 on 2 cores: other work shared them (calibrate again on a quiet "
         "machine)", "the machine's speed moved +15% during the calibration (calibrate again)"]
     assert machine_warnings((3.0, 5.0), 2.0, 4, 0.05, 0.10) == []
+    # Other processes' share of the cores, from the host's own account (neighbours.py).
+    assert machine_warnings((3.0, 5.0), 2.0, 4, 0.05, 0.10, 0.05) == []
+    [busy] = machine_warnings((3.0, 5.0), 2.0, 4, 0.05, 0.10, 0.40)
+    assert busy.startswith("other processes used 40% of the host's cores")
     assert judge(_loops(0.01), warnings).holds is False
     unchecked = judge([], [])
     assert unchecked.holds is None and unchecked.line() is None and unchecked.notes

@@ -1,6 +1,7 @@
-"""The eager host term: the ATen ops a layer dispatches (cocodiff.kernels.DISPATCHED_OPS,
-re-counted here on the tiny twins so the table cannot rot) and what they cost in the
-kernel model's closed form."""
+"""The eager host term: the ATen ops a layer dispatches by layout (cocodiff.kernels.
+DISPATCHED_OPS: diffusers alone, this runtime under Ulysses, Ring and both; re-counted here
+on the tiny twins so the table cannot rot), what a plan charges each layout, and what the
+ops cost in the kernel model's closed form."""
 
 from __future__ import annotations
 
@@ -15,13 +16,21 @@ from topology import DEVICES
 H100 = DEVICES["h100-sxm"]
 
 
-def _diffusers_counts(name: str, heads_factor: int) -> dict[str, float]:
-    """Plain diffusers (no runtime) ops per block kind of tiny model ``name``, its heads
-    multiplied by ``heads_factor`` (the count must not depend on it)."""
+def _counts(name: str, heads_factor: int = 1, layout: tuple[int, int] = (1, 1)
+            ) -> dict[str, float]:
+    """Ops per block kind of tiny model ``name``, its heads multiplied by ``heads_factor``
+    (the count must not depend on it): plain diffusers at ``layout`` (1, 1), else rank 0 of
+    a ``(ulysses, ring)`` split run by this runtime over a stand-in transport (nothing
+    moved; the exchanges are transport calls, not ATen ops, so only the runtime's own ops
+    around them count)."""
     import diffusers
     import torch
 
     from cocodiff.calibration.model_shapes import tiny_transformer_config
+    from cocodiff.calibration.standin import StandInTransport
+    from cocodiff.layout import ParallelLayout
+    from cocodiff.runtime.hybrid import parallelize_hybrid
+    from cocodiff.runtime.parallel import parallelize
 
     config = dict(tiny_transformer_config(name))
     config["num_attention_heads"] *= heads_factor
@@ -29,6 +38,12 @@ def _diffusers_counts(name: str, heads_factor: int) -> dict[str, float]:
         if key in config:
             config[key] *= heads_factor
     transformer = getattr(diffusers, config["_class_name"]).from_config(config).eval()
+    ulysses, ring = layout
+    standin = StandInTransport(0, ulysses * ring)
+    if ring > 1:
+        parallelize_hybrid(transformer, standin, "flat", ParallelLayout(ulysses, ring))
+    elif ulysses > 1:
+        parallelize(transformer, standin, "flat")
     c = transformer.config
     gen = torch.Generator().manual_seed(0)
 
@@ -62,12 +77,36 @@ def _diffusers_counts(name: str, heads_factor: int) -> dict[str, float]:
 @pytest.mark.parametrize("name,family", [("tiny-flux", "flux"), ("tiny-sd3", "sd3"),
                                          ("tiny-qwen", "qwen-image"), ("tiny-wan", "wan")])
 def test_diffusers_blocks_dispatch_the_tabled_ops(name, family):
-    counted = _diffusers_counts(name, 1)
-    assert counted == {kind: row["diffusers"] for kind, row in kn.DISPATCHED_OPS[family].items()}
+    counted = _counts(name)
+    assert counted == {kind: row.diffusers for kind, row in kn.DISPATCHED_OPS[family].items()}
 
 
 def test_the_count_does_not_depend_on_the_sizes():
-    assert _diffusers_counts("tiny-flux", 2) == _diffusers_counts("tiny-flux", 1)
+    assert _counts("tiny-flux", 2) == _counts("tiny-flux", 1)
+    assert _counts("tiny-flux", 2, (2, 2)) == _counts("tiny-flux", 1, (2, 2))
+
+
+# Every split kind: Ulysses at two degrees, the Ring at three (its ops are linear in the
+# degree: a fixed part and one per block), and Ulysses x Ring.
+@pytest.mark.parametrize("layout", [(2, 1), (4, 1), (1, 2), (1, 3), (1, 4), (2, 2)])
+def test_the_runtime_dispatches_the_tabled_ops_for_each_split(layout):
+    counted = _counts("tiny-flux", 1, layout)
+    assert counted == {kind: row.per_block(*layout)
+                       for kind, row in kn.DISPATCHED_OPS["flux"].items()}
+
+
+@pytest.mark.parametrize("name,family", [("tiny-sd3", "sd3"), ("tiny-qwen", "qwen-image"),
+                                         ("tiny-wan", "wan")])
+def test_the_other_families_runtime_counts_hold_at_ulysses_and_ring(name, family):
+    for layout in ((2, 1), (1, 2), (1, 4)):
+        assert _counts(name, 1, layout) == {
+            kind: row.per_block(*layout) for kind, row in kn.DISPATCHED_OPS[family].items()}
+
+
+def test_a_split_layout_counts_its_own_ops():
+    row = kn.DispatchCount(diffusers=10, runtime=15, ring_first=2, ring_later=7)
+    assert [row.per_block(*layout) for layout in ((1, 1), (2, 1), (8, 1), (1, 2), (1, 4), (2, 2))
+            ] == [10, 15, 15, 15 + 2 + 7, 15 + 2 + 3 * 7, 15 + 2 + 7]
 
 
 def test_the_runtime_under_ulysses_dispatches_the_tabled_ops():
@@ -77,11 +116,11 @@ def test_the_runtime_under_ulysses_dispatches_the_tabled_ops():
     config = tiny_transformer_config("tiny-flux")
     per_block, sizes = runtime_ops_per_block(config, (64, 16), world=2)
     table = kn.DISPATCHED_OPS["flux"]
-    assert per_block == {"transformer_blocks": table["double"]["ulysses"],
-                         "single_transformer_blocks": table["single"]["ulysses"]}
+    assert per_block == {"transformer_blocks": table["double"].runtime,
+                         "single_transformer_blocks": table["single"].runtime}
     assert sizes == {"transformer_blocks": 1, "single_transformer_blocks": 1}
     assert runtime_ops_per_layer(config, (64, 16), world=2) == pytest.approx(
-        (table["double"]["ulysses"] + table["single"]["ulysses"]) / 2)
+        (table["double"].runtime + table["single"].runtime) / 2)
 
 
 def _flux_layer(world: int):
@@ -96,16 +135,39 @@ def _flux_layer(world: int):
 
 @pytest.mark.parametrize("world", [1, 4])
 def test_a_layers_kernels_carry_the_layers_dispatched_ops(world):
-    # diffusers' own count at every rank count (cocodiff.cost.host_ops_per_launch: the
-    # Ring's count through the runtime is not counted, so neither split is charged more)
+    # one rank: diffusers' own blocks; a Ulysses rank: the runtime's processors
     spec, layer = _flux_layer(world)
     share = 19 / 57
-    row = "diffusers"
     table = kn.DISPATCHED_OPS["flux"]
-    expected = share * table["double"][row] + (1 - share) * table["single"][row]
+    expected = (share * table["double"].per_block(world)
+                + (1 - share) * table["single"].per_block(world))
     assert sum(kn.host_ops(k, "eager") for k in layer) == pytest.approx(expected)
     # compiled: the fused graph's launches, as before
     assert sum(kn.host_ops(k, "compiled") for k in layer) == sum(k.fused_launches for k in layer)
+
+
+@pytest.mark.parametrize("model", ["flux1-dev", "sd35-large"])
+@pytest.mark.parametrize("layout", [(1, 1), (2, 1), (4, 1), (1, 2), (1, 4), (2, 2)])
+def test_a_plan_charges_every_layout_the_ops_its_rank_dispatches(model, layout):
+    # Symmetric: every rank's layer, Ring blocks and merges included, carries the count of
+    # its own split (cocodiff.cost.ring_host_ops), so no layout is cheaper for being
+    # counted less.
+    from cocodiff.layout import ParallelLayout
+    from cocodiff.plan.steps import Compute
+    from cocodiff.runtime.model_names import model_spec
+    from cocodiff.schedules import RankGrid
+    from cocodiff.schedules.hybrid import plan_hybrid
+
+    spec = model_spec(model)
+    ranks = layout[0] * layout[1]
+    plan = plan_hybrid("flat", spec, RankGrid((1, ranks, 1), tuple(range(ranks))),
+                       (4096, 512), ParallelLayout(*layout))
+    for rank in range(ranks):
+        layer = plan.program(rank).layers[0]
+        charged = sum(kn.host_ops(k, "eager") for step in layer.steps
+                      if isinstance(step, Compute) for k in step.cost.kernels)
+        assert charged == pytest.approx(kn.dispatched_ops_per_layer(spec, *layout))
+    assert kn.dispatched_ops_per_layer(spec, 1, 4) > kn.dispatched_ops_per_layer(spec, 4, 1)
 
 
 def test_the_host_term_in_closed_form():

@@ -89,3 +89,6 @@ def test_the_readmes_calibrate_then_validate_give_a_report_of_every_row(tmp_path
     assert report["exactness"]["passed"]
     assert report["calibration"]["collective_source"].endswith(".json")
     assert report["machine"]["calibrated_layer_s"] > 0  # the blocks calibrate timed
+    share = report["machine"]["foreign_share"]  # other work on the host (Linux accounts it)
+    assert share is not None and 0 <= share <= 1
+    assert f"other processes used {share:.0%} of the cores" in " ".join(job.stdout.split())

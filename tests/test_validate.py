@@ -121,6 +121,41 @@ def test_validate_measures_predicts_and_compares_every_schedule(launcher, tmp_pa
 
 
 @pytest.mark.multiprocess
+@needs_mpi
+def test_validate_has_pipefusion_rows_that_predict_the_plan_the_runtime_executed(tmp_path):
+    """``--schedules flat,pipefusion --layouts auto`` on 2 ranks: a pipefusion row on
+    P2xU1xM2/w1 beside flat's, measured per step (steps 2..T) and predicted from the plan
+    the runtime executed, which is `plan --out`'s for the same flags (one sha256) and
+    fills and drains the pipeline every step (no overlap); lossy (warm-up 1 < steps), so
+    not held to the exact reference."""
+    topology = _topology(tmp_path)
+    report_path = tmp_path / "validate.json"
+    job = run_job([*launcher_prefix("mpiexec", 2), "-m", "cocodiff", "validate",
+                   "--topology", str(topology), "--steps", "3", "--rounds", "1",
+                   "--max-rounds", "2", "--precision", "0.5",
+                   "--schedules", "flat,pipefusion", "--json", str(report_path)], tmp_path)
+    assert job.returncode == 0, job.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    rows = {f"{row['schedule']}@{row['layout']}": row for row in report["rows"]}
+    assert list(rows) == ["flat@pure", "pipefusion@P2xU1xM2/w1"]
+    for row in rows.values():
+        assert row["measured_step_s"] > 0 and row["predicted_step_s"] > 0
+        assert row["error"] == pytest.approx(row["predicted_step_s"] / row["measured_step_s"]
+                                             - 1)
+        assert len(row["round_medians_s"]) == 2
+    row = rows["pipefusion@P2xU1xM2/w1"]
+    assert row["exact_schedule"] is False and row["exact"] is None
+    planned = tmp_path / "pipefusion.json"
+    assert main(["plan", "--topology", str(topology), "--model", "tiny-flux", "--steps", "3",
+                 "--dtype", "float32", "--schedule", "pipefusion", "--pipefusion", "2",
+                 "--out", str(planned)]) == 0
+    run_plan = load_run_plan(planned)
+    assert row["plan_sha256"] == run_plan.sha256
+    assert not any(plan.pipeline.overlap for plan in run_plan.plans)
+    assert report["exactness"]["passed"]  # flat's
+
+
+@pytest.mark.multiprocess
 @needs_torchrun
 def test_a_rank_that_dies_mid_validation_stops_the_job(tmp_path):
     report_path = tmp_path / "validate.json"
@@ -178,6 +213,27 @@ def test_cases_pure_when_heads_split_else_every_layout():
         make_cases(["flat"], ["U2xR2xB1"], 8, 4)
 
 
+def test_pipefusion_runs_on_pipeline_layouts_and_auto_gives_every_stage_count():
+    from cocodiff.layout import PipelineLayout
+
+    # 4 ranks, 4 heads, 2 layers (tiny-flux): P2xU2 only; 4 layers: P4 too.
+    cases = make_cases(["flat", "pipefusion"], ["auto"], 4, 4, 2)
+    assert [case.name for case in cases] == ["flat", "pipefusion@P2xU2xM2/w1"]
+    cases = make_cases(["pipefusion"], ["auto"], 4, 4, 4)
+    assert [case.layout for case in cases] == [PipelineLayout(2, 2, 2, 1),
+                                               PipelineLayout(4, 1, 4, 1)]
+    cases = make_cases(["flat", "pipefusion"], ["pure", "P2xU2xM4/w1"], 4, 4, 2)
+    assert [case.name for case in cases] == ["flat", "pipefusion@P2xU2xM4/w1"]
+    with pytest.raises(CocodiffError, match="add pipefusion to --schedules"):
+        make_cases(["flat"], ["P2xU2xM2/w1"], 4, 4, 2)
+    with pytest.raises(CocodiffError, match="--layouts names none"):
+        make_cases(["flat", "pipefusion"], ["pure"], 4, 4, 2)
+    with pytest.raises(CocodiffError, match="4 pipeline stages for 2 layers"):
+        make_cases(["pipefusion"], ["P4xU1xM4/w1"], 4, 4, 2)
+    with pytest.raises(CocodiffError, match="but the run has 8"):
+        make_cases(["pipefusion"], ["P2xU2xM2/w1"], 8, 4, 2)
+
+
 def test_rounds_rotate_the_order():
     cases = [Case(name) for name in ("a", "b", "c")]
     assert [case.schedule for case in round_order(cases, 1)] == ["b", "c", "a"]
@@ -188,6 +244,13 @@ def test_layout_names_read_back():
     layout = ParallelLayout(2, 2, 1, ("batch", "ulysses", "ring"))
     assert parse_layout_name(layout.name) == layout
     assert parse_layout_name("U4xR2xB1") == ParallelLayout(4, 2, 1)
+    from cocodiff.layout import PipelineLayout
+
+    pipeline = PipelineLayout(2, 2, 4, 1)
+    assert parse_layout_name(pipeline.name) == pipeline
+    # `run` executes no overlapping steps: validate has no such row
+    with pytest.raises(CocodiffError, match="not a layout name"):
+        parse_layout_name("P2xU2xM4/w1/overlap")
 
 
 def _row(schedule, measured, predicted):
@@ -319,6 +382,55 @@ def test_diffusers_is_simulated_with_its_own_call_price_where_calibrate_measured
     assert topology_of("diffusers", unpriced) is unpriced
     bare = build_topology(get_preset("cluster"))
     assert topology_of("diffusers", bare) is bare
+
+
+@pytest.mark.parametrize("num_steps", [2, 7])
+def test_a_pipefusion_rows_prediction_is_the_mean_of_steps_2_to_t_in_closed_form(num_steps):
+    """On free links and a compute-bound device (as tests/simulator/test_pipeline.py's
+    closed forms) every pipelined step of `run`'s order takes M + N - 1 patch slots: so
+    does the predicted mean of steps 2..T."""
+    import dataclasses
+
+    from cocodiff.layout import PipelineLayout
+    from cocodiff.models import ModelSpec
+    from cocodiff.schedules import PlanOptions, RankGrid
+    from cocodiff.schedules.run_plan import build_run_plan
+    from cocodiff.validation import predict_step_s
+    from topology import build_topology
+    from topology.presets import cluster
+    from transports.sim import COLLECTIVE_MODELS
+
+    tokens, stages, patches = 64, 4, 4
+    spec = ModelSpec(name="tiny", family="pixart", num_layers=8, num_heads=4, head_dim=16,
+                     text_tokens=0, cross_attention_tokens=0, patch_size=2, output_channels=8)
+    topology = build_topology(dataclasses.replace(cluster(
+        num_nodes=1, ranks_per_node=stages, intra_gbps=1e8, intra_latency_us=0.0,
+        tile_tflops=1.0, tile_memory_gbps=1e8), name="free"))
+    run_plan = build_run_plan("pipefusion", spec, RankGrid.line(stages), (tokens,), num_steps,
+                              PlanOptions(), pipeline=PipelineLayout(stages, 1, patches, 1))
+    d, q = spec.hidden_size, tokens // patches  # a layer of q tokens over a buffer of all
+    slot_s = spec.num_layers // stages * (q * (24 * d * d + 28 * d) + 4 * q * tokens * d) / 1e12
+    predicted = predict_step_s(run_plan, topology,
+                               COLLECTIVE_MODELS["ideal"])["predicted_step_s"]
+    assert predicted == pytest.approx((patches + stages - 1) * slot_s, rel=1e-6)
+
+
+def test_diffusers_takes_a_pure_ulysses_peers_plan_not_a_pipelines():
+    from cocodiff.layout import PipelineLayout
+    from cocodiff.models import REGISTRY
+    from cocodiff.schedules import PlanOptions, RankGrid
+    from cocodiff.schedules.run_plan import build_run_plan
+    from cocodiff.validation import predicted_plan
+
+    spec, grid, streams = REGISTRY["flux1-dev"], RankGrid.line(4), (256, 64)
+    pipeline = PipelineLayout(2, 2, 2, 1)
+    measurements = Measurements()
+    for case, layout in ((Case("pipefusion", pipeline), pipeline), (Case("flat"), None)):
+        measurements.plans[case] = build_run_plan(case.schedule, spec, grid, streams, 3,
+                                                  PlanOptions(), pipeline=layout)
+    predicted = predicted_plan(Case("diffusers"), measurements)
+    assert predicted.schedule == "flat"
+    assert predicted.sha256 == measurements.plans[Case("flat")].sha256
 
 
 def test_a_rows_error_is_resolved_only_when_the_prediction_lies_outside_its_interval():

@@ -254,6 +254,7 @@ class SimWorld:
         self._sequence: dict[tuple, int] = defaultdict(int)
         self._expected: dict[tuple[int, ...], int] = {}
         self._sender_cache: dict[tuple, _SenderFlows] = {}
+        self._send_bytes: dict[tuple, tuple[int, ...]] = {}
         self._launch_cache: dict[tuple, tuple[FlowBatch, dict[str, float]]] = {}
         self._spans: dict[tuple[int, ...], str] = {}
         self.bytes_by_tier: dict[str, float] = dict.fromkeys(TIERS, 0.0)
@@ -291,6 +292,17 @@ class SimWorld:
             del self._pending[(key_group, tag, sequence)]
             self._launch(key_group, pending)
         return pending.events[rank]
+
+    def send_bytes(self, send_splits: Sequence[int], row_bytes: int) -> tuple[int, ...]:
+        """Bytes to each member of rows ``send_splits`` of ``row_bytes`` each. Plans repeat
+        the same splits (a Ring pass: one row to the next of hundreds of members, once
+        per block), so each distinct one is multiplied out once, in Python, and then
+        found by its hash, in C."""
+        key = (tuple(send_splits), row_bytes)
+        cached = self._send_bytes.get(key)
+        if cached is None:
+            cached = self._send_bytes[key] = tuple(rows * row_bytes for rows in key[0])
+        return cached
 
     def reserve(self, rank: int, group: Group, tag: Hashable = None) -> int:
         """The number of ``rank``'s call on ``(group, tag)``: calls match by it, in the
@@ -506,7 +518,9 @@ class SimTransport:
 
     def new_group(self, ranks: Sequence[int]) -> Group:
         ranks = tuple(ranks)
-        if len(set(ranks)) != len(ranks) or not all(0 <= r < self.world_size for r in ranks):
+        # min/max, not a loop: the output gather's group is every rank of the machine.
+        if len(set(ranks)) != len(ranks) or (ranks and (min(ranks) < 0
+                                                        or max(ranks) >= self.world_size)):
             raise ValueError(f"invalid group {ranks} for {self.world_size} ranks")
         return Group(ranks)
 
@@ -536,7 +550,7 @@ class SimTransport:
         if sum(send_splits) != send.num_rows:
             raise TransportError(f"send splits sum to {sum(send_splits)}, buffer has "
                                  f"{send.num_rows} rows")
-        send_bytes = tuple(rows * send.row_bytes for rows in send_splits)
+        send_bytes = self._world.send_bytes(send_splits, send.row_bytes)
         received = VirtualBuffer(sum(recv_splits), send.row_bytes)
         host = self.simulation.host
         if host is None or not (host.charges_exchanges or routing_cpu_s or wire_cpu_s):

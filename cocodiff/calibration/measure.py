@@ -11,6 +11,7 @@ import statistics
 import time
 import zlib
 
+from cocodiff.calibration import neighbours
 from cocodiff.calibration.blocks import measure_blocks, model_standin
 from cocodiff.calibration.codec import measure_codec_cpu_s
 from cocodiff.calibration.collect import WorldLineup, gather_floats, share_fit
@@ -58,6 +59,7 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
     """Run every measurement on every rank of ``transport``'s world (collective)."""
     began = time.perf_counter()
     load_began = _load_average()
+    cpu_began = neighbours.snapshot()  # what other processes do with the cores meanwhile
     world = transport.world_size
     rank = transport.rank
     node_of = detect_nodes(transport)
@@ -182,6 +184,7 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                            compute_core_demand=1.0 if device.type == "cpu" else 0.0),
                        intra_wire=wires["intra"], inter_wire=wires["inter"],
                        load_average=(load_began, _load_average()),
+                       foreign_share=neighbours.foreign_share(transport, cpu_began),
                        reference_cpu_s=(speed_began, _reference_cpu_s(transport)),
                        patterns=patterns, kernels=kernels)
 

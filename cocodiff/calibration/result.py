@@ -13,6 +13,7 @@ from cocodiff.calibration.compute import ComputeRates
 from cocodiff.calibration.fits import CpuFit, LinkFit
 from cocodiff.calibration.loaded import CallCpuFit, LoadedPoint, predict_loop_s
 from cocodiff.calibration.model_shapes import LayerShapes
+from cocodiff.calibration.neighbours import foreign_text
 from cocodiff.calibration.options import CalibrateOptions, CalibrationError
 from cocodiff.calibration.verdict import Verdict, judge, machine_warnings
 
@@ -114,6 +115,9 @@ class Calibration:
     # The machine's 1-minute load average at the start and the end: rates measured while
     # other work holds the cores are that moment's, and say so.
     load_average: tuple[float, float] | None = None
+    # The share of the hosts' cores other processes used meanwhile
+    # (cocodiff.calibration.neighbours): the same warning, from the host's own account.
+    foreign_share: float | None = None
     # CPU seconds of the same reference work at the start and the end (measure.py): the
     # machine's speed, twice.
     reference_cpu_s: tuple[float, float] | None = None
@@ -247,6 +251,7 @@ class Calibration:
             "inter_wire": None if self.inter_wire is None else self.inter_wire.to_json(),
             "wall_s": self.wall_s,
             "load_average": self.load_average,
+            "foreign_share": self.foreign_share,
             "reference_cpu_s": self.reference_cpu_s,
             "patterns": self.patterns,
             "kernels": None if self.kernels is None else self.kernels.to_json(),
@@ -483,6 +488,9 @@ def summary(result: Calibration, output: Path) -> str:
         if busiest > host.cores + ranks:
             lines.append(f"  warning: load average {busiest:.1f} on {host.cores:g} cores: other "
                          "work shared the cores, and the rates are that moment's")
+    foreign = foreign_text(result.foreign_share)
+    if foreign is not None:
+        lines.append(f"  warning: {foreign}")
     drift = speed_drift(result)
     if drift is not None and abs(drift) > SPEED_DRIFT_WARNING:
         lines.append(f"  warning: the same reference work took {drift:+.0%} CPU time at the end "
@@ -583,7 +591,8 @@ def judge_calibration(result: Calibration) -> Verdict:
     if host is not None:
         ranks = host.ranks_per_host or ranks
     warnings = machine_warnings(result.load_average, None if host is None else host.cores,
-                                ranks, speed_drift(result), SPEED_DRIFT_WARNING)
+                                ranks, speed_drift(result), SPEED_DRIFT_WARNING,
+                                result.foreign_share)
     return judge(result.loops_check, warnings)
 
 

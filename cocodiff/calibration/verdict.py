@@ -31,6 +31,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from cocodiff.calibration.neighbours import foreign_text
+
 # The loops' median |error| past which the host model does not reproduce a step-like
 # load: above the emulated cluster's worst calibration that validated (28%, beside a
 # foreign load), below the 35% of the uncorrected one-host MPI case.
@@ -91,11 +93,17 @@ def judge(loops_check: list[dict[str, Any]] | None, warnings: list[str]) -> Verd
 
 
 def machine_warnings(load_average: tuple[float, float] | None, cores: float | None,
-                     ranks: int, drift: float | None, drift_limit: float) -> list[str]:
-    """The machine did not hold still: a load above the cores and the calibration's own
-    ranks (other work shared the cores), or the same reference work taking more than
-    ``drift_limit`` more or less CPU at the end than at the start."""
+                     ranks: int, drift: float | None, drift_limit: float,
+                     foreign_share: float | None = None) -> list[str]:
+    """The machine did not hold still: other processes used more than
+    :data:`~cocodiff.calibration.neighbours.FOREIGN_WARNING` of the cores, a load above
+    the cores and the calibration's own ranks (other work shared the cores), or the same
+    reference work taking more than ``drift_limit`` more or less CPU at the end than at
+    the start."""
     reasons = []
+    foreign = foreign_text(foreign_share)
+    if foreign is not None:
+        reasons.append(foreign)
     if load_average is not None and cores is not None and max(load_average) > cores + ranks:
         reasons.append(f"load average {max(load_average):.1f} on {cores:g} cores: other work "
                        "shared them (calibrate again on a quiet machine)")

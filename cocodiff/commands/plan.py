@@ -207,6 +207,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
                         "xDiT's)")
     parser.add_argument("--warmup", type=int, default=1, metavar="W",
                         help="PipeFusion's synchronous warm-up steps (default: 1, xDiT's)")
+    parser.add_argument("--pipefusion-overlap", action="store_true",
+                        help="model xDiT's engine, whose per-patch scheduler step overlaps "
+                        "consecutive steps; `run` does not (default: each step fills and "
+                        "drains the pipeline, as `run` executes it)")
     add_degree_arguments(parser, positive_int)
     parser.add_argument("--steps", type=positive_int, default=28,
                         help="denoising steps the plan file covers (default: 28)")
@@ -310,10 +314,12 @@ def _rank_all(args, model, topology, streams, names, pipelined, options, collect
                 raise CocodiffError(f"--pipefusion {args.pipefusion} does not divide the "
                                     f"{num_ranks} ranks")
             pipelines = [PipelineLayout(args.pipefusion, num_ranks // args.pipefusion,
-                                        args.patches or args.pipefusion, args.warmup)]
+                                        args.patches or args.pipefusion, args.warmup,
+                                        args.pipefusion_overlap)]
             pipelines[0].check(num_ranks, model.num_heads, model.num_layers)
         else:
-            pipelines = pipeline_layouts(num_ranks, model, args.patches, args.warmup)
+            pipelines = pipeline_layouts(num_ranks, model, args.patches, args.warmup,
+                                         args.pipefusion_overlap)
     result = rank_with_floors(model, topology, streams, names, layouts, pipelines, args.steps,
                               options, collective, top=args.top, workers=local_cores())
     if not result.candidates:
@@ -391,7 +397,8 @@ def plan_command(args: argparse.Namespace) -> int:
     layouts = len({c.layout.name for c in (*result.candidates, *result.pruned)})
     print("note: layout UxRxB = Ulysses x Ring x batch degrees; '/ring-inner' places the Ring "
           "on the fast tiers; PnxUuxMm/wW = PipeFusion's n stages x Ulysses u inside each, m "
-          "patches, W warm-up steps (its step time: the mean over the whole generation); comm "
+          "patches, W warm-up steps, '/overlap' consecutive steps overlapped as in xDiT "
+          "(its step time: the mean over the whole generation); comm "
           "bound = the links' lower bound for the step's exchanges; memory/rank: weights, "
           "buffers and the largest transient of one layer (cocodiff/memory.py)")
     for line in result.refused:
@@ -401,7 +408,9 @@ def plan_command(args: argparse.Namespace) -> int:
     if pipeline_best:
         flags = (f"--schedule pipefusion --pipefusion {best.layout.stages} --patches "
                  f"{best.layout.patches} --warmup {best.layout.warmup} (Ulysses "
-                 f"{best.layout.ulysses} inside each stage)")
+                 f"{best.layout.ulysses} inside each stage)"
+                 + (" --pipefusion-overlap, which `run` refuses: a simulation of xDiT's "
+                    "engine" if best.layout.overlap else ""))
     else:
         flags = (f"--ulysses {best.layout.ulysses} --ring {best.layout.ring} --batch "
                  f"{best.layout.batch}"

@@ -65,6 +65,12 @@ DEFAULT_WARMUP = 1
 # torch.Generator.manual_seed accepts [-2**63, 2**64).
 SEED_RANGE = range(-(2**63), 2**64)
 EXIT_USAGE = 2
+# Why `run` executes no plan with overlapping PipeFusion steps (cocodiff.layout.PipelineLayout).
+OVERLAP_REFUSED = ("run executes diffusers' loop, whose scheduler steps the whole latents "
+                   "between two transformer calls, so each PipeFusion step fills and drains "
+                   "the pipeline; overlapping steps (xDiT's engine) are for `cocodiff plan "
+                   "--pipefusion-overlap` and `simulate --plan` only (make the plan without "
+                   "--pipefusion-overlap to run it)")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
@@ -103,6 +109,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--patches", type=positive_int, default=None, metavar="M",
                         help="--schedule pipefusion: patches a pipelined step streams "
                         "(default: the stage count, xDiT's)")
+    parser.add_argument("--pipefusion-overlap", action="store_true",
+                        help="refused: `cocodiff plan --pipefusion-overlap` models xDiT's "
+                        "engine, whose per-patch scheduler step overlaps consecutive steps; "
+                        "`run` drives diffusers' loop, which fills and drains the pipeline "
+                        "every step")
     parser.add_argument("--grid", default=None, metavar="NODESxGPUSxTILES",
                         help="the rank grid: where the launched ranks sit, e.g. 2x4x1: rank r "
                         "on node r // (GPUS*TILES); the product must be the number of ranks. "
@@ -231,6 +242,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
     from transports.registry import AUTO, TRANSPORTS, create_transport
 
     pipelined = args.schedule in PIPELINE_SCHEDULES
+    if args.pipefusion_overlap:
+        raise CocodiffError(OVERLAP_REFUSED)
     if args.schedule not in BASELINES and not pipelined:  # a baseline is not a plan schedule
         get_schedule(args.schedule)
     if (args.pipefusion is not None or args.warmup is not None
@@ -296,6 +309,11 @@ def _apply_plan_file(args: argparse.Namespace, world_size: int):
 
     refuse_plan_fixed(args, PLAN_FIXES)
     run_plan = load_run_plan(args.plan)
+    overlapping = [plan.pipeline for plan in run_plan.plans
+                   if plan.pipeline is not None and plan.pipeline.overlap]
+    if overlapping:  # whatever the launch: no launch runs it
+        raise CocodiffError(f"the plan {args.plan} overlaps consecutive steps "
+                            f"({overlapping[-1].name}): {OVERLAP_REFUSED}")
     if run_plan.num_ranks != world_size:
         raise CocodiffError(f"the plan {args.plan} is for {run_plan.num_ranks} ranks, the "
                             f"launch has {world_size}")

@@ -95,8 +95,8 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
     if "pipefusion" in (name.strip() for name in args.schedule.split(",")):
         raise CocodiffError("simulate runs pipefusion from its plan file: `cocodiff plan "
-                            "--schedule pipefusion --out PATH`, then `cocodiff simulate "
-                            "--plan PATH` (docs/pipefusion.md)")
+                            "--schedule pipefusion [--pipefusion-overlap] --out PATH`, then "
+                            "`cocodiff simulate --plan PATH` (docs/pipefusion.md)")
     names = schedule_names(args.schedule)
     options = plan_options(args)
     collective = collective_arg(args)
@@ -251,15 +251,22 @@ def _check_resources(args, names, options, machine, model):
 
     plans = {name: budget.distinct_plans(name, args.steps, options, args.activity)
              for name in names}
-    estimate = budget.estimate_simulation(machine, model.num_layers, model.num_heads, plans,
-                                          options.chunks, group=args.ulysses)
     planned = args.parallel_layout == AUTO or (
         args.parallel_layout is None and args.activity is None and args.ulysses is None
         and args.ring is None and args.batch is None and machine.num_tiles > model.num_heads)
-    if planned:  # the planner ranks the layouts first (an upper bound: it prunes)
-        estimate = budget.combine([estimate, budget.estimate_planner(
-            machine, model.num_layers, model.num_heads, budget.ranked_schedules(names),
-            options.batch, options.chunks)])
+    record = args.trace is not None or args.plot is not None
+    if planned and options.batch == 1 and not record:
+        # What the planner simulates, then the schedules on its layouts, folded and
+        # extrapolated as they run (docs/hardening.md measures it against runs).
+        estimate = budget.estimate_planned(machine, model.num_layers, model.num_heads, plans,
+                                           options.chunks, auto_chunks(args))
+    else:
+        estimate = budget.estimate_simulation(machine, model.num_layers, model.num_heads,
+                                              plans, options.chunks, group=args.ulysses)
+        if planned:  # the planner ranks the layouts first (an upper bound: it prunes)
+            estimate = budget.combine([estimate, budget.estimate_planner(
+                machine, model.num_layers, model.num_heads, budget.ranked_schedules(names),
+                options.batch, options.chunks)])
     ranks = machine.num_tiles
     budget.check_estimate(estimate, f"simulating {len(names)} schedule(s) of {model.name} on "
                           f"{machine.num_nodes} node(s) ({ranks} ranks)")
@@ -385,7 +392,8 @@ def _layout_json(layout) -> dict | None:
         return None
     if not hasattr(layout, "ring"):  # a PipelineLayout
         return {"name": layout.name, "pipeline": layout.stages, "ulysses": layout.ulysses,
-                "patches": layout.patches, "warmup": layout.warmup}
+                "patches": layout.patches, "warmup": layout.warmup,
+                "overlap": layout.overlap}
     return {"name": layout.name, "ulysses": layout.ulysses, "ring": layout.ring,
             "batch": layout.batch, "order": list(layout.order)}
 

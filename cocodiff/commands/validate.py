@@ -67,12 +67,15 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
                         "step, needs no more rounds whatever its error (default 0.03: "
                         "+-3%%)")
     parser.add_argument("--schedules", default=DEFAULT_SCHEDULES,
-                        help="comma-separated: flat, tapa, vfirst, cocodiff, and diffusers "
-                        f"(diffusers' own context parallelism) (default {DEFAULT_SCHEDULES})")
+                        help="comma-separated: flat, tapa, vfirst, cocodiff, diffusers "
+                        "(diffusers' own context parallelism), and pipefusion (on the "
+                        f"PipeFusion layouts of --layouts) (default {DEFAULT_SCHEDULES})")
     parser.add_argument("--layouts", default="auto",
-                        help="auto, or pure and Ulysses x Ring x batch layouts, e.g. "
-                        "pure,U2xR2xB1,U2xR2xB1/ring-inner (auto: pure Ulysses when the heads "
-                        "split over every rank, else every layout the planner considers)")
+                        help="auto, or pure, Ulysses x Ring x batch and PipeFusion layouts, "
+                        "e.g. pure,U2xR2xB1,U2xR2xB1/ring-inner,P2xU2xM2/w1 (auto: pure "
+                        "Ulysses when the heads split over every rank, else every layout the "
+                        "planner considers; for pipefusion, every stage count from 2 with "
+                        "as many patches and 1 warm-up step)")
     parser.add_argument("--transport", default="auto",
                         help="auto, torch or mpi (auto: mpi under mpiexec when mpi4py is "
                         "installed, else torch; diffusers runs over torch only)")
@@ -149,6 +152,7 @@ def _validate(args: argparse.Namespace, launch) -> int:
     quiet_libraries()  # before torch and diffusers, which warn as they load
     import torch
 
+    from cocodiff.calibration.neighbours import foreign_share, snapshot
     from cocodiff.models import spec_from_config
     from cocodiff.runtime.faults import fault_from_env, install_faults
     from cocodiff.runtime.job import StepProgress, agree_on_arguments
@@ -208,7 +212,7 @@ def _validate(args: argparse.Namespace, launch) -> int:
                                  **dict(transformer.config)}, name=type(transformer).__name__)
         del pipe, transformer
         cases = make_cases(checked["schedules"], checked["layouts"], launch.world_size,
-                           spec.num_heads)
+                           spec.num_heads, spec.num_layers)
         width, height, frames = model_size(args.model, args.resolution)
         setup = RunSetup(args.model, dtype, args.steps, (width, height, frames),
                          TINY_DEFAULTS[tiny].max_sequence_length if tiny else None, grid,
@@ -220,6 +224,7 @@ def _validate(args: argparse.Namespace, launch) -> int:
 
         # The machine's compute now, at the start and the end, against the calibration's.
         machine = [blocks_layer_s(args.model, args.resolution, args.dtype, transport)]
+        rounds_began = snapshot()  # what other processes do with the cores meanwhile
         measurements = Measurements()
         collective = checked["collective"][0] or collective_model_for(topology.spec.name)
         predictions: dict = {}  # rank 0's, by case: the plans do not change between rounds
@@ -258,11 +263,13 @@ def _validate(args: argparse.Namespace, launch) -> int:
                     for _ in range(args.steps):
                         show_step()
                 rounds += 1
+        foreign = foreign_share(transport, rounds_began)
         machine.append(blocks_layer_s(args.model, args.resolution, args.dtype, transport))
         if is_root:
             report = _report(args, cases, measurements, topology, checked, grid, spec,
                              (width, height, frames), transport.name, reference, notes,
-                             rounds, machine_drift(machine, _calibrated_layer_s(args.topology)),
+                             rounds, {**machine_drift(machine, _calibrated_layer_s(args.topology)),
+                                      "foreign_share": foreign},
                              predictions)
             _print(report)
             if args.json is not None:
@@ -416,7 +423,22 @@ DRIFT_WARNING = 0.10
 
 
 def machine_text(machine: dict[str, Any]) -> str:
-    """The blocks' time per layer at the validation's start and end against calibrate's."""
+    """The blocks' time per layer at the validation's start and end against calibrate's,
+    and the other processes' share of the cores during the rounds (a CPU time per layer
+    does not move when a neighbour takes cores: the steps' wall time does)."""
+    from cocodiff.calibration.neighbours import foreign_text
+
+    text = _blocks_text(machine)
+    share = machine.get("foreign_share")
+    if share is not None:
+        text += f"; other processes used {share:.0%} of the cores during the rounds"
+        if foreign_text(share) is not None:
+            text += " (the measured steps are slower than this machine's: validate again " \
+                    "on a quiet machine)"
+    return text
+
+
+def _blocks_text(machine: dict[str, Any]) -> str:
     timed = [value for value in machine["layer_s"] if value is not None]
     if not timed:
         return "the model's blocks: not timed here (calibrate does not time this model)"

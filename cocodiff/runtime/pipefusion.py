@@ -44,15 +44,19 @@ sends ``encoder_hidden_states`` once per step, with patch 0). Why: the text is s
 and every patch's image queries need all of it; keeping it whole and fresh costs one
 text-length of recomputation per patch and no stale text.
 
-The ring across steps is carried in a different order than the plan's, with the same
-transfers and bytes: the last stage sends its M patch outputs after the transformer's
-output projection (which diffusers runs once, on the whole sequence), and stage 0
-receives all of them at the end of its call, because the unmodified pipeline runs the
-scheduler on the whole latents between two transformer calls. So the pipeline fills
-and drains every step here, where the simulator (after xDiT's per-patch scheduler
-step) fills it once per generation. ``tests/workers/pipefusion_reference.py`` holds
-the same algorithm in one process, serially: the reference the parallel runs are checked
-against (equal within 1e-5 in float32).
+The ring across steps runs in the plan's order: the last stage sends its M patch
+outputs after the transformer's output projection (which diffusers runs once, on the
+whole sequence), and stage 0 receives all of them before its next step's first patch,
+because the unmodified pipeline runs the scheduler on the whole latents between two
+transformer calls. So the pipeline fills and drains every step, and the plan says so
+(:class:`~cocodiff.layout.PipelineLayout`'s ``overlap`` False, the default: ``run``,
+``simulate --plan`` and ``plan --out`` describe the same dependencies). xDiT's engine
+steps the scheduler per patch, so its steps overlap and the pipeline fills once per
+generation: ``cocodiff plan --pipefusion-overlap`` simulates that order, and this runtime
+refuses such a plan (it cannot execute it without forking diffusers' loop).
+``tests/workers/pipefusion_reference.py`` holds the same algorithm in one process,
+serially: the reference the parallel runs are checked against (equal within 1e-5 in
+float32).
 """
 
 from __future__ import annotations
@@ -171,6 +175,11 @@ class PipelineRuntime(UlyssesRuntime):
                  options: PlanOptions | None = None, run_plan: RunPlan | None = None,
                  generation: Generation | None = None, inner: str = "flat") -> None:
         self.pipeline = pipeline
+        in_file = [plan.pipeline for plan in run_plan.plans] if run_plan is not None else []
+        if any(layout is not None and layout.overlap for layout in (pipeline, *in_file)):
+            raise ScheduleError("pipefusion with overlapping steps (xDiT's per-patch "
+                                "scheduler step) does not run on diffusers' loop, which "
+                                "fills and drains the pipeline every step; simulate it only")
         if inner not in STAGE_SCHEDULES:
             raise ScheduleError(f"pipefusion stages run one of {', '.join(STAGE_SCHEDULES)}, "
                                 f"not {inner!r}")
@@ -334,8 +343,9 @@ class PipelineRuntime(UlyssesRuntime):
 
         The ring (last stage -> stage 0) runs apart from the program: stage 0 takes all
         its receives (and their waits) before the step's first layer, the last stage
-        makes all its sends after the transformer's output projection. In between, the
-        glue layers run without them, in the plan's order (same transfers and bytes).
+        makes all its sends after the transformer's output projection, where the plan
+        (without overlapping steps) has them too. In between, the glue layers run
+        without them, in the plan's order.
         """
         cached = self._programs.get(step)
         if cached is None:

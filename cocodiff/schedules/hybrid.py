@@ -23,12 +23,14 @@ For a :class:`~cocodiff.layout.ParallelLayout` (``ulysses x ring x batch`` ranks
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import replace
 
-from cocodiff.cost import ring_block_cost
+from cocodiff.cost import RingHostOps, ring_block_cost, ring_host_ops, scale_host_ops
 from cocodiff.layout import LayoutError, ParallelLayout
 from cocodiff.models import ModelSpec
+from cocodiff.plan.lazy import LazyPrograms
 from cocodiff.plan.steps import Compute, Exchange, LayerPlan, Plan, RankProgram, Step, Wait
 from cocodiff.schedules.grid import RankGrid
 from cocodiff.schedules.options import DEFAULT_OPTIONS, PlanOptions
@@ -87,13 +89,15 @@ def _one_hot(size: int, at: int) -> tuple[int, ...]:
 
 
 def ring_attention(attention: Compute, kv_pass: Exchange, ring: int,
-                   dtype_bytes: int = 2) -> tuple[Step, ...]:
+                   dtype_bytes: int = 2, host: RingHostOps | None = None
+                   ) -> tuple[Step, ...]:
     """The Ring's steps in place of one attention step: ``ring`` blocks, each pass
     started before the block in hand is attended to and waited after. Each block is the
-    attention at the block's shape plus the merge of its output into the running one
-    (:func:`cocodiff.cost.ring_block_cost`)."""
-    first, later = (Compute(attention.op, ring_block_cost(attention.cost, 0, dtype_bytes)),
-                    Compute(attention.op, ring_block_cost(attention.cost, 1, dtype_bytes)))
+    attention at the block's shape plus the merge of its output into the running one,
+    with the host ops the Ring's blocks dispatch (``host``,
+    :func:`cocodiff.cost.ring_block_cost`)."""
+    first, later = (Compute(attention.op, ring_block_cost(attention.cost, 0, dtype_bytes, host)),
+                    Compute(attention.op, ring_block_cost(attention.cost, 1, dtype_bytes, host)))
     if ring == 1:
         return (first,)
     wait = Wait("kv")
@@ -103,14 +107,23 @@ def ring_attention(attention: Compute, kv_pass: Exchange, ring: int,
 
 
 def splice_ring(layer: LayerPlan, kv_pass: Exchange, ring: int,
-                dtype_bytes: int = 2) -> LayerPlan:
+                dtype_bytes: int = 2, host: RingHostOps | None = None) -> LayerPlan:
+    """``layer`` with its attention step made the Ring's blocks (:func:`ring_attention`);
+    with ``host``, every compute step's host ops scaled by ``host.layer_scale`` (a Ring
+    rank runs the runtime's processors even where its Ulysses group is one rank)."""
+    scale = 1.0 if host is None else host.layer_scale
+
+    def scaled(step: Compute) -> Compute:
+        return step if scale == 1.0 else replace(step, cost=scale_host_ops(step.cost, scale))
+
     attention: list[Step] = []
     for step in layer.attention:
         if isinstance(step, Compute) and step.op == "attention":
-            attention += ring_attention(step, kv_pass, ring, dtype_bytes)
+            attention += ring_attention(scaled(step), kv_pass, ring, dtype_bytes, host)
         else:
-            attention.append(step)
-    return replace(layer, attention=tuple(attention))
+            attention.append(scaled(step) if isinstance(step, Compute) else step)
+    return replace(layer, before=tuple(map(scaled, layer.before)), attention=tuple(attention),
+                   after=tuple(map(scaled, layer.after)))
 
 
 def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
@@ -136,7 +149,7 @@ def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
     if parallel.is_pure_ulysses:
         return replace(schedule.plan(spec, grid, stream_tokens, options, cache_ratio),
                        parallel=parallel)
-    ulysses, ring = parallel.ulysses, parallel.ring
+    ulysses = parallel.ulysses
     streams = tuple(int(t) for t in stream_tokens if t > 0)
     if not streams:
         raise LayoutError("a plan needs at least one token")
@@ -146,32 +159,78 @@ def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
     local = RankGrid(groups[0].shape, tuple(range(ulysses)))
     sub = schedule.plan(spec, local, group_streams,
                         replace(options, batch=options.batch // parallel.batch), cache_ratio)
-    dtype_bytes = options.dtype_bytes
     split = sub.head_split
-    programs: list[RankProgram | None] = [None] * grid.num_ranks
-    for leader, members in groups.items():
-        positions = parallel.ulysses_group(leader)
-        relabelled: dict[int, LayerPlan] = {}
-        for u, position in enumerate(positions):
-            rank = grid.ranks[position]
-            ring_ranks = tuple(grid.ranks[p] for p in parallel.ring_group(position))
-            # One row = this rank's K and V for one block: (2, batch, S/ring, heads, d).
-            row_bytes = 2 * split.batch * split.padded_tokens * split.heads[u] \
-                * split.head_dim * dtype_bytes
-            kv_pass = ring_pass(ring_ranks, parallel.coords(position)[1], row_bytes)
-            done: dict[int, LayerPlan] = {}
-            layers = []
-            for layer in sub.program(u).layers:
-                key = id(layer)
-                if key not in done:
-                    if key not in relabelled:
-                        relabelled[key] = relabel_layer(layer, members.ranks)
-                    done[key] = (splice_ring(relabelled[key], kv_pass, ring, dtype_bytes)
-                                 if ring > 1
-                                 else relabelled[key])
-                layers.append(done[key])
-            programs[rank] = RankProgram(rank, tuple(layers))
+    # Every rank's program is built when first asked for (cocodiff.plan.lazy): the
+    # simulator runs one fold period's ranks and the planner's floor one node's.
+    programs = LazyPrograms(grid.num_ranks,
+                            _HybridBuild(sub, grid, parallel, groups, options.dtype_bytes,
+                                         ring_host_ops(spec, ulysses)),
+                            exemplars=tuple(groups[0].ranks))
     in_order = grid.ranks == tuple(range(grid.num_ranks))
-    period = parallel.shift_period(split.heads) if in_order else None
-    return Plan(name, spec.name, split, tuple(programs), period,  # type: ignore[arg-type]
+    period = _shift_period(parallel, split.heads) if in_order else None
+    return Plan(name, spec.name, split, programs, period,  # type: ignore[arg-type]
                 parallel)
+
+
+@functools.lru_cache(maxsize=64)
+def _shift_period(parallel: ParallelLayout, heads: tuple[int, ...]) -> int:
+    # Cached: the planner builds a plan of each layout per schedule and chunk count, and
+    # the period's search visits every rank (12,288 on 1,024 Aurora nodes).
+    return parallel.shift_period(heads)
+
+
+class _HybridBuild:
+    """One rank's program of a hybrid plan: its Ulysses group's program relabelled onto
+    the group's global ranks, the Ring spliced in (a picklable build for
+    :class:`~cocodiff.plan.lazy.LazyPrograms`)."""
+
+    __slots__ = ("dtype_bytes", "groups", "host", "parallel", "position_of", "ranks",
+                 "relabelled", "sub")
+
+    def __init__(self, sub: Plan, grid: RankGrid, parallel: ParallelLayout,
+                 groups: dict[int, RankGrid], dtype_bytes: int,
+                 host: RingHostOps | None = None) -> None:
+        self.sub, self.parallel, self.groups, self.dtype_bytes = sub, parallel, groups, \
+            dtype_bytes
+        self.host = host  # the Ring's counted host ops (cocodiff.cost.ring_host_ops)
+        self.ranks = grid.ranks
+        self.position_of = {rank: position for position, rank in enumerate(grid.ranks)}
+        # Per group leader: its relabelled layers by the local layer's id, shared by the
+        # group's members (as the eager plan shared them).
+        self.relabelled: dict[int, dict[int, LayerPlan]] = {}
+
+    def __getstate__(self) -> tuple:
+        # The relabelled layers are keyed by object ids, which do not survive a pickle.
+        return self.sub, self.parallel, self.groups, self.dtype_bytes, self.ranks, \
+            self.position_of, self.host
+
+    def __setstate__(self, state: tuple) -> None:
+        (self.sub, self.parallel, self.groups, self.dtype_bytes, self.ranks,
+         self.position_of, self.host) = state
+        self.relabelled = {}
+
+    def __call__(self, rank: int) -> RankProgram:
+        parallel, split = self.parallel, self.sub.head_split
+        position = self.position_of[rank]
+        positions = parallel.ulysses_group(position)
+        leader, u = positions[0], positions.index(position)
+        members = self.groups[leader]
+        relabelled = self.relabelled.setdefault(leader, {})
+        ring = parallel.ring
+        ring_ranks = tuple(self.ranks[p] for p in parallel.ring_group(position))
+        # One row = this rank's K and V for one block: (2, batch, S/ring, heads, d).
+        row_bytes = 2 * split.batch * split.padded_tokens * split.heads[u] \
+            * split.head_dim * self.dtype_bytes
+        kv_pass = ring_pass(ring_ranks, parallel.coords(position)[1], row_bytes)
+        done: dict[int, LayerPlan] = {}
+        layers = []
+        for layer in self.sub.program(u).layers:
+            key = id(layer)
+            if key not in done:
+                if key not in relabelled:
+                    relabelled[key] = relabel_layer(layer, members.ranks)
+                done[key] = (splice_ring(relabelled[key], kv_pass, ring, self.dtype_bytes,
+                                         self.host)
+                             if ring > 1 else relabelled[key])
+            layers.append(done[key])
+        return RankProgram(rank, tuple(layers))

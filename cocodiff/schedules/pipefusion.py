@@ -20,9 +20,16 @@ For a :class:`~cocodiff.layout.PipelineLayout` of N stages x U Ulysses ranks:
   into the buffer;
 * between stages only the patch's activations travel, point to point
   (:func:`cocodiff.plan.steps.transfer`), rank u of stage s to rank u of stage s+1; the
-  last stage runs the scheduler's step on the patch and sends the patch's latents back
-  to stage 0 for the next step (the pipeline is a ring across steps, so it fills once and
-  drains once per generation, not per step: xDiT's ``_async_pipeline``);
+  last stage sends each patch's latents back to stage 0 for the next step (the pipeline
+  is a ring across steps). Whether consecutive steps overlap is the layout's
+  ``overlap``: with it, the last stage sends patch m as soon as it is done and stage 0
+  starts the next step's patch m as soon as it is back (xDiT's ``_async_pipeline``,
+  whose scheduler steps each patch: the pipeline fills once and drains once per
+  generation); without it (the default, what ``cocodiff run`` executes: diffusers' loop
+  steps the scheduler on the whole latents between two transformer calls), the last
+  stage sends its M patches after its last one and stage 0 waits for all of them before
+  its first patch, so the pipeline fills and drains every step. The same transfers and
+  bytes either way; only the order differs;
 * the first ``warmup`` steps are **synchronous**: the same program with one patch (the
   whole sequence, every K/V slice fresh), which is exact.
 
@@ -202,7 +209,10 @@ def plan_pipefusion(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int
             elif n == 1 or ring_from == 0:
                 inputs = []
             elif ring_from == patches:
-                inputs = [(patch_local * latent_bytes, m) for m in range(patches)]
+                # Overlapping steps: patch m waits for patch m of the step before only;
+                # else the whole latent is back before the first patch starts.
+                inputs = [(patch_local * latent_bytes, m if pipeline.overlap else 0)
+                          for m in range(patches)]
             else:  # the whole latent of a synchronous step
                 inputs = [(patches * patch_local * latent_bytes, 0)]
             last = stage == n - 1
@@ -210,6 +220,9 @@ def plan_pipefusion(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int
             out_bytes = [((text_local * hidden_bytes if m == 0 and not last else 0)
                           + patch_local * (latent_bytes if last else hidden_bytes))
                          for m in range(patches)]
+            # Without overlap the last stage's ring sends follow its last patch (the
+            # runtime sends the latents after the transformer's output projection).
+            sends_late = last and not pipeline.overlap
             parts: list[LayerPlan] = []
             pending = list(inputs)
             if pending:
@@ -222,9 +235,13 @@ def plan_pipefusion(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int
                     parts.append(_glue(Wait("recv"), *(
                         (transfer(prev_rank, rank, pending[0][0], rank),) if pending else ())))
                 parts += [layers[index]] * count
-                if sends:
+                if sends and not sends_late:
                     parts.append(_glue(*((Wait("send"),) if m > 0 else ()),
                                        transfer(rank, next_rank, out_bytes[m], rank)))
+            if sends and sends_late:
+                parts += [_glue(*((Wait("send"),) if m > 0 else ()),
+                                transfer(rank, next_rank, out_bytes[m], rank))
+                          for m in range(patches)]
             if sends:
                 parts.append(_glue(Wait("send")))
             programs[rank] = RankProgram(rank, tuple(parts))

@@ -469,6 +469,10 @@ def _run_plan_from(data: dict) -> RunPlan:
                          for rank, program in enumerate(ids))
         pipeline = plan.get("pipeline")
         if pipeline is not None:
+            if isinstance(pipeline, dict) and "overlap" not in pipeline:
+                # Written before the field: its programs overlap consecutive steps (the
+                # only order the planner had then), and say so now.
+                pipeline = {**pipeline, "overlap": True}
             pipeline = _dataclass_from(PipelineLayout, pipeline, "pipeline")
         plans.append(Plan(plan["schedule"], plan["model"], head_split, programs,
                           plan["shift_period"], _parallel_from(plan["parallel"]), pipeline))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cocodiff.plan.chunking import check_chunk_count, chunk_rows, chunk_tokens, cuts_tokens
+from cocodiff.plan.lazy import exemplar_programs
 from cocodiff.plan.steps import Exchange, Phase, Plan
 from cocodiff.schedules.grid import LEVELS, RankGrid
 from cocodiff.util.errors import ScheduleError
@@ -158,7 +159,9 @@ def check_chunks(plan: Plan, chunks: int) -> None:
     """
     if chunks == 1:
         return
-    layers = {id(layer): layer for program in plan.programs for layer in program.layers}
+    # A lazy plan's exemplars hold every layer up to relabelling (cocodiff.plan.lazy).
+    layers = {id(layer): layer for program in exemplar_programs(plan.programs)
+              for layer in program.layers}
     if not any(step.phases for layer in layers.values() for step in layer.exchanges):
         raise ScheduleError(
             f"{chunks} chunks: {plan.schedule}'s exchanges here have one phase (the ranks "

@@ -39,6 +39,13 @@ BYTES_PER_PLAN_ENTRY = 64
 BYTES_PER_GRAPH_ELEMENT = 1500
 BYTES_PER_MESSAGE = 200
 BASE_BYTES = 300e6  # the interpreter with numpy, networkx, simpy and rich loaded
+# Memory per bundle of a folded output gather (one per sender, destination class and
+# same-node-or-not: transports.sim SimWorld._destinations), held while its simulation
+# runs: routes, flow arrays, the launch's batch. Measured on one simulation: the 1-layer
+# flat step on U24xR128 with the Ring innermost, 256 Aurora nodes, folded on 384 ranks,
+# peaked at 381 MB of RSS (74 MB before it) for 295k bundles (1.04 KB each; tracemalloc,
+# in a separate run, counted the bundles).
+BYTES_PER_GATHER_BUNDLE = 1000
 
 # Refuse what would run longer than this (override: COCODIFF_MAX_SIM_S); show progress
 # beyond PROGRESS_S.
@@ -185,6 +192,139 @@ def estimate_planner(spec, num_layers: int, num_heads: int, schedules, batch_siz
                                          dict.fromkeys(names, 1), chunks, group=layout.ulysses)
         planning_s = SECONDS_PER_PLANNED_RANK * spec.num_tiles * len(names)
         estimates.append(replace(simulation, wall_s=simulation.wall_s + planning_s))
+    return combine(estimates)
+
+
+# The simulator extrapolates a step from simulations of its first one and two layers
+# (cocodiff.simulator.simulate.simulate_layers): three layers' work per simulated step.
+EXTRAPOLATED_LAYERS = 3
+# Chunk counts past the first that the planner's search (`--chunks auto`) simulates before
+# two in a row are slower (cocodiff.simulator.planner.choose_chunks: 2 and 3 at 8 to
+# 1,024 Aurora nodes).
+CHUNK_TRIES = 2
+
+
+def estimate_layout(spec, num_layers: int, num_heads: int, layout, name: str, plans: int,
+                    chunks: int, extrapolated: bool = True) -> Estimate:
+    """The cost of simulating ``plans`` plans of schedule ``name`` on ``layout`` (a
+    ``cocodiff.layout.ParallelLayout`` of every tile) as the simulator runs them: the
+    ranks of one fold period only (the layout's shift period in whole nodes,
+    :func:`cocodiff.simulator.symmetry.fold_period_nodes`), the Ring's passes (one message
+    to the next member, ``ring - 1`` per layer) and the output gathers, in a simulation
+    of one and one of two layers when ``extrapolated`` (``simulate_layers``), else in one
+    of every layer (a recorded timeline). Plans are built lazily
+    (``cocodiff.plan.lazy``): only the simulated ranks' programs are held.
+    """
+    from cocodiff.schedules import get_schedule
+    from cocodiff.schedules.ulysses import split_heads
+
+    per_node = spec.gpus_per_node * spec.tiles_per_gpu
+    num_ranks = spec.num_nodes * per_node
+    ulysses, ring = layout.ulysses, layout.ring
+    period = math.lcm(layout.shift_period(split_heads(num_heads, ulysses)), per_node)
+    simulated = period if num_ranks % period == 0 and period < num_ranks else num_ranks
+    runs = 2 if extrapolated and num_layers > 2 else 1
+    layers = EXTRAPOLATED_LAYERS if runs == 2 else num_layers
+    if get_schedule(name).phased:
+        sizes = _phase_sizes_of_group(spec, layout)
+        pieces = chunks if len(sizes) > 1 else 1
+        collectives_per_layer = EXCHANGES_PER_LAYER * pieces * len(sizes)
+        messages_per_layer = EXCHANGES_PER_LAYER * pieces * sum(size - 1 for size in sizes)
+        rows = EXCHANGES_PER_LAYER * 2 * sum(sizes)
+    else:
+        collectives_per_layer = EXCHANGES_PER_LAYER
+        messages_per_layer = EXCHANGES_PER_LAYER * (ulysses - 1)
+        rows = EXCHANGES_PER_LAYER * 2 * ulysses
+    # A Ring pass is one collective with one message; a rank holds its pass's two one-hot
+    # rows of ``ring`` entries and 3 steps per block.
+    collectives_per_layer += ring - 1
+    messages_per_layer += ring - 1
+    gathers = 1 + (layout.batch > 1)
+    # Gather messages are bundled by fold class: at most one per simulated rank.
+    collectives = simulated * plans * (layers * collectives_per_layer + runs * gathers)
+    messages = simulated * plans * (layers * messages_per_layer
+                                    + runs * gathers * min(num_ranks - 1, simulated))
+    plan_entries = simulated * (rows + 5 * ring)
+    cached_messages = simulated * messages_per_layer
+    # A folded gather bundles each sender's messages by destination class (rank modulo
+    # the simulated ranks) and whether it shares the sender's node: the square of a long
+    # fold period (1,536 ranks for the Ring innermost on 1,024 nodes) dominates memory.
+    bundles = simulated * gathers * min(num_ranks - 1, 2 * simulated)
+    elements = graph_elements(spec)
+    memory = (BASE_BYTES + BYTES_PER_GRAPH_ELEMENT * elements
+              + BYTES_PER_PLAN_ENTRY * plan_entries + BYTES_PER_MESSAGE * cached_messages
+              + BYTES_PER_GATHER_BUNDLE * bundles)
+    wall_s = SECONDS_PER_COLLECTIVE * collectives + SECONDS_PER_MESSAGE * messages
+    return Estimate(collectives, messages, plan_entries, elements, memory, wall_s)
+
+
+def _phase_sizes_of_group(spec, layout) -> list[int]:
+    """TAPA's phase sizes in the Ulysses groups of ``layout`` (node-major ranks), as
+    ``cocodiff.schedules.hybrid.ulysses_grids`` lays them out: the (tile, GPU, node) box
+    the members fill, when every group fills one of the same shape, else one flat level."""
+    per_gpu = spec.tiles_per_gpu
+    per_node = spec.gpus_per_node * per_gpu
+    shapes = set()
+    for leader in range(layout.num_ranks):
+        if layout.coords(leader)[2]:
+            continue
+        coords = [(p // per_node, p % per_node // per_gpu, p % per_gpu)
+                  for p in layout.ulysses_group(leader)]
+        values = [sorted({c[axis] for c in coords}) for axis in range(3)]
+        box = [(n, g, t) for n in values[0] for g in values[1] for t in values[2]]
+        shapes.add((len(values[2]), len(values[1]), len(values[0])) if box == coords
+                   else None)
+    shape = shapes.pop() if len(shapes) == 1 else None
+    if shape is not None:
+        return [size for size in shape if size > 1]
+    return [layout.ulysses] if layout.ulysses > 1 else []
+
+
+def estimate_planned(spec, num_layers: int, num_heads: int, schedules: dict[str, int],
+                     chunks: int, auto_chunks: bool) -> Estimate:
+    """The cost of ``cocodiff simulate`` on the planner's layouts: what the planner
+    simulates, then each schedule on its layout (``schedules``: name -> distinct plans).
+
+    The planner walks every candidate's floor (cheap: one node's ranks, no simulation)
+    and simulates in floor order until a floor is above the best step simulated. At
+    scale the largest Ulysses degree wins and its floor prunes every other degree, so
+    what is counted is that degree's two placements (Ulysses innermost, and the Ring
+    innermost, whose fold period is longer) for each ranked schedule; then, with
+    ``--chunks auto``, :data:`CHUNK_TRIES` more chunk counts of each phased ranked
+    schedule; then the schedules whose step the planner did not already simulate (V-Major's
+    plans). Measured against runs in docs/hardening.md.
+    """
+    from cocodiff.layout import ParallelLayout
+    from cocodiff.schedules import get_schedule
+    from cocodiff.simulator.planner import candidate_layouts
+
+    num_ranks = spec.num_tiles
+    layouts = candidate_layouts(num_ranks, num_heads)
+    top = max(layout.ulysses for layout in layouts)
+    pair = [layout for layout in layouts if layout.ulysses == top and layout.batch == 1]
+    inner = next(layout for layout in pair if layout.order[-1] == "ulysses") \
+        if top > 1 else pair[0]
+    if top == num_ranks:  # pure Ulysses: one layout
+        pair = [ParallelLayout(num_ranks)]
+        inner = pair[0]
+    estimates = []
+    ranked = ranked_schedules(schedules)
+    for name in ranked:
+        for layout in pair:
+            estimates.append(estimate_layout(spec, num_layers, num_heads, layout, name, 1,
+                                             chunks))
+        if auto_chunks and get_schedule(name).phased:
+            for extra in range(CHUNK_TRIES):
+                estimates.append(estimate_layout(spec, num_layers, num_heads, inner, name, 1,
+                                                 chunks + 1 + extra))
+        # The floors: one node's ranks walked per candidate.
+        floors_s = SECONDS_PER_PLANNED_RANK * len(layouts) * spec.gpus_per_node \
+            * spec.tiles_per_gpu
+        estimates.append(Estimate(0, 0, 0, 0, BASE_BYTES, floors_s))
+    for name, plans in schedules.items():
+        if name not in ranked:  # the planner's step of a ranked schedule is reused
+            estimates.append(estimate_layout(spec, num_layers, num_heads, inner, name, plans,
+                                             chunks))
     return combine(estimates)
 
 

@@ -3,7 +3,9 @@ device-memory check every candidate (pipeline or sequence family) passes first.
 
 A pipeline layout is ``stages x ulysses`` ranks (each stage a Ulysses group, stage-major
 so the groups sit on the fast tiers); by default ``patches = stages`` and one warm-up
-step, xDiT's defaults. Its step time is the mean over the whole generation
+step, xDiT's defaults, and consecutive steps not overlapped: the planner ranks what
+``cocodiff run`` executes (``plan --pipefusion-overlap`` ranks xDiT's engine instead).
+Its step time is the mean over the whole generation
 (:func:`cocodiff.simulator.simulate.simulate_generation`: the warm-up steps, the pipeline's
 fill and drain), comparable with a sequence layout's step, which is the same every step.
 """
@@ -25,10 +27,12 @@ from transports.sim import CollectiveModel
 
 
 def pipeline_layouts(num_ranks: int, spec: ModelSpec, patches: int | None = None,
-                     warmup: int = 1) -> list[PipelineLayout]:
+                     warmup: int = 1, overlap: bool = False) -> list[PipelineLayout]:
     """Every PipeFusion layout of ``num_ranks`` ranks with at least two stages, each stage
-    a Ulysses group of at most the head count, at most one stage per layer."""
-    return [PipelineLayout(stages, num_ranks // stages, patches or stages, warmup)
+    a Ulysses group of at most the head count, at most one stage per layer; ``overlap``:
+    consecutive steps overlapped as in xDiT (:class:`~cocodiff.layout.PipelineLayout`;
+    the default is what ``cocodiff run`` executes)."""
+    return [PipelineLayout(stages, num_ranks // stages, patches or stages, warmup, overlap)
             for stages in divisors(num_ranks)
             if 2 <= stages <= spec.num_layers and num_ranks // stages <= spec.num_heads]
 

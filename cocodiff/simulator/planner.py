@@ -76,7 +76,8 @@ class Candidate:
         degrees: dict[str, Any]
         if isinstance(layout, PipelineLayout):
             degrees = {"pipeline": layout.stages, "ulysses": layout.ulysses,
-                       "patches": layout.patches, "warmup": layout.warmup}
+                       "patches": layout.patches, "warmup": layout.warmup,
+                       "overlap": layout.overlap}
         else:
             degrees = {"ulysses": layout.ulysses, "ring": layout.ring,
                        "batch": layout.batch, "order": list(layout.order)}
@@ -265,8 +266,9 @@ def _best_for(context: _Context, name: str) -> Choice:
 
     # One plan alive at a time: at scale a plan of every rank is large, and most
     # candidates are pruned by their floor, so those that are simulated are built again.
-    floors = sorted((step_floor_s(plan_of(layout), topology, placement, model) * num_layers
-                     / short.num_layers, layout.name, index)
+    floors = sorted((step_floor_s(plan_of(layout), topology, placement, model,
+                                  context.gathers(layout), num_layers),
+                     layout.name, index)
                     for index, layout in enumerate(layouts))
     winner: tuple[float, str, int, SimResult] | None = None
     for floor_s, layout_name, index in floors:

@@ -99,11 +99,11 @@ def busiest_links(simulation: Simulation, step_time_s: float, top: int = 5,
     if step_time_s <= 0:
         return []
     graph = simulation.topology.graph
-    stats = simulation.network.stats
-    carried = bytes_carried or {link: s.bytes_carried for link, s in stats.items()}
+    network = simulation.network
+    carried: dict = bytes_carried or network.carried_bytes()
     uses = [
         LinkUse(link, graph.edges[link]["kind"],
-                num_bytes / (stats[link].capacity_bytes_per_s * step_time_s))
+                num_bytes / (network.capacity_bytes_per_s(link) * step_time_s))
         for link, num_bytes in carried.items()
         if num_bytes > 0
     ]

@@ -17,7 +17,8 @@ from cocodiff.memory import RankMemory, pipeline_memory, sequence_memory
 from cocodiff.models import ModelSpec
 from cocodiff.plan.executor import run_program
 from cocodiff.plan.gather import GatherStage
-from cocodiff.plan.steps import Plan, RankProgram
+from cocodiff.plan.lazy import exemplar_programs, with_layers
+from cocodiff.plan.steps import Plan
 from cocodiff.schedules import (
     BASELINE,
     DEFAULT_OPTIONS,
@@ -132,13 +133,16 @@ def simulate_plan(
 
 
 def _with_layers(plan: Plan, num_layers: int) -> Plan:
-    return replace(plan, programs=tuple(RankProgram(p.rank, p.layers[:num_layers])
-                                        for p in plan.programs))
+    # Lazy programs stay lazy (cocodiff.plan.lazy): a sequence, not the tuple annotated.
+    return replace(plan, programs=with_layers(plan.programs,  # type: ignore[arg-type]
+                                              num_layers))
 
 
 def _repeats_one_layer(plan: Plan) -> bool:
-    """Whether every layer of every rank is the same object (schedulers share it)."""
-    return all(all(layer is p.layers[0] for layer in p.layers) for p in plan.programs)
+    """Whether every layer of every rank is the same object (schedulers share it); a
+    lazy plan's exemplars show every rank's layers (:mod:`cocodiff.plan.lazy`)."""
+    return all(all(layer is p.layers[0] for layer in p.layers)
+               for p in exemplar_programs(plan.programs))
 
 
 def simulate_layers(
@@ -186,10 +190,10 @@ def simulate_layers(
     compute_s = affine(one.compute_s, two.compute_s)
     sim_one, sim_two = one.simulation, two.simulation
     assert sim_one is not None and sim_two is not None  # simulate_plan keeps them
-    links_one, links_two = (
-        {link: s.bytes_carried for link, s in simulation.network.stats.items()}
-        for simulation in (sim_one, sim_two)
-    )
+    # Links idle in both simulations carry nothing either way; one idle in the
+    # two-layer one extrapolates to no bytes (busiest_links skips it).
+    links_one, links_two = (simulation.network.carried_bytes()
+                            for simulation in (sim_one, sim_two))
     return SimResult(
         schedule=plan.schedule,
         num_ranks=plan.num_ranks,
@@ -200,7 +204,7 @@ def simulate_layers(
                        for tier in TIERS},
         busiest_links=busiest_links(
             sim_two, step_time_s,
-            bytes_carried={link: affine(links_one[link], num_bytes)
+            bytes_carried={link: affine(links_one.get(link, 0.0), num_bytes)
                            for link, num_bytes in links_two.items()}),
         simulated_ranks=two.simulated_ranks,
         folded=two.folded,
@@ -360,8 +364,9 @@ def run_plan_memory(run_plan: RunPlan) -> RankMemory:
 # Simulating a PipeFusion generation: its steps run back to back, as one program per rank.
 #
 # A pipeline stage's step depends on the step before (stage 0 waits for the last stage's
-# latents), so steps cannot be simulated one at a time as the other schedules' are: the
-# pipeline fills once, streams, and drains once per generation. Every rank's program is
+# latents), so steps cannot be simulated one at a time as the other schedules' are (with
+# overlapping steps, ``PipelineLayout.overlap``, the pipeline fills and drains once per
+# generation; without, as `run` executes it, once per step). Every rank's program is
 # the concatenation of its steps' programs
 # (:func:`cocodiff.schedules.pipefusion.pipefusion_step_plans`), run by the one executor in
 # one simulation. Sends are eager (the simulated backend's "send" side does not wait for

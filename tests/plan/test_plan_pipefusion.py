@@ -98,3 +98,57 @@ def test_the_planner_ranks_pipeline_and_sequence_layouts_together(tmp_path):
     pipelines = {c["layout"] for c in ranked if c["schedule"] == "pipefusion"}
     assert pipelines == {"P2xU2xM2/w1", "P4xU1xM4/w1"}  # every stage count from 2
     assert all("memory_per_rank" in c for c in ranked)
+
+
+def test_overlap_goes_into_the_plan_file_and_its_hash():
+    """Whether consecutive steps overlap is part of the plan (its stage 0 waits
+    differently), so it is written, read back and hashed; a file written before the
+    field (no ``overlap``) was made by the overlapping planner and reads so."""
+    import json
+
+    made = {overlap: build_run_plan("pipefusion", FLUX, GRID, STREAMS, 5, PlanOptions(),
+                                    pipeline=PipelineLayout(2, 2, 2, 1, overlap))
+            for overlap in (False, True)}
+    assert made[False].sha256 != made[True].sha256
+    for overlap, run_plan in made.items():
+        again = RunPlan.from_json(run_plan.to_json())
+        assert again.sha256 == run_plan.sha256
+        assert all(plan.pipeline.overlap is overlap for plan in again.plans)
+    data = json.loads(made[True].to_json())
+    for plan in data["plans"]:
+        del plan["pipeline"]["overlap"]
+    old = RunPlan.from_json(json.dumps(data))
+    assert all(plan.pipeline.overlap for plan in old.plans)
+    assert [p.programs for p in old.plans] == [p.programs for p in made[True].plans]
+    data["plans"][0]["pipeline"]["overlap"] = "yes"
+    with pytest.raises(PlanFileError, match="overlap must be true or false"):
+        RunPlan.from_json(json.dumps(data))
+
+
+def test_an_overlapping_plan_simulates_and_run_refuses_it(tmp_path, capsys):
+    """`plan --pipefusion-overlap --out` writes xDiT's order, `simulate --plan` runs it
+    (and says so in the layout's name); `run` refuses it, and the flag, in one line."""
+    import json
+
+    from clicheck import call
+
+    from cocodiff.commands.cli import main
+
+    out, record = tmp_path / "p.json", tmp_path / "sim.json"
+    common = ["plan", "--topology", "cluster", "--nodes", "2", "--model", "flux1-dev",
+              "--resolution", "256", "--steps", "5", "--schedule", "pipefusion",
+              "--pipefusion", "2"]
+    assert main([*common, "--pipefusion-overlap", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "P2xU2xM2/w1/overlap" in printed and "which `run` refuses" in printed
+    assert main(["simulate", "--plan", str(out), "--json", str(record)]) == 0
+    row = json.loads(record.read_text())["results"][0]
+    assert row["layout"]["name"] == "P2xU2xM2/w1/overlap" and row["layout"]["overlap"]
+    for argv in (["run", "--plan", str(out)],
+                 ["run", "--schedule", "pipefusion", "--pipefusion", "2",
+                  "--pipefusion-overlap"]):
+        result = call(argv, limit_s=60)
+        assert result.code == 2, result
+        assert result.err.count("\n") == 1 and "Traceback" not in result.err
+        assert "overlap" in result.err and "fills and drains" in result.err
+        assert not result.out

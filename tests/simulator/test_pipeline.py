@@ -7,11 +7,14 @@ projections and the MLP ``24 d^2`` FLOPs per token; norms ``2 x 7 d``, Q/K norm 
 RoPE ``2 x 3 d``; attention ``4 q S d`` over all heads). A synchronous step runs the
 stages one after another over the whole sequence (``L`` layers of ``q = S``); the
 pipelined steps stream ``M`` patches through ``N`` stages, each patch-stage slot
-``L/N`` layers of ``q = S/M``. The pipeline is a ring across steps (stage 0 starts patch
-m of the next step once the last stage has finished it), so it fills and drains once per
+``L/N`` layers of ``q = S/M``. With overlapping steps (xDiT's engine,
+``PipelineLayout.overlap``) the pipeline is a ring across steps (stage 0 starts patch m of
+the next step once the last stage has finished it), so it fills and drains once per
 generation: with ``M >= N`` the ``P`` pipelined steps take ``P M + N - 1`` slots
 (``M + N - 1`` for one), with ``M < N`` each step but the last waits for the ring,
-``(P - 1) N + M + N - 1`` slots.
+``(P - 1) N + M + N - 1`` slots. Without (the default, what ``cocodiff run`` executes)
+stage 0 waits for the whole step before, so every pipelined step fills and drains:
+``P (M + N - 1)`` slots.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ def simulate(spec, layout, num_steps, tokens, topology=None, **kwargs):
     return simulate_generation(plans, steps, topology, placement, IDEAL, **kwargs), plans, steps
 
 
+@pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize(("stages", "patches", "warmup", "num_steps"), [
     (4, 4, 1, 2),   # one pipelined step: M + N - 1 slots
     (4, 4, 1, 6),   # the ring keeps the pipeline full: P M + N - 1 slots
@@ -68,15 +72,17 @@ def simulate(spec, layout, num_steps, tokens, topology=None, **kwargs):
     (4, 2, 1, 4),   # fewer patches than stages: each step waits for the ring
     (4, 4, 0, 3),   # no warm-up
 ])
-def test_pipeline_takes_the_closed_form_time(stages, patches, warmup, num_steps):
+def test_pipeline_takes_the_closed_form_time(stages, patches, warmup, num_steps, overlap):
     spec = tiny_spec(num_layers=8)
     tokens = 64
-    layout = PipelineLayout(stages, 1, patches, warmup)
+    layout = PipelineLayout(stages, 1, patches, warmup, overlap)
     result, _, _ = simulate(spec, layout, num_steps, tokens)
     sync_s = spec.num_layers * layer_s(spec, tokens, tokens)
     slot_s = spec.num_layers // stages * layer_s(spec, tokens // patches, tokens)
     pipelined = num_steps - warmup
-    if patches >= stages:
+    if not overlap:
+        slots = pipelined * (patches + stages - 1)
+    elif patches >= stages:
         slots = pipelined * patches + stages - 1
     else:
         slots = (pipelined - 1) * stages + patches + stages - 1
@@ -92,10 +98,11 @@ def test_one_pipelined_step_is_m_plus_n_minus_1_slots():
     assert result.step_time_s == pytest.approx((8 + 4 - 1) * slot_s, rel=1e-6)
 
 
-def test_extrapolated_generation_equals_the_full_simulation():
+@pytest.mark.parametrize("overlap", [True, False])
+def test_extrapolated_generation_equals_the_full_simulation(overlap):
     spec = tiny_spec(num_layers=6)
     topology = build_topology(cluster(num_nodes=2, ranks_per_node=2))
-    layout = PipelineLayout(2, 2, 3, warmup=1)
+    layout = PipelineLayout(2, 2, 3, warmup=1, overlap=overlap)
     fast, _, _ = simulate(spec, layout, 9, 96, topology)
     full, _, _ = simulate(spec, layout, 9, 96, topology, record_spans=True)
     assert fast.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
@@ -142,3 +149,50 @@ def test_plan_layout_is_checked_in_one_line():
         plan_pipefusion(spec, grid, (64,), PipelineLayout(2), PlanOptions())
     with pytest.raises(LayoutError, match="patches must be an integer >= 1"):
         PipelineLayout(2, 1, 0)
+
+
+def _p2p(program) -> list[tuple[str, int, tuple[int, ...]]]:
+    """A program's point-to-point transfers in order: (direction, bytes, group)."""
+    return [(s.tensor, s.row_bytes, s.group) for layer in program.layers
+            for s in layer.attention if isinstance(s, Exchange) and s.direction == "p2p"]
+
+
+def _recvs_before_first_layer(program) -> int:
+    """Receive waits stage 0 makes before its first model layer."""
+    from cocodiff.plan.steps import Compute, Wait
+
+    count = 0
+    for layer in program.layers:
+        if any(isinstance(s, Compute) for s in layer.steps):
+            return count
+        count += sum(isinstance(s, Wait) and s.tensor == "recv" for s in layer.steps)
+    return count
+
+
+def test_overlap_moves_stage_0s_dependencies_not_its_bytes():
+    """The same generation with and without overlapping steps: every rank sends and
+    receives the same transfers (bytes, peers, count); stage 0 of a pipelined step after
+    a pipelined one waits for one patch before its first (overlap) or for all M (run's
+    order), and the last stage sends its M patches after its last one; so the generation
+    without overlap is slower."""
+    spec = tiny_spec(num_layers=8)
+    stages, patches, tokens, num_steps = 2, 4, 64, 5
+    found = {}
+    for overlap in (True, False):
+        layout = PipelineLayout(stages, 1, patches, 1, overlap)
+        found[overlap] = simulate(spec, layout, num_steps, tokens)
+    (fast, plans_o, steps_o), (slow, plans_d, steps_d) = found[True], found[False]
+    assert steps_o == steps_d
+    for plan_o, plan_d in zip(plans_o, plans_d, strict=True):
+        assert plan_o.pipeline.overlap and not plan_d.pipeline.overlap
+        for rank in range(stages):
+            assert sorted(_p2p(plan_o.program(rank))) == sorted(_p2p(plan_d.program(rank)))
+    assert fast.bytes_by_tier == slow.bytes_by_tier
+    assert fast.exchanges_per_step == slow.exchanges_per_step
+    # The middle steps' plan: M patches in, M out.
+    middle = plans_o[steps_o[2]], plans_d[steps_d[2]]
+    assert [_recvs_before_first_layer(plan.program(0)) for plan in middle] == [1, patches]
+    assert middle[0].program(0).layers != middle[1].program(0).layers
+    # Same compute, slower: the pipeline fills and drains every step.
+    assert slow.compute_s == pytest.approx(fast.compute_s, rel=1e-12)
+    assert slow.step_time_s > fast.step_time_s

@@ -91,7 +91,12 @@ def _pipeline_machine():
     return topology, pipeline_layouts(12, PIXART)[:2]
 
 
-def test_generation_floor_never_exceeds_the_simulation():
+@pytest.mark.parametrize("overlap", [False, True])
+def test_generation_floor_never_exceeds_the_simulation(overlap):
+    """The floor bounds both orders of PipeFusion's steps (the planner's default, what
+    `run` executes, is the slower one)."""
+    from dataclasses import replace
+
     from cocodiff.schedules import DEFAULT_OPTIONS
     from cocodiff.schedules.pipefusion import pipefusion_step_plans
     from cocodiff.simulator.bounds import generation_floor_s
@@ -102,7 +107,8 @@ def test_generation_floor_never_exceeds_the_simulation():
     placement = Placement.node_major(topology)
     grid = RankGrid.from_placement(topology, placement)
     model = collective_model_for("aurora")
-    for layout in layouts:
+    for layout in (replace(layout, overlap=overlap) for layout in layouts):
+        assert layout.overlap is overlap
         plans, steps = pipefusion_step_plans(PIXART, grid, (1024, 512), layout, 4,
                                              DEFAULT_OPTIONS)
         simulated = simulate_generation(plans, steps, topology, placement).step_time_s

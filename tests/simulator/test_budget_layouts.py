@@ -1,0 +1,71 @@
+"""The guard's count for a simulation on a parallel layout
+(cocodiff.simulator.budget.estimate_layout): the collectives the simulated ranks post,
+exactly, for hybrid, Ring and pure-Ulysses layouts, folded, extrapolated from one and two
+layers (as simulate runs them) and in full (a recorded timeline); and the planned run's
+estimate stays quick at 4,096 nodes, where the guard refuses it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+
+import transports.sim as sim_transport
+from cocodiff.layout import ParallelLayout
+from cocodiff.models import REGISTRY
+from cocodiff.schedules import DEFAULT_OPTIONS, PlanOptions, RankGrid
+from cocodiff.schedules.gather import output_gather
+from cocodiff.schedules.hybrid import plan_hybrid
+from cocodiff.simulator import budget
+from cocodiff.simulator.simulate import simulate_layers, simulate_plan
+from topology import Placement, build_topology, get_preset
+
+FLUX = replace(REGISTRY["flux1-dev"], num_layers=4)
+STREAMS = (1024, 512)
+RING_INNER = ("batch", "ulysses", "ring")
+
+
+@pytest.mark.parametrize(("name", "layout", "chunks"), [
+    ("flat", ParallelLayout(12, 4), 1),
+    ("vfirst", ParallelLayout(24, 2), 1),
+    ("tapa", ParallelLayout(24, 2), 2),
+    ("flat", ParallelLayout(1, 48), 1),
+    ("vfirst", ParallelLayout(12, 4, 1, RING_INNER), 1),
+    ("flat", ParallelLayout(8, 6, 1, RING_INNER), 1),
+])
+@pytest.mark.parametrize("extrapolated", [True, False])
+def test_the_layout_count_is_what_the_simulator_posts(monkeypatch, name, layout, chunks,
+                                                      extrapolated):
+    posted = []
+    original = sim_transport.SimWorld.post_all_to_all
+    monkeypatch.setattr(sim_transport.SimWorld, "post_all_to_all",
+                        lambda self, *args, **kw: posted.append(1) or original(self, *args,
+                                                                                **kw))
+    spec = get_preset("aurora", 4)
+    topology = build_topology(spec)
+    placement = Placement.node_major(topology)
+    grid = RankGrid.from_placement(topology, placement)
+    options = PlanOptions(chunks=chunks)
+    plan = plan_hybrid(name, FLUX, grid, STREAMS, layout, options)
+    gathers = output_gather(FLUX, grid, STREAMS, layout, options)
+    if extrapolated:
+        result = simulate_layers(plan, topology, placement, gathers=gathers)
+    else:
+        result = simulate_plan(plan, topology, placement, gathers=gathers)
+    estimate = budget.estimate_layout(spec, FLUX.num_layers, FLUX.num_heads, layout, name, 1,
+                                      chunks, extrapolated)
+    assert estimate.collectives == len(posted)
+    assert estimate.collectives // result.simulated_ranks * result.simulated_ranks \
+        == estimate.collectives
+
+
+def test_the_planned_estimate_refuses_4096_nodes_quickly():
+    spec = get_preset("aurora", 4096)
+    plans = {name: budget.distinct_plans(name, 28, DEFAULT_OPTIONS, None)
+             for name in ("flat", "tapa", "vfirst", "cocodiff")}
+    began = time.process_time()
+    model = REGISTRY["flux1-dev"]
+    estimate = budget.estimate_planned(spec, model.num_layers, model.num_heads, plans, 1, True)
+    assert time.process_time() - began < 10  # CPU, generous: about 3 s here
+    assert estimate.wall_s > budget.MAX_WALL_S
