@@ -287,9 +287,11 @@ def estimate_planned(spec, num_layers: int, num_heads: int, schedules: dict[str,
 
     The planner walks every candidate's floor (cheap: one node's ranks, no simulation)
     and simulates in floor order until a floor is above the best step simulated. At
-    scale the largest Ulysses degree wins and its floor prunes every other degree, so
-    what is counted is that degree's two placements (Ulysses innermost, and the Ring
-    innermost, whose fold period is longer) for each ranked schedule; then, with
+    scale the largest Ulysses degree wins and its floor prunes every other degree, and
+    its Ring-innermost placement too (its floor is above the winner's step, as at 256
+    nodes, or ties it, as at 1,024, and a tie goes to the winner's name), so what is
+    counted is that degree's Ulysses-innermost placement for each ranked schedule
+    (below ~64 nodes, where the twin is simulated, it is cheap); then, with
     ``--chunks auto``, :data:`CHUNK_TRIES` more chunk counts of each phased ranked
     schedule; then the schedules whose step the planner did not already simulate (V-Major's
     plans). Measured against runs in docs/hardening.md.
@@ -310,9 +312,7 @@ def estimate_planned(spec, num_layers: int, num_heads: int, schedules: dict[str,
     estimates = []
     ranked = ranked_schedules(schedules)
     for name in ranked:
-        for layout in pair:
-            estimates.append(estimate_layout(spec, num_layers, num_heads, layout, name, 1,
-                                             chunks))
+        estimates.append(estimate_layout(spec, num_layers, num_heads, inner, name, 1, chunks))
         if auto_chunks and get_schedule(name).phased:
             for extra in range(CHUNK_TRIES):
                 estimates.append(estimate_layout(spec, num_layers, num_heads, inner, name, 1,

@@ -167,7 +167,7 @@ def rank_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[in
     context = _Context(spec, topology, placement, RankGrid.from_placement(topology, placement),
                        tuple(stream_tokens), options, collective, with_bounds)
     candidates = map_local(_evaluate, context, pairs, workers)
-    candidates.sort(key=lambda c: (c.step_time_s, c.layout.name, c.schedule))
+    candidates.sort(key=lambda c: (step_key(c.step_time_s), c.layout.name, c.schedule))
     return PlanResult(tuple(candidates), time.perf_counter() - start)
 
 
@@ -233,7 +233,10 @@ def choose_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[
     simulating every candidate: candidates are simulated in the order of their step
     floor (:func:`cocodiff.simulator.bounds.step_floor_s`, a lower bound that needs no
     simulation), and once a floor exceeds the best step time simulated so far no later
-    candidate can win. Ties go to the layout name first, as in :func:`rank_layouts`.
+    candidate can win. Ties (equal to :data:`_TIE_DIGITS` significant digits,
+    :func:`step_key`) go to the layout name first, as in :func:`rank_layouts`, so a
+    candidate whose floor already ties the best and whose name comes later is not
+    simulated either.
     ``workers`` local processes search for different schedules at once.
     """
     from cocodiff.schedules.run_plan import canonical_streams
@@ -272,13 +275,21 @@ def _best_for(context: _Context, name: str) -> Choice:
                     for index, layout in enumerate(layouts))
     winner: tuple[float, str, int, SimResult] | None = None
     for floor_s, layout_name, index in floors:
-        # A floor within float rounding of the best may still tie it: simulate it.
-        if winner is not None and floor_s > winner[0] * (1 + _FLOOR_SLACK):
-            break
+        if winner is not None:
+            # The least step this candidate can have (its floor, less float rounding):
+            # past the winner's it cannot win; equal to it, it ties at best, and a tie
+            # goes to the name (a Ring-innermost twin of the winner at 1,024 nodes ties
+            # it to 5e-14 and took 7 CPU-minutes to simulate).
+            least = (step_key(floor_s / (1 + _FLOOR_SLACK)), layout_name)
+            if least[0] > step_key(winner[0]):
+                break
+            if least > (step_key(winner[0]), winner[1]):
+                continue
         result = simulate_layers(plan_of(layouts[index]), topology, placement,
                                  context.collective, num_layers,
                                  context.gathers(layouts[index]))
-        if winner is None or (result.step_time_s, layout_name) < winner[:2]:
+        if winner is None or ((step_key(result.step_time_s), layout_name)
+                              < (step_key(winner[0]), winner[1])):
             winner = (result.step_time_s, layout_name, index, result)
     assert winner is not None, "candidate_layouts always holds pure Ulysses or pure Ring"
     result = winner[3]
@@ -288,6 +299,15 @@ def _best_for(context: _Context, name: str) -> Choice:
 
 # Relative float rounding a step floor may carry above the simulated time it bounds.
 _FLOOR_SLACK = 1e-9
+# Step times equal to this many significant digits are one time: the layout's name then
+# decides, so that a pick never rests on the last bits of sums taken in different orders
+# (two placements that mirror each other simulate equal to ~1e-13).
+_TIE_DIGITS = 7
+
+
+def step_key(step_s: float) -> float:
+    """``step_s`` as rankings compare it (:data:`_TIE_DIGITS` significant digits)."""
+    return float(f"{step_s:.{_TIE_DIGITS}g}")
 
 # Chunk counts the planner tries for a phased schedule (`--chunks auto`). Every chunk is
 # one more collective per phase, each paying its transfers' set-up

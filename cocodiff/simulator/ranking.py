@@ -29,7 +29,7 @@ from cocodiff.schedules.run_plan import canonical_streams
 from cocodiff.simulator.bounds import generation_floor_s, plan_bound_s, step_floor_s
 from cocodiff.simulator.fanout import map_local
 from cocodiff.simulator.pipelines import keep_fitting
-from cocodiff.simulator.planner import Candidate
+from cocodiff.simulator.planner import Candidate, step_key
 from cocodiff.simulator.simulate import simulate_generation, simulate_layers
 from topology import Placement, Topology
 from transports.sim import CollectiveModel, collective_model_for
@@ -137,7 +137,7 @@ def rank_with_floors(spec: ModelSpec, topology: Topology, stream_tokens: Sequenc
         else:
             pruned.append(PrunedCandidate(candidate.layout, candidate.schedule, floor_s,
                                           candidate.memory))
-    candidates.sort(key=lambda c: (c.step_time_s, c.layout.name, c.schedule))
+    candidates.sort(key=lambda c: (step_key(c.step_time_s), c.layout.name, c.schedule))
     return Ranking(tuple(candidates), tuple(pruned), tuple(refused),
                    time.perf_counter() - start)
 

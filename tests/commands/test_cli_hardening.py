@@ -251,11 +251,16 @@ def test_a_blank_name_is_refused_like_an_empty_one(tmp_path):
 
 # ---- the resource guard -----------------------------------------------------------------------
 
-def test_5000_nodes_are_refused_in_one_line_with_the_estimate():
-    err = refused("simulate", "--nodes", "5000",
+def test_5000_nodes_with_a_recorded_timeline_are_refused_in_one_line_with_the_estimate(
+        tmp_path):
+    # A recorded timeline keeps every rank's events: the guard counts every rank (the
+    # planned, folded run of 5,000 nodes fits: docs/hardening.md).
+    trace = tmp_path / "trace.json"
+    err = refused("simulate", "--nodes", "5000", "--trace", str(trace),
                   match="simulating 4 schedule(s) of flux1-dev on 5000 node(s) (60000 ranks) "
                         "would need about")
     assert "GB of memory" in err and "the limit here is" in err
+    assert not trace.exists()
 
 
 def test_a_long_simulation_is_refused_with_its_estimate(monkeypatch):

@@ -60,12 +60,17 @@ def test_the_layout_count_is_what_the_simulator_posts(monkeypatch, name, layout,
         == estimate.collectives
 
 
-def test_the_planned_estimate_refuses_4096_nodes_quickly():
-    spec = get_preset("aurora", 4096)
+def test_the_planned_estimate_of_4096_nodes_is_quick_and_grows_with_the_nodes():
     plans = {name: budget.distinct_plans(name, 28, DEFAULT_OPTIONS, None)
              for name in ("flat", "tapa", "vfirst", "cocodiff")}
-    began = time.process_time()
     model = REGISTRY["flux1-dev"]
-    estimate = budget.estimate_planned(spec, model.num_layers, model.num_heads, plans, 1, True)
+    began = time.process_time()
+    large = budget.estimate_planned(get_preset("aurora", 4096), model.num_layers,
+                                    model.num_heads, plans, 1, True)
     assert time.process_time() - began < 10  # CPU, generous: about 3 s here
-    assert estimate.wall_s > budget.MAX_WALL_S
+    small = budget.estimate_planned(get_preset("aurora", 1024), model.num_layers,
+                                    model.num_heads, plans, 1, True)
+    # The simulated ranks are one fold period either way; the Ring's passes and the
+    # output gathers grow with the nodes (docs/hardening.md: measured 71 s and 635 s).
+    assert large.wall_s > 2 * small.wall_s
+    assert large.collectives > small.collectives and large.messages > small.messages

@@ -147,3 +147,42 @@ def test_chunk_search_reuses_the_planners_step():
     fresh = choose_chunks("vfirst", PIXART, topology, (1024, 512), choice.layout)
     assert (reused.chunks, reused.step_times_s) == (fresh.chunks, fresh.step_times_s)
     assert reused.step_times_s[1] == choice.result.step_time_s
+
+
+def test_step_times_equal_to_seven_digits_tie_so_the_name_decides(monkeypatch):
+    """Two placements that mirror each other simulate equal to ~1e-13: which one wins must
+    not rest on those bits, and the later-named one whose floor already ties the best is
+    not simulated (at 1,024 Aurora nodes that twin took 7 CPU-minutes)."""
+    from types import SimpleNamespace
+
+    from cocodiff.layout import RING_INNER_ORDER
+    from cocodiff.simulator import planner
+
+    assert planner.step_key(0.1283700000001) == planner.step_key(0.12837)
+    assert planner.step_key(0.12837) < planner.step_key(0.1283702)
+    first = ParallelLayout(4, 6, 1)
+    twin = ParallelLayout(4, 6, 1, order=RING_INNER_ORDER)  # "U4xR6xB1/ring-inner"
+    slower = ParallelLayout(2, 12, 1)
+    assert first.name < twin.name
+    floors = {first.name: 1.0, twin.name: 1.0, slower.name: 2.0}
+    times = {first.name: 1.0, twin.name: 1.0 - 1e-13, slower.name: 2.0}
+    simulated = []
+
+    def fake_floor(plan, *args):
+        return floors[plan.layout_name]
+
+    def fake_simulation(plan, *args):
+        simulated.append(plan.layout_name)
+        return SimpleNamespace(step_time_s=times[plan.layout_name], simulation=None)
+
+    def fake_plan(name, spec, grid, streams, layout, options):
+        return SimpleNamespace(layout_name=layout.name)
+
+    monkeypatch.setattr(planner, "candidate_layouts", lambda *a: [slower, twin, first])
+    monkeypatch.setattr(planner, "step_floor_s", fake_floor)
+    monkeypatch.setattr(planner, "simulate_layers", fake_simulation)
+    monkeypatch.setattr(planner, "plan_hybrid", fake_plan)
+    topology = build_topology(get_preset("aurora", 2))
+    choice = planner.choose_layouts(PIXART, topology, (1024, 512), ("flat",))["flat"]
+    assert choice.layout == first
+    assert simulated == [first.name]
