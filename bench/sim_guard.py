@@ -1,13 +1,18 @@
 """The simulator's own throughput, for the resource guard (cocodiff.simulator.budget).
 
-Simulates one denoising step of a few small configurations chosen to stress one cost
-each (many collectives with few peers: TAPA on one Aurora node with many chunks; many
-peers per collective: flat Ulysses over several nodes), counts what the guard counts
-(collectives, messages), and fits the two per-unit costs by least squares to the CPU
-time of the process (the simulator is single-threaded, and CPU time does not count the
-time a busy machine gives to other processes; wall time is reported beside it).
-Prints each run's measured wall time beside the guard's estimate with the fitted and
-the built-in constants, and writes JSON (default results/sim_guard.json).
+Simulates one step of a few configurations as the planner and ``simulate`` run them
+(``simulate_schedule`` on one layout: folded, one and two layers extrapolated, output
+gathers included), chosen to stress one cost each (many collectives with few peers: TAPA
+on one or two Aurora nodes with many chunks, and a long Ring's one-message passes; many
+peers per collective: flat Ulysses with the Ring across nodes and its output gather),
+counts what the guard counts for them (``budget.estimate_layout``: collectives,
+messages), and fits the two per-unit costs by least squares to the CPU time of the
+process (the simulator is single-threaded, and CPU time does not count the time a busy
+machine gives to other processes; wall time is reported beside it). These are
+microbenchmarks of the simulator, not the ``cocodiff simulate --nodes N`` runs the guard
+is then held against (docs/hardening.md). Prints each run beside the guard's estimate
+with the built-in and the fitted constants, and writes JSON (default
+results/sim_guard.json).
 
     python bench/sim_guard.py [--json results/sim_guard.json]
 """
@@ -22,29 +27,32 @@ from pathlib import Path
 
 import numpy as np
 
+from cocodiff.layout import ParallelLayout
 from cocodiff.models import REGISTRY
 from cocodiff.schedules import PlanOptions
 from cocodiff.simulator import budget
 from cocodiff.simulator.simulate import simulate_schedule
 from topology import Placement, build_topology, get_preset
 
-# (schedule, Aurora nodes, chunks): collective-heavy first, then message-heavy.
-RUNS = [("tapa", 1, 4), ("tapa", 1, 12), ("tapa", 2, 8), ("flat", 8, 1), ("flat", 16, 1),
-        ("flat", 32, 1)]
+# (schedule, Aurora nodes, chunks, Ulysses degree; the Ring takes the other ranks):
+# collective-heavy first (TAPA's chunked phases, a long Ring), then message-heavy.
+RUNS = [("tapa", 1, 12, 12), ("tapa", 2, 16, 24), ("tapa", 256, 2, 24), ("flat", 512, 1, 24),
+        ("flat", 64, 1, 24), ("flat", 128, 1, 24)]
 
 
-def measure(schedule: str, nodes: int, chunks: int, model_name: str) -> dict:
+def measure(schedule: str, nodes: int, chunks: int, ulysses: int, model_name: str) -> dict:
     model = REGISTRY[model_name]
     spec = get_preset("aurora", nodes)
-    estimate = budget.estimate_simulation(spec, model.num_layers, model.num_heads,
-                                          {schedule: 1}, chunks)
+    layout = ParallelLayout(ulysses, spec.num_tiles // ulysses)
+    estimate = budget.estimate_layout(spec, model.num_layers, model.num_heads, layout,
+                                      schedule, 1, chunks)
     began, began_cpu = time.perf_counter(), time.process_time()
     topology = build_topology(spec)
     placement = Placement.node_major(topology)
     streams = (model.image_tokens(1024, 1024), model.text_tokens)
     simulate_schedule(schedule, model, topology, placement, streams, 1,
-                      options=PlanOptions(chunks=chunks), with_bound=False)
-    return {"schedule": schedule, "nodes": nodes, "chunks": chunks,
+                      options=PlanOptions(chunks=chunks), with_bound=False, parallel=layout)
+    return {"schedule": schedule, "nodes": nodes, "chunks": chunks, "layout": layout.name,
             "collectives": estimate.collectives, "messages": estimate.messages,
             "wall_s": time.perf_counter() - began, "cpu_s": time.process_time() - began_cpu,
             "estimate_s": estimate.wall_s,
@@ -57,10 +65,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("results/sim_guard.json"))
     args = parser.parse_args()
     rows = []
-    for schedule, nodes, chunks in RUNS:
-        rows.append(measure(schedule, nodes, chunks, args.model))
+    for schedule, nodes, chunks, ulysses in RUNS:
+        rows.append(measure(schedule, nodes, chunks, ulysses, args.model))
         row = rows[-1]
-        print(f"{schedule:5} {nodes:3} node(s) {chunks:3} chunk(s): {row['collectives']:>9,} "
+        print(f"{schedule:5} {nodes:3} node(s) {row['layout']:>9} {chunks:3} chunk(s): "
+              f"{row['collectives']:>9,} "
               f"collectives {row['messages']:>12,} messages  {row['cpu_s']:7.2f} s CPU "
               f"({row['wall_s']:.2f} s wall), {row['estimate_s']:7.2f} s estimated", flush=True)
     design = np.array([[r["collectives"], r["messages"]] for r in rows], dtype=float)

@@ -212,6 +212,14 @@ class Network:
         self._busy_s = np.zeros(num_links)
         self._peak_flows = np.zeros(num_links)
         self._busy_since = np.full(num_links, np.nan)
+        # Per-link work is done on the links in use only (sorted indices): a folded
+        # simulation of thousands of nodes holds every node's links and uses two nodes'.
+        self._busy_links = np.zeros(0, dtype=np.int64)  # links carrying flows, sorted
+        self._used: tuple[np.ndarray, np.ndarray] | None = None  # np.unique of _nnz_link
+        # Flows admitted since the last update, appended together in it: a Ring's passes
+        # start one one-flow collective per rank at the same instant, and appending each
+        # to every array on its own was an eighth of a thousand-node simulation's time.
+        self._admitted: list[tuple[_Admission, int]] = []
         self._intervals: dict[int, list[tuple[float, float]]] = {}
         self._record_intervals = record_intervals
         # Active flows, one entry per flow; their links as (flow, link) pairs.
@@ -299,6 +307,7 @@ class Network:
 
     def allocation(self) -> list[tuple[tuple[LinkId, ...], int, float]]:
         """The active flows as (links, count, rate per member): for tests and debugging."""
+        self._append_admitted()
         links_of: list[list[LinkId]] = [[] for _ in range(len(self._remaining))]
         for flow, link in zip(self._nnz_flow.tolist(), self._nnz_link.tolist(), strict=True):
             links_of[flow].append(self.links[link])
@@ -335,9 +344,10 @@ class Network:
     def finish(self) -> None:
         """Close the busy intervals still open at the end of a simulation."""
         now = self.env.now
-        for link in np.flatnonzero(~np.isnan(self._busy_since)):
+        for link in self._busy_links:
             self._close_interval(int(link), float(self._busy_since[link]), now)
-        self._busy_since[:] = np.nan
+        self._busy_since[self._busy_links] = np.nan
+        self._busy_links = np.zeros(0, dtype=np.int64)
 
     # -- internals ------------------------------------------------------------------
 
@@ -349,17 +359,31 @@ class Network:
         if not len(group.sizes):
             return
         self._advance()
-        base = len(self._remaining)
-        self._nnz_link = np.concatenate([self._nnz_link, group.nnz_link])
-        self._nnz_flow = np.concatenate([self._nnz_flow, base + group.nnz_flow])
-        self._remaining = np.concatenate([self._remaining, group.sizes])
-        self._size = np.concatenate([self._size, group.sizes])
-        self._count = np.concatenate([self._count, group.count])
-        self._rate = np.concatenate([self._rate, np.zeros(len(group.sizes))])
-        self._cap = np.concatenate([self._cap, group.cap])
-        self._owners = np.concatenate([self._owners, np.where(group.owners >= 0,
-                                                              group.owners + first_owner, -1)])
+        self._admitted.append((group, first_owner))
         self._request_update()
+
+    def _append_admitted(self) -> None:
+        """Append the flows admitted since the last update to the active ones, in the
+        order they were admitted (the update that follows at the same instant, or a
+        reader of the arrays, calls it first)."""
+        if not self._admitted:
+            return
+        admitted, self._admitted = self._admitted, []
+        groups = [group for group, _ in admitted]
+        bases = np.cumsum([len(self._remaining)] + [len(g.sizes) for g in groups[:-1]])
+        self._used = None
+        self._nnz_link = np.concatenate([self._nnz_link, *(g.nnz_link for g in groups)])
+        self._nnz_flow = np.concatenate(
+            [self._nnz_flow, *(base + g.nnz_flow for base, g in zip(bases, groups, strict=True))])
+        sizes = [g.sizes for g in groups]
+        self._remaining = np.concatenate([self._remaining, *sizes])
+        self._size = np.concatenate([self._size, *sizes])
+        self._count = np.concatenate([self._count, *(g.count for g in groups)])
+        self._rate = np.concatenate([self._rate, np.zeros(sum(len(g.sizes) for g in groups))])
+        self._cap = np.concatenate([self._cap, *(g.cap for g in groups)])
+        self._owners = np.concatenate(
+            [self._owners, *(np.where(g.owners >= 0, g.owners + first, -1)
+                             for g, first in admitted)])
 
     def _request_update(self) -> None:
         # Flows admitted at the same instant are batched into one reallocation: the
@@ -371,6 +395,7 @@ class Network:
     def _update(self, _event: simpy.Event | None = None) -> None:
         self._update_pending = False
         self._advance()
+        self._append_admitted()
         self._complete_finished()
         self._reallocate()
         self._schedule_next_completion()
@@ -382,11 +407,10 @@ class Network:
         if elapsed > 0 and len(self._remaining):
             moved = np.minimum(self._remaining, self._rate * elapsed)
             self._remaining -= moved
-            self._bytes_carried += np.bincount(
-                self._nnz_link,
-                weights=(moved * self._count)[self._nnz_flow],
-                minlength=len(self.links),
-            )
+            used, nnz_local = self._links_used()
+            # Summed per link in flow order, as a bincount over every link would.
+            self._bytes_carried[used] += np.bincount(
+                nnz_local, weights=(moved * self._count)[self._nnz_flow], minlength=len(used))
         self._last_update = now
 
     def stop(self, owner_event: simpy.Event) -> None:
@@ -395,6 +419,7 @@ class Network:
         runs until told otherwise, such as a busy-poll) ends. Their event fires."""
         slot = self._slot_of_endless.pop(owner_event)
         self._advance()
+        self._append_admitted()
         self._remaining[(self._owners == slot).any(axis=1)] = 0.0
         self._update()
 
@@ -415,6 +440,7 @@ class Network:
         keep = ~done
         new_id = np.cumsum(keep) - 1
         keep_nnz = keep[self._nnz_flow]
+        self._used = None
         self._nnz_link = self._nnz_link[keep_nnz]
         self._nnz_flow = new_id[self._nnz_flow[keep_nnz]]
         for name in ("_remaining", "_size", "_count", "_rate", "_cap", "_owners"):
@@ -440,7 +466,7 @@ class Network:
         """
         self.num_reallocations += 1
         num_flows = len(self._remaining)
-        used, nnz_local = np.unique(self._nnz_link, return_inverse=True)
+        used, nnz_local = self._links_used()
         num_used = len(used)
         residual = self._capacity[used].copy()
         nnz_count = self._count[self._nnz_flow]
@@ -476,16 +502,21 @@ class Network:
         self._rate = rate
         self._record_busy(used, np.bincount(nnz_local, weights=nnz_count, minlength=num_used))
 
+    def _links_used(self) -> tuple[np.ndarray, np.ndarray]:
+        """The links the active flows cross (sorted) and each (flow, link) pair's index
+        into them; recomputed only after flows were admitted or removed."""
+        if self._used is None:
+            self._used = np.unique(self._nnz_link, return_inverse=True)
+        return self._used
+
     def _record_busy(self, used: np.ndarray, load: np.ndarray) -> None:
         now = self.env.now
         np.maximum.at(self._peak_flows, used, load)
-        busy = np.zeros(len(self.links), dtype=bool)
-        busy[used] = True
-        idle_before = np.isnan(self._busy_since)
-        self._busy_since[busy & idle_before] = now
-        for link in np.flatnonzero(~busy & ~idle_before):
+        self._busy_since[used[np.isnan(self._busy_since[used])]] = now
+        for link in np.setdiff1d(self._busy_links, used, assume_unique=True):
             self._close_interval(int(link), float(self._busy_since[link]), now)
             self._busy_since[link] = np.nan
+        self._busy_links = used
 
     def _close_interval(self, link: int, start: float, end: float) -> None:
         self._busy_s[link] += end - start

@@ -75,10 +75,12 @@ class Topology:
         "_down",
         "route",
         "route_latency_us",
+        "_fold_links",
     )
 
     route: Callable[[str, str], Route]
     route_latency_us: Callable[[Route], float]
+    _fold_links: Callable[[Route, int], Route]
 
     def __init__(self, spec: TopologySpec, graph: nx.DiGraph, tiles: tuple[str, ...]) -> None:
         self.spec = spec
@@ -116,6 +118,9 @@ class Topology:
         # instances and keep them alive).
         self.route = lru_cache(maxsize=_ROUTE_CACHE_SIZE)(self._route)
         self.route_latency_us = lru_cache(maxsize=_ROUTE_CACHE_SIZE)(self._route_latency_us)
+        self._fold_links = lru_cache(maxsize=_ROUTE_CACHE_SIZE)(
+            lambda links, period_nodes: tuple(self.fold_link(link, period_nodes)
+                                              for link in links))
 
     def __repr__(self) -> str:
         return (
@@ -257,6 +262,16 @@ class Topology:
         if folded is None:
             raise TopologyError(f"no link {link!r} in topology {self.spec.name!r}")
         return folded
+
+    def folded_route(self, src_tile: str, dst_tile: str, period_nodes: int) -> Route:
+        """:meth:`route` with every link folded (:meth:`fold_link`). The folded halves
+        of a route across the fabric are memoised per tile, not per pair: the simulator
+        folds the route of every message of an output gather, which reaches every rank
+        of the machine, once per simulated rank and simulation."""
+        if self._tile_info[src_tile][0] != self._tile_info[dst_tile][0]:
+            return (self._fold_links(self._up[src_tile], period_nodes)
+                    + self._fold_links(self._down[dst_tile], period_nodes))
+        return self._fold_links(self.route(src_tile, dst_tile), period_nodes)
 
 
 def build_topology(spec: TopologySpec) -> Topology:

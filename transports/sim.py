@@ -196,6 +196,30 @@ def collective_model_for(topology_name: str) -> CollectiveModel:
     return COLLECTIVE_MODELS.get(topology_name, COLLECTIVE_MODELS["ideal"])
 
 
+class _Interner:
+    """Small integer keys for tuples met again and again, found by identity.
+
+    A Ring pass is an all-to-all over the whole Ring (thousands of members at Aurora
+    scale) that a rank makes ``ring - 1`` times per layer with the same group and split
+    objects; a tuple's hash is not cached, so keying the simulator's matching and caches
+    by the tuples themselves cost O(ring) per pass, O(ring^2) per layer. Keyed by their
+    ``id`` (each tuple is kept alive, so its id stays its own), a pass costs O(1); equal
+    tuples still share one key (matching across ranks needs it)."""
+
+    __slots__ = ("_by_id", "_by_value")
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[tuple, int]] = {}
+        self._by_value: dict[tuple, int] = {}
+
+    def __call__(self, values: tuple) -> int:
+        entry = self._by_id.get(id(values))
+        if entry is None:
+            key = self._by_value.setdefault(values, len(self._by_value))
+            entry = self._by_id[id(values)] = (values, key)
+        return entry[1]
+
+
 @dataclass(frozen=True, slots=True)
 class _SenderFlows:
     """One rank's part of an all-to-all as a flow batch, cached by (rank, group, bytes).
@@ -252,11 +276,15 @@ class SimWorld:
         # Collectives match by (group, tag, n-th call with that tag on that group).
         self._pending: dict[tuple, _PendingCollective] = {}
         self._sequence: dict[tuple, int] = defaultdict(int)
-        self._expected: dict[tuple[int, ...], int] = {}
+        # Groups and per-member byte tuples by small keys (_Interner: O(1) per call).
+        self._group_key = _Interner()
+        self._bytes_key = _Interner()
+        self._expected: dict[int, int] = {}
         self._sender_cache: dict[tuple, _SenderFlows] = {}
         self._send_bytes: dict[tuple, tuple[int, ...]] = {}
+        self._splits: dict[tuple, tuple[tuple[int, ...], int, int, tuple, tuple]] = {}
         self._launch_cache: dict[tuple, tuple[FlowBatch, dict[str, float]]] = {}
-        self._spans: dict[tuple[int, ...], str] = {}
+        self._spans: dict[int, str] = {}
         self.bytes_by_tier: dict[str, float] = dict.fromkeys(TIERS, 0.0)
         self.num_collectives = 0
 
@@ -278,20 +306,36 @@ class SimWorld:
     ) -> simpy.Event:
         """Post ``rank``'s part; ``sequence`` (from :meth:`reserve`) when the call was made
         earlier than it is posted (its CPU work came first)."""
-        key_group = group.ranks
+        group_key = self._group_key(group.ranks)
         if sequence is None:
             sequence = self.reserve(rank, group, tag)
-        pending = self._pending.setdefault((key_group, tag, sequence), _PendingCollective())
+        pending = self._pending.setdefault((group_key, tag, sequence), _PendingCollective())
         pending.posted[rank] = send_bytes
         pending.events[rank] = self.simulation.env.event()
-        expected = self._expected.get(key_group)
+        expected = self._expected.get(group_key)
         if expected is None:  # the group's simulated members, counted once per group
-            expected = self._expected[key_group] = sum(
-                1 for r in key_group if r < self._num_simulated)
+            expected = self._expected[group_key] = sum(
+                1 for r in group.ranks if r < self._num_simulated)
         if len(pending.posted) == expected:
-            del self._pending[(key_group, tag, sequence)]
-            self._launch(key_group, pending)
+            del self._pending[(group_key, tag, sequence)]
+            self._launch(group.ranks, group_key, pending)
         return pending.events[rank]
+
+    def splits(self, send_splits: Sequence[int], recv_splits: Sequence[int], row_bytes: int
+               ) -> tuple[tuple[int, ...], int, int]:
+        """(bytes to each member, rows sent, rows received) of a call's splits; tuples
+        (a plan's, reused call after call) are looked up by identity (_Interner's
+        reason), each pair summed once."""
+        if type(send_splits) is not tuple or type(recv_splits) is not tuple:
+            return (self.send_bytes(send_splits, row_bytes), sum(send_splits),
+                    sum(recv_splits))
+        key = (id(send_splits), id(recv_splits), row_bytes)
+        cached = self._splits.get(key)
+        if cached is None:  # the splits are kept alive with it: their ids stay theirs
+            cached = self._splits[key] = (self.send_bytes(send_splits, row_bytes),
+                                          sum(send_splits), sum(recv_splits), send_splits,
+                                          recv_splits)
+        return cached[0], cached[1], cached[2]
 
     def send_bytes(self, send_splits: Sequence[int], row_bytes: int) -> tuple[int, ...]:
         """Bytes to each member of rows ``send_splits`` of ``row_bytes`` each. Plans repeat
@@ -307,18 +351,20 @@ class SimWorld:
     def reserve(self, rank: int, group: Group, tag: Hashable = None) -> int:
         """The number of ``rank``'s call on ``(group, tag)``: calls match by it, in the
         order the ranks make them, whenever they are posted."""
-        key = (rank, group.ranks, tag)
+        key = (rank, self._group_key(group.ranks), tag)
         sequence = self._sequence[key]
         self._sequence[key] = sequence + 1
         return sequence
 
-    def _launch(self, group_ranks: tuple[int, ...], pending: _PendingCollective) -> None:
+    def _launch(self, group_ranks: tuple[int, ...], group_key: int,
+                pending: _PendingCollective) -> None:
         self.num_collectives += 1
         ranks = sorted(pending.posted)
-        key = (group_ranks, tuple((rank, pending.posted[rank]) for rank in ranks))
+        key = (group_key, tuple((rank, self._bytes_key(pending.posted[rank])) for rank in ranks))
         launch = self._launch_cache.get(key)
         if launch is None:
-            launch = self._launch_cache[key] = self._combine(group_ranks, ranks, pending)
+            launch = self._launch_cache[key] = self._combine(group_ranks, group_key, ranks,
+                                                             pending)
         batch, tier_bytes = launch
         for tier, num_bytes in tier_bytes.items():
             self.bytes_by_tier[tier] += num_bytes
@@ -327,11 +373,12 @@ class SimWorld:
             event = pending.events[rank]
             done[slot].callbacks.append(lambda _done, event=event: event.succeed())
 
-    def _combine(self, group_ranks: tuple[int, ...], ranks: list[int],
+    def _combine(self, group_ranks: tuple[int, ...], group_key: int, ranks: list[int],
                  pending: _PendingCollective) -> tuple[FlowBatch, dict[str, float]]:
         """Every poster's flows as one batch whose owner slots are positions in ``ranks``,
         and the bytes it moves per tier (real ranks, not just simulated ones)."""
-        senders = [self._sender_flows(rank, group_ranks, pending.posted[rank]) for rank in ranks]
+        senders = [self._sender_flows(rank, group_ranks, group_key, pending.posted[rank])
+                   for rank in ranks]
         tier_bytes: dict[str, float] = defaultdict(float)
         for flows in senders:
             for tier, num_bytes in flows.bytes_by_tier:
@@ -345,9 +392,10 @@ class SimWorld:
         return dataclasses.replace(batch, owners=owners, num_owners=len(ranks)), tier_bytes
 
     def _sender_flows(
-        self, src_rank: int, group_ranks: tuple[int, ...], send_bytes: tuple[int, ...]
+        self, src_rank: int, group_ranks: tuple[int, ...], group_key: int,
+        send_bytes: tuple[int, ...]
     ) -> _SenderFlows:
-        key = (src_rank, group_ranks, send_bytes)
+        key = (src_rank, group_key, self._bytes_key(send_bytes))
         cached = self._sender_cache.get(key)
         if cached is not None:
             return cached
@@ -358,9 +406,9 @@ class SimWorld:
         grouped: dict[tuple, list] = {}
         tier_bytes: dict[str, float] = defaultdict(float)
         model = self.collective
-        messages = sum(1 for dst, b in zip(group_ranks, send_bytes, strict=True)
-                       if b and dst != src_rank)
-        cost = model.cost(self._span(group_ranks))
+        destinations = self._destinations(src_rank, group_ranks, send_bytes)
+        messages = sum(count for _, _, count in destinations)
+        cost = model.cost(self._span(group_ranks, group_key))
         setup_s = cost.setup_s(messages)
         share_cap = cost.rank_gbps * 1e9 / max(messages, 1)  # the rank's rate, shared evenly
         # Folded, a destination's folded route, tier and latency depend only on its
@@ -368,12 +416,11 @@ class SimWorld:
         # node (node-symmetric placement: rank r sits on node r // ranks_per_node), so
         # they are worked out once per (class, same node), not once per destination:
         # the output gather sends to every rank of the machine.
-        for dst_rank, num_bytes, count in self._destinations(src_rank, group_ranks,
-                                                             send_bytes):
+        for dst_rank, num_bytes, count in destinations:
             dst_tile = placement.tile_of(dst_rank)
             route = topology.route(src_tile, dst_tile)
             if self.fold_nodes is not None:
-                links = tuple(topology.fold_link(link, self.fold_nodes) for link in route)
+                links = topology.folded_route(src_tile, dst_tile, self.fold_nodes)
                 dst_class = dst_rank % self._num_simulated
             else:
                 links, dst_class = route, dst_rank
@@ -418,16 +465,19 @@ class SimWorld:
         dst, sizes = dst[keep], sizes[keep]
         per_node = self.placement.ranks_per_node
         same_node = (dst // per_node == src_rank // per_node).astype(np.int64)
-        keys = np.stack([dst % self._num_simulated, same_node, sizes], axis=1)
-        _, first, counts = np.unique(keys, axis=0, return_index=True, return_counts=True)
+        # One integer per (class, same node, size): a 1-D unique sorts far faster than
+        # rows of a 2-D one (axis=0), and groups the same messages.
+        _, size_index = np.unique(sizes, return_inverse=True)
+        keys = (size_index * self._num_simulated + dst % self._num_simulated) * 2 + same_node
+        _, first, counts = np.unique(keys, return_index=True, return_counts=True)
         order = np.argsort(first, kind="stable")
         return [(int(dst[first[i]]), int(sizes[first[i]]), int(counts[i])) for i in order]
 
-    def _span(self, group_ranks: tuple[int, ...]) -> str:
-        span = self._spans.get(group_ranks)
+    def _span(self, group_ranks: tuple[int, ...], group_key: int) -> str:
+        span = self._spans.get(group_key)
         if span is None:
             tiles = [self.placement.tile_of(rank) for rank in group_ranks]
-            span = self._spans[group_ranks] = group_span(self.simulation.topology, tiles)
+            span = self._spans[group_key] = group_span(self.simulation.topology, tiles)
         return span
 
 
@@ -547,11 +597,12 @@ class SimTransport:
                 f"all_to_all over {group.size} ranks got {len(send_splits)} send and "
                 f"{len(recv_splits)} receive splits"
             )
-        if sum(send_splits) != send.num_rows:
-            raise TransportError(f"send splits sum to {sum(send_splits)}, buffer has "
+        send_bytes, send_rows, recv_rows = self._world.splits(send_splits, recv_splits,
+                                                              send.row_bytes)
+        if send_rows != send.num_rows:
+            raise TransportError(f"send splits sum to {send_rows}, buffer has "
                                  f"{send.num_rows} rows")
-        send_bytes = self._world.send_bytes(send_splits, send.row_bytes)
-        received = VirtualBuffer(sum(recv_splits), send.row_bytes)
+        received = VirtualBuffer(recv_rows, send.row_bytes)
         host = self.simulation.host
         if host is None or not (host.charges_exchanges or routing_cpu_s or wire_cpu_s):
             event = self._world.post_all_to_all(self._rank, group, send_bytes, tag)

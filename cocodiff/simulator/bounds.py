@@ -117,9 +117,14 @@ def plan_bound_s(plan: Plan, topology: Topology, placement: Placement, layer: in
     # LayerPlan.exchanges builds a tuple on every call: once per rank here.
     exchanges = [plan.program(rank).layers[layer].exchanges for rank in ranks]
     total = 0.0
+    # The same step objects on every rank (a Ring's pass, ring - 1 times) have one bound.
+    by_steps: dict[tuple[int, ...], float] = {}
     for index in range(len(exchanges[0])):
         members = {rank: exchanges[rank][index] for rank in ranks}
-        total += exchange_bound(members, topology, placement, fold_ranks).seconds
+        key = tuple(map(id, members.values()))
+        if key not in by_steps:
+            by_steps[key] = exchange_bound(members, topology, placement, fold_ranks).seconds
+        total += by_steps[key]
     return total * len(plan.program(0).layers)
 
 
@@ -260,10 +265,15 @@ class _FloorWalk:
         span = self.span_of(group)
         node = self.tiles[rank].partition(".")[0]
         kinds: dict[tuple[bool, str], int] = {}
+        # Every kind there can be: the node's other tiles, and each tile of another node
+        # (found early in a group of every rank, which is in node order).
+        every_kind = 2 * self.topology.tiles_per_node - 1
         for dst in group:
             if dst != rank:
                 dst_node, _, local = self.tiles[dst].partition(".")
                 kinds.setdefault((dst_node == node, local), dst)
+                if len(kinds) == every_kind:
+                    break
         return max(self.fastest_s(rank, dst, stage.bytes_per_member, messages, span)
                    for dst in kinds.values())
 
@@ -386,8 +396,15 @@ def model_bound_s(plan: Plan, topology: Topology, placement: Placement,
     exchanges = [layer.exchanges for layer in layers]
     # Per exchange index: per rank, t[phase][chunk] (a flat exchange: one phase, one chunk).
     per_exchange: list[list[list[list[float]]]] = []
+    # A Ring repeats each rank's pass object ring - 1 times per layer: the same steps
+    # on every rank have the same times (worked out once; the layers hold the steps).
+    by_steps: dict[tuple[int, ...], list[list[list[float]]]] = {}
     for index in range(len(exchanges[0])):
         steps = [exchanges[rank][index] for rank in range(len(layers))]
+        same = by_steps.get(tuple(map(id, steps)))
+        if same is not None:
+            per_exchange.append(same)
+            continue
         phases = max(len(step.phases) for step in steps) or 1
         chunks = steps[0].chunks if steps[0].phases else 1
         times = [[[0.0] * chunks for _ in range(phases)] for _ in steps]
@@ -407,6 +424,7 @@ def model_bound_s(plan: Plan, topology: Topology, placement: Placement,
                 for rank, (group, send) in enumerate(sent):
                     times[rank][p][c] = max(links_s, rank_s(rank, group, send))
         per_exchange.append(times)
+        by_steps[tuple(map(id, steps))] = times
 
     def exchange_s(t: list[list[float]]) -> float:
         return max(sum(t[q][0] for q in range(p)) + sum(t[p])

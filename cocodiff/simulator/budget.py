@@ -303,12 +303,11 @@ def estimate_planned(spec, num_layers: int, num_heads: int, schedules: dict[str,
     num_ranks = spec.num_tiles
     layouts = candidate_layouts(num_ranks, num_heads)
     top = max(layout.ulysses for layout in layouts)
-    pair = [layout for layout in layouts if layout.ulysses == top and layout.batch == 1]
-    inner = next(layout for layout in pair if layout.order[-1] == "ulysses") \
-        if top > 1 else pair[0]
     if top == num_ranks:  # pure Ulysses: one layout
-        pair = [ParallelLayout(num_ranks)]
-        inner = pair[0]
+        inner = ParallelLayout(num_ranks)
+    else:
+        inner = next(layout for layout in layouts if layout.ulysses == top
+                     and layout.batch == 1 and (top == 1 or layout.order[-1] == "ulysses"))
     estimates = []
     ranked = ranked_schedules(schedules)
     for name in ranked:

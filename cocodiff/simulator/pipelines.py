@@ -20,7 +20,7 @@ from cocodiff.memory import RankMemory, check_fits, pipeline_memory, sequence_me
 from cocodiff.models import ModelSpec
 from cocodiff.schedules import DEFAULT_OPTIONS, PlanOptions, RankGrid, get_schedule
 from cocodiff.schedules.run_plan import build_run_plan
-from cocodiff.simulator.planner import Candidate, divisors
+from cocodiff.simulator.planner import Candidate, divisors, step_key
 from cocodiff.simulator.simulate import simulate_run_plan
 from topology import Placement, Topology
 from transports.sim import CollectiveModel
@@ -91,5 +91,6 @@ def rank_pipelines(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[
                                    with_bound=False)
         candidates.append(replace(candidate, step_time_s=result.step_time_s,
                                   compute_s=result.compute_s))
-    candidates.sort(key=lambda c: (c.step_time_s, c.layout.name))
+    # As every ranking: ties to 7 significant digits go to the name (planner.step_key).
+    candidates.sort(key=lambda c: (step_key(c.step_time_s), c.layout.name))
     return candidates, refused

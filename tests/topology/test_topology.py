@@ -222,6 +222,18 @@ def test_fold_link(aurora2: Topology) -> None:
         assert aurora2.link_attrs(folded) == (bandwidth_gbps, latency_us, kind)
 
 
+def test_folded_route_is_the_route_with_every_link_folded() -> None:
+    # Memoised by halves across the fabric: the same as folding the route link by link.
+    topology = build_topology(get_preset("aurora", 4))
+    tiles = [tile for tile in topology.tiles if tile.endswith(("g0.t0", "g3.t1", "g5.t1"))]
+    for period in (1, 2):
+        for src in tiles:
+            for dst in tiles:
+                expected = tuple(topology.fold_link(link, period)
+                                 for link in topology.route(src, dst))
+                assert topology.folded_route(src, dst, period) == expected
+
+
 def test_fold_with_ten_nodes_keeps_prefixes_apart() -> None:
     topology = build_topology(get_preset("cluster", 12))
     assert topology.fold_link(("n11.g1", "n11")) == ("n0.g1", "n0")

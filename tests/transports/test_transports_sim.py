@@ -12,7 +12,7 @@ from sim import Simulation
 from topology import Placement, build_topology, get_preset
 from topology.presets import cluster
 from transports.base import Transport, TransportError, VirtualBuffer
-from transports.sim import SimWorld
+from transports.sim import SimWorld, _Interner
 
 
 def make_world(spec, fold=False):
@@ -140,3 +140,13 @@ def test_folding_is_refused_for_plans_that_are_not_node_symmetric():
     with pytest.raises(ValueError, match="not node-symmetric"):
         simulate_plan(plan, topology, fold=True)
     assert simulate_plan(plan, topology).folded is False
+
+
+def test_interned_keys_are_equal_for_equal_tuples_and_kept_per_object() -> None:
+    # Matching across ranks needs equal groups to share a key, whichever object holds them.
+    key = _Interner()
+    ring = tuple(range(2048))
+    copy = tuple(list(ring))
+    assert copy is not ring
+    assert key(ring) == key(copy) == key(ring)
+    assert key((0, 1)) != key(ring)
