@@ -34,6 +34,10 @@ LinkId = tuple[Hashable, Hashable]  # a topology edge (u, v)
 _REL_EPS = 1e-9
 # Fair shares within this relative distance saturate together (one filling round).
 _SHARE_EPS = 1e-12
+# Up to this many links a pass over all of them costs less than finding those in use
+# (a sort); past it (a folded thousand-node machine holds hundreds of thousands, its
+# flows cross a few hundred) only the links in use are touched.
+_DENSE_LINKS = 4096
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -215,6 +219,7 @@ class Network:
         # Per-link work is done on the links in use only (sorted indices): a folded
         # simulation of thousands of nodes holds every node's links and uses two nodes'.
         self._busy_links = np.zeros(0, dtype=np.int64)  # links carrying flows, sorted
+        self._mark = np.zeros(num_links, dtype=bool)  # scratch for _record_busy, all False
         self._used: tuple[np.ndarray, np.ndarray] | None = None  # np.unique of _nnz_link
         # Flows admitted since the last update, appended together in it: a Ring's passes
         # start one one-flow collective per rank at the same instant, and appending each
@@ -369,21 +374,26 @@ class Network:
         if not self._admitted:
             return
         admitted, self._admitted = self._admitted, []
-        groups = [group for group, _ in admitted]
-        bases = np.cumsum([len(self._remaining)] + [len(g.sizes) for g in groups[:-1]])
+        base = len(self._remaining)
+        links, flows, sizes = [self._nnz_link], [self._nnz_flow], [self._remaining]
+        counts, caps, owners = [self._count], [self._cap], [self._owners]
+        for group, first in admitted:
+            links.append(group.nnz_link)
+            flows.append(base + group.nnz_flow)
+            sizes.append(group.sizes)
+            counts.append(group.count)
+            caps.append(group.cap)
+            owners.append(np.where(group.owners >= 0, group.owners + first, -1))
+            base += len(group.sizes)
         self._used = None
-        self._nnz_link = np.concatenate([self._nnz_link, *(g.nnz_link for g in groups)])
-        self._nnz_flow = np.concatenate(
-            [self._nnz_flow, *(base + g.nnz_flow for base, g in zip(bases, groups, strict=True))])
-        sizes = [g.sizes for g in groups]
-        self._remaining = np.concatenate([self._remaining, *sizes])
-        self._size = np.concatenate([self._size, *sizes])
-        self._count = np.concatenate([self._count, *(g.count for g in groups)])
-        self._rate = np.concatenate([self._rate, np.zeros(sum(len(g.sizes) for g in groups))])
-        self._cap = np.concatenate([self._cap, *(g.cap for g in groups)])
-        self._owners = np.concatenate(
-            [self._owners, *(np.where(g.owners >= 0, g.owners + first, -1)
-                             for g, first in admitted)])
+        self._nnz_link = np.concatenate(links)
+        self._nnz_flow = np.concatenate(flows)
+        self._remaining = np.concatenate(sizes)
+        self._size = np.concatenate([self._size, *sizes[1:]])
+        self._count = np.concatenate(counts)
+        self._rate = np.concatenate([self._rate, np.zeros(base - len(self._rate))])
+        self._cap = np.concatenate(caps)
+        self._owners = np.concatenate(owners)
 
     def _request_update(self) -> None:
         # Flows admitted at the same instant are batched into one reallocation: the
@@ -407,10 +417,14 @@ class Network:
         if elapsed > 0 and len(self._remaining):
             moved = np.minimum(self._remaining, self._rate * elapsed)
             self._remaining -= moved
-            used, nnz_local = self._links_used()
-            # Summed per link in flow order, as a bincount over every link would.
-            self._bytes_carried[used] += np.bincount(
-                nnz_local, weights=(moved * self._count)[self._nnz_flow], minlength=len(used))
+            weights = (moved * self._count)[self._nnz_flow]
+            if len(self.links) <= _DENSE_LINKS:
+                self._bytes_carried += np.bincount(self._nnz_link, weights=weights,
+                                                   minlength=len(self.links))
+            else:  # the links in use only; summed per link in flow order all the same
+                used, nnz_local = self._links_used()
+                self._bytes_carried[used] += np.bincount(nnz_local, weights=weights,
+                                                         minlength=len(used))
         self._last_update = now
 
     def stop(self, owner_event: simpy.Event) -> None:
@@ -513,7 +527,12 @@ class Network:
         now = self.env.now
         np.maximum.at(self._peak_flows, used, load)
         self._busy_since[used[np.isnan(self._busy_since[used])]] = now
-        for link in np.setdiff1d(self._busy_links, used, assume_unique=True):
+        # The links busy before and not now, in link order: marked in a scratch mask
+        # (no sort, no pass over every link), which is cleared again after.
+        self._mark[used] = True
+        ending = self._busy_links[~self._mark[self._busy_links]]
+        self._mark[used] = False
+        for link in ending:
             self._close_interval(int(link), float(self._busy_since[link]), now)
             self._busy_since[link] = np.nan
         self._busy_links = used
