@@ -50,12 +50,16 @@ def test_the_readme_lists_every_script_and_only_scripts_that_exist() -> None:
         assert (REPO / test).is_file(), test
 
 
-def test_sim_guard_fits_positive_costs_per_collective_and_message(tmp_path) -> None:
+def test_sim_guard_fits_a_positive_cost_per_collective(tmp_path) -> None:
+    from cocodiff.simulator import budget
+
     out = tmp_path / "guard.json"
     done = script(["bench/sim_guard.py", "--json", str(out)], tmp_path)
     assert done.returncode == 0, done.stderr
     record = json.loads(out.read_text())
-    assert record["fit_s_per_collective"] > 0 and record["fit_s_per_message"] > 0
+    assert record["fit_s_per_collective"] > 0
+    # held, not fitted: planned simulations send too few messages per collective to tell
+    assert record["fit_s_per_message"] == budget.SECONDS_PER_MESSAGE
     assert {run["schedule"] for run in record["runs"]} == {"tapa", "flat"}
     assert all(run["collectives"] > 0 and run["messages"] > 0 for run in record["runs"])
     assert "fit:" in done.stdout
