@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,28 +196,39 @@ def collective_model_for(topology_name: str) -> CollectiveModel:
     return COLLECTIVE_MODELS.get(topology_name, COLLECTIVE_MODELS["ideal"])
 
 
-class _Interner:
-    """Small integer keys for tuples met again and again, found by identity.
+class IdentityMemo:
+    """``make(obj)`` worked out once per object and found again by the object's ``id``:
+    for objects a simulation meets again and again whose hash is not cached (tuples of
+    thousands of ranks; a plan's steps). Each object is kept alive with its value, so
+    its id stays its own."""
+
+    __slots__ = ("_make", "_entries")
+
+    def __init__(self, make: Callable[[Any], Any]) -> None:
+        self._make = make
+        self._entries: dict[int, tuple[Any, Any]] = {}
+
+    def __call__(self, obj: Any) -> Any:
+        entry = self._entries.get(id(obj))
+        if entry is None:
+            entry = self._entries[id(obj)] = (obj, self._make(obj))
+        return entry[1]
+
+
+class _Interner(IdentityMemo):
+    """Small integer keys for tuples, found by identity, equal tuples sharing one key.
 
     A Ring pass is an all-to-all over the whole Ring (thousands of members at Aurora
     scale) that a rank makes ``ring - 1`` times per layer with the same group and split
-    objects; a tuple's hash is not cached, so keying the simulator's matching and caches
-    by the tuples themselves cost O(ring) per pass, O(ring^2) per layer. Keyed by their
-    ``id`` (each tuple is kept alive, so its id stays its own), a pass costs O(1); equal
+    objects; keyed by the tuples themselves, the simulator's matching and caches hashed
+    them on every pass, O(ring^2) per layer. Keyed by identity a pass costs O(1); equal
     tuples still share one key (matching across ranks needs it)."""
 
-    __slots__ = ("_by_id", "_by_value")
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self._by_id: dict[int, tuple[tuple, int]] = {}
-        self._by_value: dict[tuple, int] = {}
-
-    def __call__(self, values: tuple) -> int:
-        entry = self._by_id.get(id(values))
-        if entry is None:
-            key = self._by_value.setdefault(values, len(self._by_value))
-            entry = self._by_id[id(values)] = (values, key)
-        return entry[1]
+        by_value: dict[tuple, int] = {}
+        super().__init__(lambda values: by_value.setdefault(values, len(by_value)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ from cocodiff.plan.gather import GatherStage
 from cocodiff.plan.phasing import ChunkPipeline, Posting, chunk_member_bytes
 from cocodiff.plan.steps import Compute, Exchange, Phase
 from sim import Simulation
-from transports.base import Group, VirtualBuffer
-from transports.sim import SimHandle, SimTransport
+from transports.base import VirtualBuffer
+from transports.sim import IdentityMemo, SimHandle, SimTransport
 
 if TYPE_CHECKING:
     import simpy
@@ -51,13 +51,17 @@ class SimBackend:
         self._tile = tile
         self._track = f"rank {transport.rank}"
         self._record = record_spans
-        self._groups: dict[int, tuple[tuple[int, ...], Group]] = {}  # kept alive: ids stay
+        # By identity: the plan's steps hold their group tuples (a Ring's: thousands of
+        # ranks, hashed on every pass if looked up by value) and are the same objects
+        # pass after pass; a step's rows are summed once.
+        self._group = IdentityMemo(self.transport.new_group)
+        self._send_buffer = IdentityMemo(
+            lambda step: VirtualBuffer(sum(step.send_rows), step.row_bytes))
         self._started: dict[str, float] = {}
         self._splits: dict[tuple, tuple] = {}
         # A step's time by its identity: a rank runs the same layer objects again and
         # again (every layer, every patch), and the plan keeps them alive meanwhile.
         self._step_s: dict[int, float] = {}
-        self._send_buffers: dict[int, tuple[Exchange, VirtualBuffer]] = {}
         self.compute_s = 0.0
         self.exchanges_started = 0
         self.exchange_intervals: list[tuple[float, float]] = []  # start -> arrival
@@ -127,14 +131,6 @@ class SimBackend:
         yield handle.event
         self.simulation.stop_poll(token)
 
-    def _group(self, ranks: tuple[int, ...]) -> Group:
-        # By identity: the plan's steps hold their group tuples (a Ring's: thousands of
-        # ranks, whose hash a lookup by value would compute on every pass).
-        entry = self._groups.get(id(ranks))
-        if entry is None:
-            entry = self._groups[id(ranks)] = (ranks, self.transport.new_group(ranks))
-        return entry[1]
-
     def start_exchange(self, step: Exchange, early: frozenset[int] = frozenset()) -> SimHandle:
         self._started[step.tensor] = self.simulation.now
         # A point-to-point transfer counts once, on its sender's side.
@@ -161,15 +157,6 @@ class SimBackend:
                 done.succeed()
                 return SimHandle(done)
         return self._pollable(handle)
-
-    def _send_buffer(self, step: Exchange) -> VirtualBuffer:
-        """The rows ``step`` sends, summed once per step (a Ring pass over thousands of
-        members is the same step object ``ring - 1`` times per layer)."""
-        entry = self._send_buffers.get(id(step))
-        if entry is None:  # the step is kept alive with it: its id stays its own
-            entry = self._send_buffers[id(step)] = (
-                step, VirtualBuffer(sum(step.send_rows), step.row_bytes))
-        return entry[1]
 
     def _pollable(self, handle: SimHandle) -> SimHandle:
         """``handle``, which :meth:`blocked_on` spins on when the host busy-polls."""
