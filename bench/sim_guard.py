@@ -2,12 +2,13 @@
 
 Simulates one step of a few configurations as the planner and ``simulate`` run them
 (``simulate_schedule`` on one layout: folded, one and two layers extrapolated, output
-gathers included), chosen to stress one cost each (many collectives with few peers: TAPA
-on one or two Aurora nodes with many chunks, and a long Ring's one-message passes; many
-peers per collective: flat Ulysses with the Ring across nodes and its output gather),
-counts what the guard counts for them (``budget.estimate_layout``: collectives,
-messages), and fits the cost per collective by least squares to the CPU time of the
-process, the cost per message held at the built-in one (the simulator is
+gathers included, a long Ring's passes extrapolated), chosen to stress one cost each
+(many collectives with few peers: TAPA on one or two Aurora nodes with many chunks; many
+peers per collective: flat Ulysses with the Ring across nodes and its output gather;
+many ranks: the same on up to 2,048 nodes), counts what the guard counts for them
+(``budget.estimate_layout``: collectives, messages, ranks), and fits the cost per
+collective and per rank by least squares to the CPU time of the process (topology built
+included), the cost per message held at the built-in one (the simulator is
 single-threaded, and CPU time does not count the time a busy machine gives to other
 processes; wall time is reported beside it). These are microbenchmarks of the
 simulator, not the ``cocodiff simulate --nodes N`` runs the guard is then held against
@@ -37,7 +38,7 @@ from topology import Placement, build_topology, get_preset
 # (schedule, Aurora nodes, chunks, Ulysses degree; the Ring takes the other ranks):
 # collective-heavy first (TAPA's chunked phases, a long Ring), then message-heavy.
 RUNS = [("tapa", 1, 12, 12), ("tapa", 2, 16, 24), ("tapa", 256, 2, 24), ("flat", 512, 1, 24),
-        ("flat", 64, 1, 24), ("flat", 128, 1, 24)]
+        ("flat", 64, 1, 24), ("flat", 128, 1, 24), ("flat", 2048, 1, 24)]
 
 
 def measure(schedule: str, nodes: int, chunks: int, ulysses: int, model_name: str) -> dict:
@@ -53,7 +54,8 @@ def measure(schedule: str, nodes: int, chunks: int, ulysses: int, model_name: st
     simulate_schedule(schedule, model, topology, placement, streams, 1,
                       options=PlanOptions(chunks=chunks), with_bound=False, parallel=layout)
     return {"schedule": schedule, "nodes": nodes, "chunks": chunks, "layout": layout.name,
-            "collectives": estimate.collectives, "messages": estimate.messages,
+            "ranks": spec.num_tiles, "collectives": estimate.collectives,
+            "messages": estimate.messages,
             "wall_s": time.perf_counter() - began, "cpu_s": time.process_time() - began_cpu,
             "estimate_s": estimate.wall_s,
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
@@ -75,23 +77,28 @@ def main() -> None:
     # A planned simulation sends at most ~23 messages per collective (folded gathers are
     # bundled), so the message cost cannot be told apart from the collective's here (a
     # two-term fit came out negative on a busy machine): it is held at the built-in
-    # value, fitted when every message was simulated, and the collective's cost is fitted
-    # to what is left.
+    # value, fitted when every message was simulated. The cost per collective and the
+    # cost per rank of the machine (its topology, the layout's groups and plan, the
+    # bounds: what grows with the machine when the simulation itself does not, folded
+    # and with a long Ring's passes extrapolated) are fitted to what is left.
     per_message = budget.SECONDS_PER_MESSAGE
-    collectives = np.array([r["collectives"] for r in rows], dtype=float)
+    counts = np.array([[r["collectives"], r["ranks"]] for r in rows], dtype=float)
     left = np.array([r["cpu_s"] - per_message * r["messages"] for r in rows])
-    per_collective = float(collectives @ left / (collectives @ collectives))
-    print(f"fit: {per_collective * 1e6:.1f} us per collective, {per_message * 1e6:.3f} us per "
-          f"message held (built in: {budget.SECONDS_PER_COLLECTIVE * 1e6:.1f} us, "
-          f"{budget.SECONDS_PER_MESSAGE * 1e6:.3f} us)")
+    (per_collective, per_rank), *_ = np.linalg.lstsq(counts, left, rcond=None)
+    print(f"fit: {per_collective * 1e6:.1f} us per collective, {per_rank * 1e6:.1f} us per "
+          f"rank, {per_message * 1e6:.3f} us per message held (built in: "
+          f"{budget.SECONDS_PER_COLLECTIVE * 1e6:.1f} us, {budget.SECONDS_PER_RANK * 1e6:.1f} "
+          f"us, {budget.SECONDS_PER_MESSAGE * 1e6:.3f} us)")
     for row in rows:
-        row["fitted_s"] = per_collective * row["collectives"] + per_message * row["messages"]
-        print(f"  {row['schedule']:5} {row['nodes']:3} node(s): measured/estimated "
+        row["fitted_s"] = (per_collective * row["collectives"] + per_rank * row["ranks"]
+                           + per_message * row["messages"])
+        print(f"  {row['schedule']:5} {row['nodes']:4} node(s): measured/estimated "
               f"{row['cpu_s'] / row['estimate_s']:.2f}, measured/fitted "
               f"{row['cpu_s'] / row['fitted_s']:.2f}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"model": args.model, "runs": rows,
-                                     "fit_s_per_collective": per_collective,
+                                     "fit_s_per_collective": float(per_collective),
+                                     "fit_s_per_rank": float(per_rank),
                                      "fit_s_per_message": per_message}, indent=2))
 
 

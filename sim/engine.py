@@ -47,11 +47,8 @@ class Simulation:
     def __init__(self, topology: Topology, record_link_intervals: bool = True) -> None:
         self.env = CountingEnvironment()
         self.topology = topology
-        self.network = Network(
-            self.env,
-            {link: bandwidth_gbps * 1e9 for link, bandwidth_gbps, _, _ in topology.links()},
-            record_intervals=record_link_intervals,
-        )
+        self.network = Network(self.env, topology.link_table(),
+                               record_intervals=record_link_intervals)
         self.timeline = Timeline()
         self._devices: dict[str, simpy.Resource] = {}
         self.host = topology.spec.host

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from topology.graph import LinkTable
+
 LinkId = tuple[Hashable, Hashable]  # a topology edge (u, v)
 
 # A flow is finished when less than this fraction of its bytes is left: rates times
@@ -193,24 +195,32 @@ class Network:
 
     Args:
         env: the SimPy environment all processes share.
-        capacities: bytes/s of each directed link.
+        capacities: bytes/s of each directed link, or a topology's
+            :class:`~topology.graph.LinkTable` (``Topology.link_table()``, built once
+            for all its simulations).
         record_intervals: keep each link's busy intervals (for traces).
     """
 
     def __init__(
         self,
         env: simpy.Environment,
-        capacities: Mapping[LinkId, float],
+        capacities: Mapping[LinkId, float] | LinkTable,
         record_intervals: bool = True,
     ) -> None:
-        for link, capacity in capacities.items():
-            if not 0 < capacity < float("inf"):
-                raise ValueError(f"link {link} needs a positive, finite capacity, got "
-                                 f"{capacity} B/s")
+        if not isinstance(capacities, LinkTable):
+            for link, capacity in capacities.items():
+                if not 0 < capacity < float("inf"):
+                    raise ValueError(f"link {link} needs a positive, finite capacity, got "
+                                     f"{capacity} B/s")
+            links = tuple(capacities)
+            capacities = LinkTable(links, {link: i for i, link in enumerate(links)},
+                                   np.array([capacities[link] for link in links],
+                                            dtype=np.float64))
         self.env = env
-        self.links: list[LinkId] = list(capacities)
-        self._index = {link: i for i, link in enumerate(self.links)}
-        self._capacity = np.array([capacities[link] for link in self.links], dtype=np.float64)
+        # Shared, never written: a topology's table serves all its simulations.
+        self.links: Sequence[LinkId] = capacities.links
+        self._index = capacities.positions
+        self._capacity = capacities.bytes_per_s
         num_links = len(self.links)
         self._bytes_carried = np.zeros(num_links)
         self._busy_s = np.zeros(num_links)

@@ -24,11 +24,12 @@ Routes are fixed (no multipath): see :meth:`Topology.route`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from functools import lru_cache
-from typing import cast
+from typing import NamedTuple, cast
 
 import networkx as nx
+import numpy as np
 
 from topology.errors import TopologyError
 from topology.spec import LinkSpec, TopologySpec, validate_spec
@@ -46,6 +47,17 @@ Route = tuple[Link, ...]
 # Routes are memoised per topology. Bounded so that an all-pairs sweep of a huge machine
 # (1152 Aurora tiles -> 1.3 M pairs) cannot hold every route at once.
 _ROUTE_CACHE_SIZE = 1 << 18
+
+
+class LinkTable(NamedTuple):
+    """Every directed link in one order, with its position and its capacity (bytes/s):
+    what a simulation's network is built on (``sim.network.Network``), made once per
+    topology (a 4,096-node Aurora has 450,560 links and a planner run simulates dozens of
+    times)."""
+
+    links: tuple[tuple[Hashable, Hashable], ...]
+    positions: dict[tuple[Hashable, Hashable], int]  # link -> its place in ``links``
+    bytes_per_s: np.ndarray  # read-only
 
 
 class Topology:
@@ -76,11 +88,13 @@ class Topology:
         "route",
         "route_latency_us",
         "_fold_links",
+        "link_table",
     )
 
     route: Callable[[str, str], Route]
     route_latency_us: Callable[[Route], float]
     _fold_links: Callable[[Route, int], Route]
+    link_table: Callable[[], LinkTable]
 
     def __init__(self, spec: TopologySpec, graph: nx.DiGraph, tiles: tuple[str, ...]) -> None:
         self.spec = spec
@@ -121,6 +135,7 @@ class Topology:
         self._fold_links = lru_cache(maxsize=_ROUTE_CACHE_SIZE)(
             lambda links, period_nodes: tuple(self.fold_link(link, period_nodes)
                                               for link in links))
+        self.link_table = lru_cache(maxsize=1)(self._link_table)
 
     def __repr__(self) -> str:
         return (
@@ -242,6 +257,13 @@ class Topology:
         """Every directed link as ``(link, bandwidth_gbps, latency_us, kind)``."""
         for link, (bandwidth_gbps, latency_us, kind) in self._link_attrs.items():
             yield link, bandwidth_gbps, latency_us, kind
+
+    def _link_table(self) -> LinkTable:
+        links = tuple(self._link_attrs)
+        bytes_per_s = np.array([self._link_attrs[link][0] * 1e9 for link in links])
+        bytes_per_s.flags.writeable = False
+        return LinkTable(links, {link: i for i, link in enumerate(links)},  # type: ignore[misc]
+                         bytes_per_s)
 
     def fold_link(self, link: Link, period_nodes: int = 1) -> Link:
         """The same link on node ``k mod period_nodes``: with the default, node 0.

@@ -30,6 +30,8 @@ class Placement:
     _rank_of: dict[str, int] = field(init=False, repr=False, compare=False)
     _nodes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _ranks_on_node: dict[int, int] = field(init=False, repr=False, compare=False)
+    # is_node_symmetric by topology spec: every simulation asks, and it visits every rank.
+    _symmetric: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         tiles = tuple(self.tiles)
@@ -49,6 +51,7 @@ class Placement:
         object.__setattr__(self, "_rank_of", rank_of)
         object.__setattr__(self, "_nodes", tuple(nodes))
         object.__setattr__(self, "_ranks_on_node", dict(Counter(nodes)))
+        object.__setattr__(self, "_symmetric", {})
 
     @classmethod
     def node_major(cls, topology: Topology, num_ranks: int | None = None) -> Placement:
@@ -124,6 +127,12 @@ class Placement:
         Raises:
             TopologyError: a tile that is not in ``topology``.
         """
+        known = self._symmetric.get(topology.spec)
+        if known is None:
+            known = self._symmetric[topology.spec] = self._node_symmetric(topology)
+        return known
+
+    def _node_symmetric(self, topology: Topology) -> bool:
         per_node = self.ranks_per_node
         if self.num_ranks % per_node:
             return False

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,15 +141,28 @@ class CollectiveModel:
             tuple((tier, gbps) for tier, gbps in data.get("transfer_cap_gbps", ())), spans)
 
 
-def group_span(topology, tiles: Sequence[str]) -> str:
-    """The span of a collective over ``tiles``: see :data:`SPANS`."""
-    if len(tiles) == 2:
-        return "pair"
-    if len({topology.node_of(tile) for tile in tiles}) > 1:
-        return "nodes"
-    if len({topology.gpu_of(tile) for tile in tiles}) > 1:
-        return "node"
-    return "gpu"
+def group_span(topology, tiles: Iterable[str]) -> str:
+    """The span of a collective over ``tiles``: see :data:`SPANS`.
+
+    Reads the tiles only as far as it must (an output gather's group is every rank of
+    thousands of nodes, in node order: the thirteenth tile of an Aurora group settles it).
+    """
+    members = iter(tiles)
+    first = next(members, None)
+    if first is None:
+        return "gpu"
+    node, gpu = topology.node_of(first), topology.gpu_of(first)
+    span, count = "gpu", 1
+    for tile in members:
+        count += 1
+        if span != "nodes":
+            if topology.node_of(tile) != node:
+                span = "nodes"
+            elif span == "gpu" and topology.gpu_of(tile) != gpu:
+                span = "node"
+        if span == "nodes" and count > 2:
+            return span
+    return "pair" if count == 2 else span
 
 
 # Aurora's span costs, as cocodiff.simulator.collective_fit gives them (see COLLECTIVE_MODELS).
@@ -248,6 +261,55 @@ class _PendingCollective:
     events: dict[int, simpy.Event] = field(default_factory=dict)
 
 
+class FlowCache:
+    """What simulations work out about collectives that depends only on the machine, the
+    placement, the fold and the collective model, never on time: the interned group and
+    byte keys, each sender's flows and each launch's batch, the spans. Simulations of
+    one plan's variants (one and two layers, Ring passes cut to 1, 2 and 3 repeats,
+    V-Major's steps) share one, so an output gather to every rank of 4,096 nodes is
+    bundled once, not once per simulation. A cache serves one (topology, placement,
+    fold, collective model); :class:`SimWorld` starts a cache of its own for another."""
+
+    __slots__ = ("array", "bytes_key", "expected", "group_key", "groups", "launches", "owner",
+                 "senders", "send_bytes", "spans", "splits", "world_size")
+
+    def __init__(self) -> None:
+        self.owner: tuple | None = None  # (topology, placement, fold_nodes, collective)
+        # Groups and per-member byte tuples by small keys (_Interner: O(1) per call).
+        self.group_key = _Interner()
+        self.bytes_key = _Interner()
+        self.expected: dict[int, int] = {}
+        self.senders: dict[tuple, _SenderFlows] = {}
+        self.send_bytes: dict[tuple, tuple[int, ...]] = {}
+        self.splits: dict[tuple, tuple[tuple[int, ...], int, int, tuple, tuple]] = {}
+        self.launches: dict[tuple, tuple[FlowBatch, dict[str, float]]] = {}
+        self.spans: dict[int, str] = {}
+        # Rank and byte tuples as arrays, once per tuple: every sender of an output gather
+        # passes the same tuples of every rank of the machine.
+        self.array = IdentityMemo(lambda values: np.asarray(values, dtype=np.int64))
+        # Groups made of a plan's rank tuples, checked once (an output gather's is every
+        # rank of the machine; every simulated rank makes it, in every simulation) against
+        # the world size the first simulation binds.
+        self.world_size = 0
+        self.groups = IdentityMemo(lambda ranks: _checked_group(ranks, self.world_size))
+
+    def serves(self, topology, placement: Placement, fold_nodes: int | None,
+               collective: CollectiveModel) -> bool:
+        """Whether this cache may serve a simulation of these (the first one binds it)."""
+        owner = (topology, placement, fold_nodes, collective)
+        if self.owner is None:
+            self.owner, self.world_size = owner, placement.num_ranks
+        return self.owner[0] is topology and self.owner[1:] == owner[1:]
+
+
+def _checked_group(ranks: tuple[int, ...], world_size: int) -> Group:
+    # min/max, not a loop: the output gather's group is every rank of the machine.
+    if len(set(ranks)) != len(ranks) or (ranks and (min(ranks) < 0
+                                                    or max(ranks) >= world_size)):
+        raise ValueError(f"invalid group {ranks} for {world_size} ranks")
+    return Group(ranks)
+
+
 class SimWorld:
     """State shared by all simulated ranks of one run.
 
@@ -258,11 +320,14 @@ class SimWorld:
             onto them (see module doc); None simulates every rank. Requires a
             node-symmetric placement and a node count divisible by ``fold_nodes``; the
             caller guarantees the plan repeats every ``fold_nodes`` nodes too.
+        collective: the collective model (default: ideal).
+        cache: a :class:`FlowCache` shared with other simulations of the same machine,
+            placement, fold and model; a new one by default or when it serves others.
     """
 
     def __init__(
         self, simulation: Simulation, placement: Placement, fold_nodes: int | None = None,
-        collective: CollectiveModel | None = None,
+        collective: CollectiveModel | None = None, cache: FlowCache | None = None,
     ) -> None:
         topology = simulation.topology
         num_nodes_used = placement.num_ranks // placement.ranks_per_node
@@ -287,15 +352,15 @@ class SimWorld:
         # Collectives match by (group, tag, n-th call with that tag on that group).
         self._pending: dict[tuple, _PendingCollective] = {}
         self._sequence: dict[tuple, int] = defaultdict(int)
-        # Groups and per-member byte tuples by small keys (_Interner: O(1) per call).
-        self._group_key = _Interner()
-        self._bytes_key = _Interner()
-        self._expected: dict[int, int] = {}
-        self._sender_cache: dict[tuple, _SenderFlows] = {}
-        self._send_bytes: dict[tuple, tuple[int, ...]] = {}
-        self._splits: dict[tuple, tuple[tuple[int, ...], int, int, tuple, tuple]] = {}
-        self._launch_cache: dict[tuple, tuple[FlowBatch, dict[str, float]]] = {}
-        self._spans: dict[int, str] = {}
+        if cache is None or not cache.serves(topology, placement, fold_nodes, self.collective):
+            cache = FlowCache()
+            cache.serves(topology, placement, fold_nodes, self.collective)
+        self._group_key, self._bytes_key = cache.group_key, cache.bytes_key
+        self._expected, self._sender_cache = cache.expected, cache.senders
+        self._send_bytes, self._splits = cache.send_bytes, cache.splits
+        self._launch_cache, self._spans, self._array = cache.launches, cache.spans, cache.array
+        self.groups = cache.groups
+        self.world_group = Group(tuple(range(placement.num_ranks)))
         self.bytes_by_tier: dict[str, float] = dict.fromkeys(TIERS, 0.0)
         self.num_collectives = 0
 
@@ -470,8 +535,7 @@ class SimWorld:
             return [(dst, num_bytes, 1)
                     for dst, num_bytes in zip(group_ranks, send_bytes, strict=True)
                     if num_bytes and dst != src_rank]
-        dst = np.asarray(group_ranks, dtype=np.int64)
-        sizes = np.asarray(send_bytes, dtype=np.int64)
+        dst, sizes = self._array(group_ranks), self._array(send_bytes)
         keep = (sizes != 0) & (dst != src_rank)
         dst, sizes = dst[keep], sizes[keep]
         per_node = self.placement.ranks_per_node
@@ -487,8 +551,9 @@ class SimWorld:
     def _span(self, group_ranks: tuple[int, ...], group_key: int) -> str:
         span = self._spans.get(group_key)
         if span is None:
-            tiles = [self.placement.tile_of(rank) for rank in group_ranks]
-            span = self._spans[group_key] = group_span(self.simulation.topology, tiles)
+            tiles = self.placement.tiles
+            span = self._spans[group_key] = group_span(self.simulation.topology,
+                                                       (tiles[rank] for rank in group_ranks))
         return span
 
 
@@ -554,7 +619,7 @@ class SimTransport:
     def __init__(self, world: SimWorld, rank: int) -> None:
         self._world = world
         self._rank = rank
-        self._world_group = Group(tuple(range(world.placement.num_ranks)))
+        self._world_group = world.world_group
         self._last_call_done_s: float | None = None  # when this rank's last call finished
 
     @property
@@ -578,12 +643,10 @@ class SimTransport:
         return self._world.simulation
 
     def new_group(self, ranks: Sequence[int]) -> Group:
-        ranks = tuple(ranks)
-        # min/max, not a loop: the output gather's group is every rank of the machine.
-        if len(set(ranks)) != len(ranks) or (ranks and (min(ranks) < 0
-                                                        or max(ranks) >= self.world_size)):
-            raise ValueError(f"invalid group {ranks} for {self.world_size} ranks")
-        return Group(ranks)
+        # A plan's tuple is checked once per simulation cache (FlowCache.groups).
+        if type(ranks) is tuple:
+            return self._world.groups(ranks)
+        return _checked_group(tuple(ranks), self.world_size)
 
     def all_to_all(
         self,

@@ -24,8 +24,10 @@ For a :class:`~cocodiff.layout.ParallelLayout` (``ulysses x ring x batch`` ranks
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+
+import numpy as np
 
 from cocodiff.cost import RingHostOps, ring_block_cost, ring_host_ops, scale_host_ops
 from cocodiff.layout import LayoutError, ParallelLayout
@@ -52,15 +54,58 @@ def group_grid(grid: RankGrid, positions: Sequence[int]) -> RankGrid:
     return RankGrid((1, len(ranks), 1), ranks)
 
 
-def ulysses_grids(grid: RankGrid, parallel: ParallelLayout) -> dict[int, RankGrid]:
-    """Every Ulysses group's rank grid, by the grid position of its Ulysses index 0."""
-    leaders = [p for p in range(grid.num_ranks) if parallel.coords(p)[2] == 0]
-    groups = {p: group_grid(grid, parallel.ulysses_group(p)) for p in leaders}
-    if len({g.shape for g in groups.values()}) > 1:
-        # Groups straddle node or GPU boundaries differently (8 of a 12-rank node): one
-        # plan must fit them all, so every group exchanges as one flat level.
-        groups = {p: RankGrid((1, parallel.ulysses, 1), g.ranks) for p, g in groups.items()}
-    return groups
+@functools.lru_cache(maxsize=16)
+def ulysses_grids(grid: RankGrid, parallel: ParallelLayout) -> Mapping[int, RankGrid]:
+    """Every Ulysses group's rank grid (:func:`group_grid`), by the grid position of its
+    Ulysses index 0.
+
+    Worked out for all groups at once and each grid built when first asked for (a plan
+    builds only the programs the simulator runs), and cached, so shared by every caller
+    (none changes it): the planner builds a plan of each layout per schedule and chunk
+    count, and a layout of 4,096 Aurora nodes has up to 49,152 groups."""
+    # The members' grid positions, one row per group (its leader + k * the Ulysses
+    # stride), and their (node, GPU, tile) coordinates.
+    ulysses, stride = parallel.ulysses, parallel.stride("ulysses")
+    everyone = np.arange(grid.num_ranks)
+    leaders = everyone[(everyone // stride) % ulysses == 0]
+    positions = leaders[:, None] + np.arange(ulysses) * stride  # (groups, ulysses)
+    coords = np.unravel_index(positions, grid.shape)
+    # A group fills a box when its members, in Ulysses order, run in (node, GPU, tile)
+    # order (positions rising) over as many coordinates as the box has places.
+    values = [1 + (np.diff(np.sort(axis, axis=1), axis=1) != 0).sum(axis=1) for axis in coords]
+    boxed = ((np.diff(positions, axis=1) > 0).all(axis=1)
+             & (values[0] * values[1] * values[2] == ulysses))
+    shapes = {(int(n), int(g), int(t)) if box else (1, ulysses, 1)
+              for n, g, t, box in zip(*values, boxed, strict=True)}
+    # Groups that straddle node or GPU boundaries differently (8 of a 12-rank node) must
+    # fit one plan: then every group exchanges as one flat level.
+    shape = shapes.pop() if len(shapes) == 1 else (1, ulysses, 1)
+    return _Grids(shape, leaders.tolist(), np.asarray(grid.ranks)[positions])
+
+
+class _Grids(Mapping[int, RankGrid]):
+    """Group leader's grid position -> the group's :class:`RankGrid`, built on first use."""
+
+    __slots__ = ("_built", "_members", "_row", "shape")
+
+    def __init__(self, shape: tuple[int, int, int], leaders: list[int],
+                 members: np.ndarray) -> None:
+        self.shape, self._members = shape, members  # members: (groups, ulysses) ranks
+        self._row = {leader: row for row, leader in enumerate(leaders)}
+        self._built: dict[int, RankGrid] = {}
+
+    def __getitem__(self, leader: int) -> RankGrid:
+        grid = self._built.get(leader)
+        if grid is None:
+            members = tuple(self._members[self._row[leader]].tolist())
+            grid = self._built[leader] = RankGrid(self.shape, members)
+        return grid
+
+    def __iter__(self):
+        return iter(self._row)
+
+    def __len__(self) -> int:
+        return len(self._row)
 
 
 def relabel_layer(layer: LayerPlan, ranks: tuple[int, ...]) -> LayerPlan:
@@ -167,16 +212,9 @@ def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Seque
                                          ring_host_ops(spec, ulysses)),
                             exemplars=tuple(groups[0].ranks))
     in_order = grid.ranks == tuple(range(grid.num_ranks))
-    period = _shift_period(parallel, split.heads) if in_order else None
+    period = parallel.shift_period(split.heads) if in_order else None
     return Plan(name, spec.name, split, programs, period,  # type: ignore[arg-type]
                 parallel)
-
-
-@functools.lru_cache(maxsize=64)
-def _shift_period(parallel: ParallelLayout, heads: tuple[int, ...]) -> int:
-    # Cached: the planner builds a plan of each layout per schedule and chunk count, and
-    # the period's search visits every rank (12,288 on 1,024 Aurora nodes).
-    return parallel.shift_period(heads)
 
 
 class _HybridBuild:
@@ -188,7 +226,7 @@ class _HybridBuild:
                  "relabelled", "sub")
 
     def __init__(self, sub: Plan, grid: RankGrid, parallel: ParallelLayout,
-                 groups: dict[int, RankGrid], dtype_bytes: int,
+                 groups: Mapping[int, RankGrid], dtype_bytes: int,
                  host: RingHostOps | None = None) -> None:
         self.sub, self.parallel, self.groups, self.dtype_bytes = sub, parallel, groups, \
             dtype_bytes

@@ -9,6 +9,7 @@ topology's links (a phased exchange chunk by chunk, phase by phase, as the runti
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, cast
 
 from cocodiff.cost import compute_seconds
@@ -57,6 +58,9 @@ class SimBackend:
         self._group = IdentityMemo(self.transport.new_group)
         self._send_buffer = IdentityMemo(
             lambda step: VirtualBuffer(sum(step.send_rows), step.row_bytes))
+        # A gather stage's group for this rank and its splits (one row to every member),
+        # made once: the same tuples call after call, found by identity downstream.
+        self._gather_of = IdentityMemo(self._gather_group)
         self._started: dict[str, float] = {}
         self._splits: dict[tuple, tuple] = {}
         # A step's time by its identity: a rank runs the same layer objects again and
@@ -264,11 +268,14 @@ class SimBackend:
     def gather(self, stage: GatherStage, index: int) -> SimHandle:
         """The rank's part of one output gather (the runtime's ``all_gather_rows``: its
         chunk to every member of its group)."""
-        group = stage.group_of(self.transport.rank)
-        ones = [1] * len(group)
+        group, ones = self._gather_of(stage)
         return self._pollable(self.transport.all_to_all(
             VirtualBuffer(len(group), stage.bytes_per_member), ones, ones, self._group(group),
             tag=("output", index)))
+
+    def _gather_group(self, stage: GatherStage) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        group = stage.group_of(self.transport.rank)
+        return group, _ones(len(group))
 
     def finish_gather(self, start: float) -> None:
         if self._record:
@@ -317,3 +324,10 @@ def rank_process(simulation: Simulation, execution: Execution, rank: int,
         yield backend.blocked_on(backend.gather(stage, index))
         backend.finish_gather(start)
     finish_s[rank] = simulation.now
+
+
+@functools.lru_cache(maxsize=16)
+def _ones(size: int) -> tuple[int, ...]:
+    # One tuple per group size, shared by every rank and simulation: the transport's caches
+    # find a gather's splits by identity (a gather over 49,152 ranks sums them once).
+    return (1,) * size

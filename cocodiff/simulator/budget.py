@@ -22,11 +22,15 @@ from dataclasses import dataclass, replace
 
 from cocodiff.util.errors import CocodiffError
 
-# Per-unit times fitted by bench/sim_guard.py to the CPU time of six simulations on the
+# Per-unit times fitted by bench/sim_guard.py to the CPU time of seven simulations on the
 # development machine (docs/hardening.md): per collective one simulated rank posts (SimPy
 # events, flow batches) and per rank-to-peer message (flow set-up, bundling, max-min).
-SECONDS_PER_COLLECTIVE = 100e-6
+SECONDS_PER_COLLECTIVE = 70e-6
 SECONDS_PER_MESSAGE = 0.1e-6
+# Per rank of the machine, for each layout simulated: the topology, the layout's groups
+# and plan, its gathers and bounds, what grows with the machine when the simulation does
+# not (folded, a long Ring's passes extrapolated). Fitted beside the cost per collective.
+SECONDS_PER_RANK = 55e-6
 # The planner also builds a plan and its links' bound per (layout, schedule) pair: CPU
 # time per rank of each (`cocodiff plan --nodes 8`: 17.4 s for 49 pairs of 96 ranks, of
 # which the simulations above account for 5.9 s).
@@ -195,9 +199,6 @@ def estimate_planner(spec, num_layers: int, num_heads: int, schedules, batch_siz
     return combine(estimates)
 
 
-# The simulator extrapolates a step from simulations of its first one and two layers
-# (cocodiff.simulator.simulate.simulate_layers): three layers' work per simulated step.
-EXTRAPOLATED_LAYERS = 3
 # Chunk counts past the first that the planner's search (`--chunks auto`) simulates before
 # two in a row are slower (cocodiff.simulator.planner.choose_chunks: 2 and 3 at 8 to
 # 1,024 Aurora nodes).
@@ -211,20 +212,27 @@ def estimate_layout(spec, num_layers: int, num_heads: int, layout, name: str, pl
     ranks of one fold period only (the layout's shift period in whole nodes,
     :func:`cocodiff.simulator.symmetry.fold_period_nodes`), the Ring's passes (one message
     to the next member, ``ring - 1`` per layer) and the output gathers, in a simulation
-    of one and one of two layers when ``extrapolated`` (``simulate_layers``), else in one
-    of every layer (a recorded timeline). Plans are built lazily
+    of one and one of two layers when ``extrapolated`` (``simulate_layers``; a long Ring
+    in three of each, with 2, 3 and 4 passes per layer), else in one of every layer (a
+    recorded timeline). Plans are built lazily
     (``cocodiff.plan.lazy``): only the simulated ranks' programs are held.
     """
     from cocodiff.schedules import get_schedule
     from cocodiff.schedules.ulysses import split_heads
+    from cocodiff.simulator.simulate import MIN_EXTRAPOLATED_PASSES
 
     per_node = spec.gpus_per_node * spec.tiles_per_gpu
     num_ranks = spec.num_nodes * per_node
     ulysses, ring = layout.ulysses, layout.ring
     period = math.lcm(layout.shift_period(split_heads(num_heads, ulysses)), per_node)
     simulated = period if num_ranks % period == 0 and period < num_ranks else num_ranks
-    runs = 2 if extrapolated and num_layers > 2 else 1
-    layers = EXTRAPOLATED_LAYERS if runs == 2 else num_layers
+    # The simulations run: (layers, Ring passes per layer) of each. Extrapolated, a step
+    # is simulated with one and with two layers, and a long Ring with 1, 2 and 3 repeats
+    # of its block after the first pass (cocodiff.simulator.simulate.simulate_layers).
+    layer_runs = [1, 2] if extrapolated and num_layers > 2 else [num_layers]
+    reduced = extrapolated and ring - 2 >= MIN_EXTRAPOLATED_PASSES
+    passes = [1 + repeats for repeats in (1, 2, 3)] if reduced else [ring - 1]
+    runs = [(layers, count) for layers in layer_runs for count in passes]
     if get_schedule(name).phased:
         sizes = _phase_sizes_of_group(spec, layout)
         pieces = chunks if len(sizes) > 1 else 1
@@ -235,17 +243,18 @@ def estimate_layout(spec, num_layers: int, num_heads: int, layout, name: str, pl
         collectives_per_layer = EXCHANGES_PER_LAYER
         messages_per_layer = EXCHANGES_PER_LAYER * (ulysses - 1)
         rows = EXCHANGES_PER_LAYER * 2 * ulysses
-    # A Ring pass is one collective with one message; a rank holds its pass's two one-hot
-    # rows of ``ring`` entries and 3 steps per block.
-    collectives_per_layer += ring - 1
-    messages_per_layer += ring - 1
+    # A Ring pass is one collective with one message (``count`` per layer).
     gathers = 1 + (layout.batch > 1)
     # Gather messages are bundled by fold class: at most one per simulated rank.
-    collectives = simulated * plans * (layers * collectives_per_layer + runs * gathers)
-    messages = simulated * plans * (layers * messages_per_layer
-                                    + runs * gathers * min(num_ranks - 1, simulated))
+    collectives = simulated * plans * sum(layers * (collectives_per_layer + count) + gathers
+                                          for layers, count in runs)
+    messages = simulated * plans * sum(layers * (messages_per_layer + count)
+                                       + gathers * min(num_ranks - 1, simulated)
+                                       for layers, count in runs)
+    # A simulated rank's messages held at once: one layer's, every pass included.
+    cached_messages = simulated * (messages_per_layer + ring - 1)
+    # A rank holds its pass's two one-hot rows of ``ring`` entries and 3 steps per block.
     plan_entries = simulated * (rows + 5 * ring)
-    cached_messages = simulated * messages_per_layer
     # A folded gather bundles each sender's messages by destination class (rank modulo
     # the simulated ranks) and whether it shares the sender's node: the square of a long
     # fold period (1,536 ranks for the Ring innermost on 1,024 nodes) dominates memory.
@@ -254,7 +263,8 @@ def estimate_layout(spec, num_layers: int, num_heads: int, layout, name: str, pl
     memory = (BASE_BYTES + BYTES_PER_GRAPH_ELEMENT * elements
               + BYTES_PER_PLAN_ENTRY * plan_entries + BYTES_PER_MESSAGE * cached_messages
               + BYTES_PER_GATHER_BUNDLE * bundles)
-    wall_s = SECONDS_PER_COLLECTIVE * collectives + SECONDS_PER_MESSAGE * messages
+    wall_s = (SECONDS_PER_COLLECTIVE * collectives + SECONDS_PER_MESSAGE * messages
+              + SECONDS_PER_RANK * num_ranks)
     return Estimate(collectives, messages, plan_entries, elements, memory, wall_s)
 
 

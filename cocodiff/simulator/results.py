@@ -41,6 +41,9 @@ class SimResult:
     # Exchanges (all-to-alls and Ring passes) all ranks start, per denoising step.
     exchanges_per_step: list[int] = field(default_factory=list)
     simulation: Simulation | None = field(default=None, repr=False)
+    # Whether a long Ring's passes were extrapolated from three short simulations
+    # (cocodiff.simulator.simulate._simulate_passes) rather than all simulated.
+    passes_extrapolated: bool = False
     # Device memory one rank needs (cocodiff.memory.RankMemory), where it was computed.
     memory: RankMemory | None = None
 
@@ -85,6 +88,7 @@ class SimResult:
             "exchanges_per_step": self.exchanges_per_step,
             "simulated_ranks": self.simulated_ranks,
             "folded": self.folded,
+            "passes_extrapolated": self.passes_extrapolated,
             "sim_wall_s": self.wall_s,
             "sim_flows": self.num_flows,
             "sim_events": self.num_events,
@@ -107,5 +111,7 @@ def busiest_links(simulation: Simulation, step_time_s: float, top: int = 5,
         for link, num_bytes in carried.items()
         if num_bytes > 0
     ]
-    uses.sort(key=lambda use: use.utilisation, reverse=True)
+    # Links within a billionth of each other tie and keep the network's order: an
+    # extrapolated step's bytes differ from a full simulation's in the last bits.
+    uses.sort(key=lambda use: round(use.utilisation, 9), reverse=True)
     return uses[:top]

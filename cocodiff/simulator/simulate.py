@@ -7,9 +7,10 @@ simulated transport as flows on the topology's links.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from cocodiff.layout import ParallelLayout
@@ -18,6 +19,7 @@ from cocodiff.models import ModelSpec
 from cocodiff.plan.executor import run_program
 from cocodiff.plan.gather import GatherStage
 from cocodiff.plan.lazy import exemplar_programs, with_layers
+from cocodiff.plan.passes import plan_passes, with_passes
 from cocodiff.plan.steps import Plan
 from cocodiff.schedules import (
     BASELINE,
@@ -40,6 +42,7 @@ from sim.timeline import merged_length
 from topology import TIERS, Placement, Topology
 from transports.sim import (
     CollectiveModel,
+    FlowCache,
     SimWorld,
     collective_model_for,
 )
@@ -57,6 +60,7 @@ def simulate_plan(
     collective: CollectiveModel | None = None,
     denoising_step: bool = True,
     gathers: tuple[GatherStage, ...] = (),
+    cache: FlowCache | None = None,
 ) -> SimResult:
     """Run one denoising step of ``plan`` on ``topology`` (or, ``denoising_step`` False,
     the plan alone: a microbenchmark's exchanges, without the topology's step overhead).
@@ -76,6 +80,8 @@ def simulate_plan(
             work outside the blocks, once per step) before the plan.
         gathers: the output gathers that end the step, after the plan
             (:func:`cocodiff.schedules.gather.output_gather`; ``simulate_run_plan`` passes them).
+        cache: what this simulation may share with others of the same machine, placement
+            and model (:class:`transports.sim.FlowCache`).
     """
     wall_start = time.perf_counter()
     placement = placement or Placement.node_major(topology, plan.num_ranks)
@@ -91,7 +97,7 @@ def simulate_plan(
     simulation = Simulation(topology, record_link_intervals=record_spans)
     collective = collective or collective_model_for(topology.spec.name)
     world = SimWorld(simulation, placement, fold_nodes=fold_nodes if fold else None,
-                     collective=collective)
+                     collective=collective, cache=cache)
     finish_s: dict[int, float] = {}
     backends: dict[int, SimBackend] = {}
     for rank in world.simulated_ranks:
@@ -152,18 +158,20 @@ def simulate_layers(
     collective: CollectiveModel | None = None,
     num_layers: int | None = None,
     gathers: tuple[GatherStage, ...] = (),
+    cache: FlowCache | None = None,
 ) -> SimResult:
     """:func:`simulate_plan`'s result for a plan whose layers are all the same, from a
-    one-layer and a two-layer simulation (``gathers`` as there).
+    one-layer and a two-layer simulation (``gathers`` and ``cache`` as there; by default
+    the simulations share a cache of their own).
 
     Every layer ends with exchanges that resynchronise the ranks, so everything a step
     accumulates is affine in its number of layers ``L`` after the first:
     ``x(L) = x(1) + (L - 1) * (x(2) - x(1))`` for the step time, the slowest rank's
     compute and exchange time, the bytes on every tier and link, and the exchanges
-    started.
+    started. A long Ring's passes are reduced the same way (:func:`_simulate_passes`).
     ``tests/simulator/test_simulate.py`` checks every field against the full simulation. A plan
-    of two layers or fewer, or with layers that differ, is simulated in full. The
-    result holds no :class:`Simulation` (traces and plots need the full one).
+    of two layers or fewer, or with layers that differ, is simulated in full. An
+    extrapolated result holds no :class:`Simulation` (traces and plots need the full one).
 
     ``num_layers``: the step's layer count when ``plan`` holds only its first layers
     (at least two, all the same; the planner builds such plans, which is faster).
@@ -174,47 +182,127 @@ def simulate_layers(
     if num_layers != held and not (repeats and held >= min(num_layers, 2)):
         raise ValueError(f"a plan of {held} layers stands for {num_layers} only when it "
                          "repeats one layer at least twice")
+
+    cache = cache or FlowCache()
+
+    def run(layers: int) -> _Point:
+        return _simulate_passes(_with_layers(plan, layers) if layers != held else plan,
+                                topology, placement, collective, gathers, cache)
+
     if num_layers <= 2 or not repeats:
-        return simulate_plan(_with_layers(plan, num_layers) if held != num_layers else plan,
-                             topology, placement, collective=collective,
-                             gathers=gathers)
-    one, two = (simulate_plan(_with_layers(plan, k), topology, placement, collective=collective,
-                              gathers=gathers)
-                for k in (1, 2))
-    extra = num_layers - 1
+        return run(num_layers).final()
+    return _Point.affine(run(1), run(2), num_layers - 1).final()
 
-    def affine(first: float, second: float) -> float:
-        return first + extra * (second - first)
 
-    step_time_s = affine(one.step_time_s, two.step_time_s)
-    compute_s = affine(one.compute_s, two.compute_s)
-    sim_one, sim_two = one.simulation, two.simulation
-    assert sim_one is not None and sim_two is not None  # simulate_plan keeps them
-    # Links idle in both simulations carry nothing either way; one idle in the
-    # two-layer one extrapolates to no bytes (busiest_links skips it).
-    links_one, links_two = (simulation.network.carried_bytes()
-                            for simulation in (sim_one, sim_two))
-    return SimResult(
-        schedule=plan.schedule,
-        num_ranks=plan.num_ranks,
-        step_time_s=step_time_s,
-        compute_s=compute_s,
-        comm_exposed_s=max(0.0, step_time_s - compute_s),
-        bytes_by_tier={tier: affine(one.bytes_by_tier[tier], two.bytes_by_tier[tier])
-                       for tier in TIERS},
-        busiest_links=busiest_links(
-            sim_two, step_time_s,
-            bytes_carried={link: affine(links_one.get(link, 0.0), num_bytes)
-                           for link, num_bytes in links_two.items()}),
-        simulated_ranks=two.simulated_ranks,
-        folded=two.folded,
-        wall_s=one.wall_s + two.wall_s,
-        num_flows=one.num_flows + two.num_flows,
-        num_events=one.num_events + two.num_events,
-        exchange_s=affine(one.exchange_s, two.exchange_s),
-        exchanges_per_step=[one.exchanges_per_step[0]
-                            + extra * (two.exchanges_per_step[0] - one.exchanges_per_step[0])],
-    )
+# A Ring whose block repeats at least this often in a layer (cocodiff.plan.passes) is
+# simulated with 1, 2 and 3 repeats instead (each a short simulation) and extrapolated.
+MIN_EXTRAPOLATED_PASSES = 8
+# How close the third simulation must come to the line through the first two (relative
+# to the value) for the extrapolation to be taken.
+PASSES_RTOL = 1e-9
+
+
+def _simulate_passes(plan: Plan, topology: Topology, placement: Placement | None,
+                     collective: CollectiveModel | None,
+                     gathers: tuple[GatherStage, ...], cache: FlowCache) -> _Point:
+    """One simulation of ``plan``, or, for a long Ring, its repeated passes extrapolated.
+
+    Every repeat of the Ring's block starts its pass, attends to the block in hand and
+    waits for the pass, on every member alike; once the first repeats have set the
+    pace, each adds the same time, bytes and exchanges, so ``x(n) = x(1) + (n - 1) *
+    (x(2) - x(1))``. That is checked on every plan, not assumed: a simulation of three
+    repeats must land on the line (every field of :meth:`_Point.matches`), else the plan
+    is simulated in full. ``tests/simulator/test_passes.py`` holds the extrapolation to
+    the full simulation across layouts, schedules and machines.
+    """
+    passes = plan_passes(plan.programs)
+    if passes is None or passes < MIN_EXTRAPOLATED_PASSES:
+        return _Point.of(simulate_plan(plan, topology, placement, collective=collective,
+                                       gathers=gathers, cache=cache))
+    one, two, three = (
+        _Point.of(simulate_plan(replace(plan, programs=with_passes(  # type: ignore[arg-type]
+                                    plan.programs, count)),
+                                topology, placement, collective=collective,
+                                gathers=gathers, cache=cache))
+        for count in (1, 2, 3))
+    if _Point.affine(one, two, 2).matches(three):
+        point = _Point.affine(one, two, passes - 1).plus_effort(three)
+        point.result.passes_extrapolated = True
+        return point
+    full = _Point.of(simulate_plan(plan, topology, placement, collective=collective,
+                                   gathers=gathers, cache=cache))
+    return full.plus_effort(one).plus_effort(two).plus_effort(three)
+
+
+@dataclass
+class _Point:
+    """A simulated (or extrapolated) step and the bytes each link carried in it."""
+
+    result: SimResult
+    carried: dict
+    simulation: Simulation  # the last one run: its links and capacities
+
+    @classmethod
+    def of(cls, result: SimResult) -> _Point:
+        assert result.simulation is not None  # simulate_plan keeps it
+        return cls(result, result.simulation.network.carried_bytes(), result.simulation)
+
+    @classmethod
+    def affine(cls, first: _Point, second: _Point, extra: int) -> _Point:
+        """``first + extra * (second - first)`` for everything a step accumulates; the
+        simulator's effort (wall, flows, events) summed over both."""
+        one, two = first.result, second.result
+
+        def line(a: float, b: float) -> float:
+            return a + extra * (b - a)
+
+        step_time_s, compute_s = (line(one.step_time_s, two.step_time_s),
+                                  line(one.compute_s, two.compute_s))
+        result = replace(
+            two, step_time_s=step_time_s, compute_s=compute_s,
+            comm_exposed_s=max(0.0, step_time_s - compute_s),
+            bytes_by_tier={tier: line(one.bytes_by_tier[tier], two.bytes_by_tier[tier])
+                           for tier in TIERS},
+            exchange_s=line(one.exchange_s, two.exchange_s),
+            exchanges_per_step=[one.exchanges_per_step[0]
+                                + extra * (two.exchanges_per_step[0]
+                                           - one.exchanges_per_step[0])],
+            passes_extrapolated=one.passes_extrapolated or two.passes_extrapolated,
+            simulation=None)
+        # A link idle in the second simulation carries nothing either way (busiest_links
+        # skips it).
+        carried = {link: line(first.carried.get(link, 0.0), num_bytes)
+                   for link, num_bytes in second.carried.items()}
+        return cls(result, carried, second.simulation).plus_effort(first)
+
+    def plus_effort(self, other: _Point) -> _Point:
+        """This point with ``other``'s simulation effort added to its own."""
+        self.result = replace(self.result, wall_s=self.result.wall_s + other.result.wall_s,
+                              num_flows=self.result.num_flows + other.result.num_flows,
+                              num_events=self.result.num_events + other.result.num_events)
+        return self
+
+    def matches(self, other: _Point) -> bool:
+        """Whether every accumulated field of ``other`` equals this one's (relatively)."""
+        mine, theirs = self.result, other.result
+        values = [(mine.step_time_s, theirs.step_time_s), (mine.compute_s, theirs.compute_s),
+                  (mine.exchange_s, theirs.exchange_s),
+                  (mine.exchanges_per_step[0], theirs.exchanges_per_step[0]),
+                  *((mine.bytes_by_tier[t], theirs.bytes_by_tier[t]) for t in TIERS),
+                  *((self.carried.get(link, 0.0), num_bytes)
+                    for link, num_bytes in other.carried.items())]
+        return (self.carried.keys() <= other.carried.keys()
+                and all(math.isclose(a, b, rel_tol=PASSES_RTOL, abs_tol=1e-15)
+                        for a, b in values))
+
+    def final(self) -> SimResult:
+        """The step's result: a simulation's as it is (with its :class:`Simulation`), an
+        extrapolation's with its busiest links from the carried bytes."""
+        if self.result.simulation is not None:
+            return self.result
+        return replace(self.result,
+                       busiest_links=busiest_links(self.simulation, self.result.step_time_s,
+                                                   bytes_carried=self.carried))
 
 
 def simulate_schedule(
@@ -297,6 +385,7 @@ def simulate_run_plan(
     gathers = output_gather(run_plan.spec, run_plan.grid, run_plan.stream_tokens,
                             run_plan.parallel, run_plan.options)
     by_plan: dict[int, SimResult] = {}
+    cache = FlowCache()  # V-Major's steps send the same gathers, passes and most exchanges
     for index in dict.fromkeys(run_plan.step_plans):
         plan = run_plan.plans[index]
         if (known is not None and not entry.step_dependent and len(run_plan.plans) == 1
@@ -304,10 +393,10 @@ def simulate_run_plan(
             by_plan[index] = known
         elif record_spans and not by_plan:  # the trace and the plot show this one
             by_plan[index] = simulate_plan(plan, topology, placement, collective=collective,
-                                           record_spans=True, gathers=gathers)
+                                           record_spans=True, gathers=gathers, cache=cache)
         else:
             by_plan[index] = simulate_layers(plan, topology, placement, collective,
-                                             gathers=gathers)
+                                             gathers=gathers, cache=cache)
     per_step = [by_plan[index] for index in run_plan.step_plans]
     # A schedule that does the same every step reports (and averages) that step once, as
     # it always has.
@@ -331,6 +420,7 @@ def simulate_run_plan(
         step_times_s=[r.step_time_s for r in per_step],
         exchanges_per_step=[r.exchanges_per_step[0] for r in per_step],
         simulation=first.simulation,
+        passes_extrapolated=any(r.passes_extrapolated for r in by_plan.values()),
     )
     if with_bound:
         # The links' lower bound for the flat baseline's exchanges on the same layout.
@@ -402,8 +492,9 @@ def simulate_generation(plans: Sequence[Plan], step_plans: Sequence[int],
         total = _run_generation(plans, step_plans, topology, placement, collective,
                                 record_spans)
         return _generation_per_step(total, num_steps, topology)
+    cache = FlowCache()  # the two generations post the same transfers and exchanges
     short, longer = (_run_generation(plans, (*step_plans[:k - 1], step_plans[-1]), topology,
-                                     placement, collective, False)
+                                     placement, collective, False, cache)
                      for k in (warmup + 2, warmup + 3))
     extra = num_steps - warmup - 2
 
@@ -429,11 +520,11 @@ def simulate_generation(plans: Sequence[Plan], step_plans: Sequence[int],
 
 def _run_generation(plans: Sequence[Plan], step_plans: Sequence[int], topology: Topology,
          placement: Placement | None, collective: CollectiveModel | None,
-         record_spans: bool) -> SimResult:
+         record_spans: bool, cache: FlowCache | None = None) -> SimResult:
     # The step overhead is charged per step by _per_step, not once per simulation.
     return simulate_plan(generation_plan(plans, step_plans), topology, placement, fold=False,
                          record_spans=record_spans, collective=collective,
-                         denoising_step=False)
+                         denoising_step=False, cache=cache)
 
 
 def _generation_per_step(total: SimResult, num_steps: int, topology: Topology) -> SimResult:

@@ -1,8 +1,8 @@
 """The guard's count for a simulation on a parallel layout
 (cocodiff.simulator.budget.estimate_layout): the collectives the simulated ranks post,
 exactly, for hybrid, Ring and pure-Ulysses layouts, folded, extrapolated from one and two
-layers (as simulate runs them) and in full (a recorded timeline); and the planned run's
-estimate stays quick at 4,096 nodes, where the guard refuses it."""
+layers (as simulate runs them), a long Ring's passes extrapolated, and in full (a recorded
+timeline); and the planned run's estimate stays quick at 4,096 nodes."""
 
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def test_the_planned_estimate_of_4096_nodes_is_quick_and_grows_with_the_nodes():
     assert time.process_time() - began < 10  # CPU, generous: about 3 s here
     small = budget.estimate_planned(get_preset("aurora", 1024), model.num_layers,
                                     model.num_heads, plans, 1, True)
-    # The simulated ranks are one fold period either way; the Ring's passes and the
-    # output gathers grow with the nodes (docs/hardening.md: measured 71 s and 635 s).
+    # The simulated ranks are one fold period either way, and a long Ring's passes are
+    # extrapolated from the same few; what grows with the nodes is the per-rank work
+    # (docs/hardening.md: measured 11 s and 19 s of CPU).
     assert large.wall_s > 2 * small.wall_s
-    assert large.collectives > small.collectives and large.messages > small.messages
+    assert large.collectives == small.collectives and large.messages == small.messages

@@ -1,14 +1,19 @@
-"""cocodiff.simulator.simulate.simulate_layers: a step extrapolated from one and two layers is the
-full simulation, field by field."""
+"""cocodiff.simulator.simulate.simulate_layers: a step extrapolated from one and two layers,
+and a long Ring's passes extrapolated from three short simulations, is the full simulation,
+field by field."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from cocodiff.layout import ParallelLayout
 from cocodiff.models import REGISTRY
+from cocodiff.plan.passes import plan_passes
 from cocodiff.schedules import DEFAULT_OPTIONS, PlanOptions, RankGrid, get_schedule
 from cocodiff.schedules.hybrid import plan_hybrid
+from cocodiff.simulator import simulate
 from cocodiff.simulator.simulate import simulate_layers, simulate_plan
 from topology import Placement, build_topology, get_preset
 
@@ -69,8 +74,6 @@ def test_another_machine_and_model_and_no_simulation_kept():
 
 def test_a_two_layer_plan_stands_for_the_whole_step():
     # what the planner does: plans of two layers, extrapolated to the model's layer count
-    from dataclasses import replace
-
     topology, placement, grid = _machine("aurora", 4)
     layout = ParallelLayout(12, 4)
     short = plan_hybrid("tapa", replace(FLUX, num_layers=2), grid, STREAMS, layout)
@@ -87,3 +90,60 @@ def _first_layer(plan):
     from cocodiff.plan.steps import RankProgram
 
     return replace(plan, programs=tuple(RankProgram(p.rank, p.layers[:1]) for p in plan.programs))
+
+
+# -- a long Ring's passes extrapolated (simulate._simulate_passes) ---------------------
+
+FLUX4 = replace(FLUX, num_layers=4)  # four layers: short, still extrapolated
+
+
+def _every_pass(monkeypatch, plan, topology, placement):
+    with monkeypatch.context() as patch:
+        patch.setattr(simulate, "MIN_EXTRAPOLATED_PASSES", 10**9)
+        return simulate_layers(plan, topology, placement)
+
+
+@pytest.mark.parametrize("preset,nodes,name,layout,nic_gbps", [
+    ("aurora", 2, "flat", ParallelLayout(2, 12), None),
+    ("aurora", 2, "tapa", ParallelLayout(1, 24), None),
+    ("aurora", 4, "vfirst", ParallelLayout(4, 12), None),
+    ("aurora", 4, "cocodiff", ParallelLayout(4, 12, 1, ("batch", "ulysses", "ring")), None),
+    ("aurora", 8, "flat", ParallelLayout(8, 12), None),
+    ("aurora", 16, "tapa", ParallelLayout(12, 16), None),
+    ("aurora", 2, "flat", ParallelLayout(2, 12), 0.05),  # passes slower than the blocks
+    ("aurora", 8, "vfirst", ParallelLayout(4, 24), 0.05),
+    ("dgx-h100", 2, "flat", ParallelLayout(1, 16), None),
+    ("dgx-h100", 3, "tapa", ParallelLayout(2, 12, 1, ("batch", "ulysses", "ring")), 0.5),
+])
+def test_extrapolated_passes_are_every_pass_simulated(monkeypatch, preset, nodes, name, layout,
+                                                      nic_gbps):
+    spec = get_preset(preset, nodes)
+    if nic_gbps is not None:
+        spec = replace(spec, nic_link=replace(spec.nic_link, bandwidth_gbps=nic_gbps))
+    topology = build_topology(spec)
+    placement = Placement.node_major(topology)
+    grid = RankGrid.from_placement(topology, placement)
+    plan = plan_hybrid(name, FLUX4, grid, STREAMS, layout)
+    assert plan_passes(plan.programs) >= simulate.MIN_EXTRAPOLATED_PASSES
+    fast = simulate_layers(plan, topology, placement)
+    full = _every_pass(monkeypatch, plan, topology, placement)
+    assert fast.passes_extrapolated and not full.passes_extrapolated
+    _assert_same(fast, full)
+
+
+def test_extrapolated_passes_are_the_full_simulation():
+    # no extrapolation at all on the other side: every layer and every pass
+    topology, placement, grid = _machine("aurora", 2)
+    plan = plan_hybrid("vfirst", FLUX4, grid, STREAMS, ParallelLayout(2, 12))
+    _assert_same(simulate_layers(plan, topology, placement),
+                 simulate_plan(plan, topology, placement))
+
+
+def test_a_third_point_off_the_line_falls_back_to_every_pass(monkeypatch):
+    topology, placement, grid = _machine("aurora", 2)
+    plan = plan_hybrid("flat", FLUX4, grid, STREAMS, ParallelLayout(2, 12))
+    monkeypatch.setattr(simulate._Point, "matches", lambda self, other: False)
+    fallback = simulate_layers(plan, topology, placement)
+    assert not fallback.passes_extrapolated
+    _assert_same(fallback, _every_pass(monkeypatch, plan, topology, placement))
+    assert fallback.to_json()["passes_extrapolated"] is False
