@@ -219,7 +219,7 @@ def estimate_layout(spec, num_layers: int, num_heads: int, layout, name: str, pl
     """
     from cocodiff.schedules import get_schedule
     from cocodiff.schedules.ulysses import split_heads
-    from cocodiff.simulator.simulate import MIN_EXTRAPOLATED_PASSES
+    from cocodiff.simulator.simulate import MIN_EXTRAPOLATED_PASSES, PASS_POINTS
 
     per_node = spec.gpus_per_node * spec.tiles_per_gpu
     num_ranks = spec.num_nodes * per_node
@@ -231,7 +231,7 @@ def estimate_layout(spec, num_layers: int, num_heads: int, layout, name: str, pl
     # of its block after the first pass (cocodiff.simulator.simulate.simulate_layers).
     layer_runs = [1, 2] if extrapolated and num_layers > 2 else [num_layers]
     reduced = extrapolated and ring - 2 >= MIN_EXTRAPOLATED_PASSES
-    passes = [1 + repeats for repeats in (1, 2, 3)] if reduced else [ring - 1]
+    passes = [1 + repeats for repeats in PASS_POINTS] if reduced else [ring - 1]
     runs = [(layers, count) for layers in layer_runs for count in passes]
     if get_schedule(name).phased:
         sizes = _phase_sizes_of_group(spec, layout)

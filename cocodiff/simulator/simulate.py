@@ -195,8 +195,10 @@ def simulate_layers(
 
 
 # A Ring whose block repeats at least this often in a layer (cocodiff.plan.passes) is
-# simulated with 1, 2 and 3 repeats instead (each a short simulation) and extrapolated.
+# simulated with PASS_POINTS repeats instead (each a short simulation) and extrapolated
+# along the line through the first two, the third checking it.
 MIN_EXTRAPOLATED_PASSES = 8
+PASS_POINTS = (1, 2, 3)
 # How close the third simulation must come to the line through the first two (relative
 # to the value) for the extrapolation to be taken.
 PASSES_RTOL = 1e-9
@@ -224,7 +226,7 @@ def _simulate_passes(plan: Plan, topology: Topology, placement: Placement | None
                                     plan.programs, count)),
                                 topology, placement, collective=collective,
                                 gathers=gathers, cache=cache))
-        for count in (1, 2, 3))
+        for count in PASS_POINTS)
     if _Point.affine(one, two, 2).matches(three):
         point = _Point.affine(one, two, passes - 1).plus_effort(three)
         point.result.passes_extrapolated = True
