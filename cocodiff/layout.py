@@ -233,7 +233,7 @@ def _groups(layout: ParallelLayout) -> tuple[tuple[tuple[int, ...], ...], ...]:
     def along(axis: str, index: np.ndarray) -> list[tuple[int, ...]]:
         # A group is its first member (index 0 along ``axis``) plus k strides.
         first = position - index * strides[axis]
-        firsts = np.unique(first)
+        firsts = position[index == 0]  # each group's first member, rising
         rows = firsts[:, None] + np.arange(getattr(layout, axis)) * strides[axis]
         groups = [tuple(row) for row in rows.tolist()]
         return [groups[i] for i in np.searchsorted(firsts, first).tolist()]

@@ -76,7 +76,8 @@ class Topology:
 
     __slots__ = (
         "spec",
-        "graph",
+        "_vertices",
+        "_graph",
         "tiles",
         "num_nodes",
         "tiles_per_node",
@@ -96,9 +97,11 @@ class Topology:
     _fold_links: Callable[[Route, int], Route]
     link_table: Callable[[], LinkTable]
 
-    def __init__(self, spec: TopologySpec, graph: nx.DiGraph, tiles: tuple[str, ...]) -> None:
+    def __init__(self, spec: TopologySpec, vertices: dict[str, tuple[str, int | None]],
+                 links: dict[Link, tuple[float, float, str]], tiles: tuple[str, ...]) -> None:
         self.spec = spec
-        self.graph = graph
+        self._vertices = vertices
+        self._graph: nx.DiGraph | None = None
         self.tiles = tiles
         self.num_nodes = spec.num_nodes
         self.tiles_per_node = spec.tiles_per_node
@@ -110,11 +113,8 @@ class Topology:
             local = gpu * spec.tiles_per_gpu + index
             nic = f"n{node}.nic{local % spec.nics_per_node}" if spec.nics_per_node else None
             self._tile_info[tile] = (node, f"{node_part}.{gpu_part}", local, nic)
-        self._link_attrs: dict[Link, tuple[float, float, str]] = {
-            (u, v): (data["bandwidth_gbps"], data["latency_us"], data["kind"])
-            for u, v, data in graph.edges(data=True)
-        }
-        folded_vertex = {v: _fold_vertex(v) for v in graph.nodes}
+        self._link_attrs = links  # (bandwidth_gbps, latency_us, kind) by directed link
+        folded_vertex = {v: _fold_vertex(v) for v in vertices}
         self._fold: dict[Link, Link] = {
             link: (folded_vertex[link[0]], folded_vertex[link[1]]) for link in self._link_attrs
         }
@@ -136,6 +136,22 @@ class Topology:
             lambda links, period_nodes: tuple(self.fold_link(link, period_nodes)
                                               for link in links))
         self.link_table = lru_cache(maxsize=1)(self._link_table)
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The machine as a networkx graph (the module docstring), built on first use:
+        the simulator reads the links from their table, and a graph of 4,096 Aurora
+        nodes (450,560 links) took longer to build than a simulation to run."""
+        if self._graph is None:
+            graph = nx.DiGraph(name=self.spec.name)
+            graph.add_nodes_from((name, {"kind": kind, "node": node})
+                                 for name, (kind, node) in self._vertices.items())
+            graph.add_edges_from((u, v, {"bandwidth_gbps": bandwidth, "latency_us": latency,
+                                         "kind": kind})
+                                 for (u, v), (bandwidth, latency, kind)
+                                 in self._link_attrs.items())
+            self._graph = graph
+        return self._graph
 
     def __repr__(self) -> str:
         return (
@@ -297,32 +313,40 @@ class Topology:
 
 
 def build_topology(spec: TopologySpec) -> Topology:
-    """Validate ``spec`` and build its graph.
+    """Validate ``spec`` and build its machine: vertices, links, tiles (the graph itself
+    on first use, :attr:`Topology.graph`).
 
     Raises:
         TopologyError: the spec is invalid (see :func:`topology.spec.validate_spec`).
     """
     validate_spec(spec)
-    graph = nx.DiGraph(name=spec.name)
+    # Vertex -> (kind, node), and source -> destination -> (bandwidth, latency, kind), in
+    # the order a networkx DiGraph built the same way would list them (its edge order is
+    # the simulator's link order).
+    vertices: dict[str, tuple[str, int | None]] = {}
+    succ: dict[str, dict[str, tuple[float, float, str]]] = {}
     tiles: list[str] = []
 
+    def vertex(name: str, kind: str, node: int | None) -> None:
+        vertices[name] = (kind, node)
+        succ[name] = {}
+
     def link(u: str, v: str, bandwidth_gbps: float, latency_us: float, kind: str) -> None:
-        graph.add_edge(u, v, bandwidth_gbps=bandwidth_gbps, latency_us=latency_us, kind=kind)
-        graph.add_edge(v, u, bandwidth_gbps=bandwidth_gbps, latency_us=latency_us, kind=kind)
+        succ[u][v] = succ[v][u] = (bandwidth_gbps, latency_us, kind)
 
     def spec_link(u: str, v: str, link_spec: LinkSpec, kind: str) -> None:
         link(u, v, link_spec.bandwidth_gbps, link_spec.latency_us, kind)
 
     for n in range(spec.num_nodes):
         host = f"n{n}"
-        graph.add_node(host, kind="node", node=n)
+        vertex(host, "node", n)
         gpus = [f"{host}.g{g}" for g in range(spec.gpus_per_node)]
         for gpu in gpus:
-            graph.add_node(gpu, kind="gpu", node=n)
+            vertex(gpu, "gpu", n)
             spec_link(gpu, host, spec.host_link, "host")
             gpu_tiles = [f"{gpu}.t{t}" for t in range(spec.tiles_per_gpu)]
             for tile in gpu_tiles:
-                graph.add_node(tile, kind="tile", node=n)
+                vertex(tile, "tile", n)
                 spec_link(tile, gpu, spec.port_link, "port")
             for i, a in enumerate(gpu_tiles):
                 for b in gpu_tiles[i + 1 :]:
@@ -331,7 +355,7 @@ def build_topology(spec: TopologySpec) -> Topology:
         if spec.gpu_link is not None:
             if spec.gpu_fabric == "switch":
                 switch = f"{host}.sw"
-                graph.add_node(switch, kind="switch", node=n)
+                vertex(switch, "switch", n)
                 for gpu in gpus:
                     spec_link(gpu, switch, spec.gpu_link, "gpu")
             else:
@@ -340,14 +364,15 @@ def build_topology(spec: TopologySpec) -> Topology:
                         spec_link(a, b, spec.gpu_link, "gpu")
         for k in range(spec.nics_per_node):
             nic = f"{host}.nic{k}"
-            graph.add_node(nic, kind="nic", node=n)
+            vertex(nic, "nic", n)
             link(host, nic, spec.nic_link.bandwidth_gbps, 0.0, "nic")
     if spec.num_nodes > 1:
-        graph.add_node(FABRIC, kind="switch", node=None)
+        vertex(FABRIC, "switch", None)
         for n in range(spec.num_nodes):
             for k in range(spec.nics_per_node):
                 spec_link(f"n{n}.nic{k}", FABRIC, spec.nic_link, "nic")
-    return Topology(spec, graph, tuple(tiles))
+    links = {(u, v): attrs for u, targets in succ.items() for v, attrs in targets.items()}
+    return Topology(spec, vertices, links, tuple(tiles))
 
 
 def _fold_vertex(vertex: str, period_nodes: int = 1) -> str:

@@ -163,7 +163,6 @@ def _from_plan_file(args) -> int:
 
 def _single(args, names, options, collective) -> int:
     from cocodiff.runtime.model_names import model_size, model_spec
-    from cocodiff.schedules import get_schedule
     from topology import Placement, build_topology, resolve_topology
 
     machine = with_compute_mode(
@@ -189,14 +188,15 @@ def _single(args, names, options, collective) -> int:
                # the planner's own simulation of a winner (same options) is that step
                "known": known}
     # Schedules run side by side on the local cores, the step-dependent ones (V-Major's:
-    # a plan per cache ratio, the longest) first; a recorded timeline (trace, plot)
-    # stays in this process.
-    longest_first = sorted(names, key=lambda name: not get_schedule(name).step_dependent)
-    with _progress(names, estimate.wall_s) as advance:
-        done = map_local(_simulate_one, context, longest_first, 1 if record else args.workers,
-                         progress=advance)
-    by_name = dict(zip(longest_first, done, strict=True))
-    results = [by_name[name] for name in names]
+    # a plan per cache ratio, the longest) first, their distinct plans shared out over
+    # the workers; a recorded timeline (trace, plot) stays in this process.
+    workers = 1 if record else (args.workers or local_cores())
+    jobs = _jobs(names, context, workers)
+    with _progress(len(jobs), estimate.wall_s) as advance:
+        done = map_local(_simulate_job, context, jobs, workers, progress=advance)
+    results = [_gathered(context, name, [out for (job_name, _), out
+                                         in zip(jobs, done, strict=True) if job_name == name])
+               for name in names]
     spec = topology.spec
     title = (
         f"{model.name} {width}x{height}" + (f"x{args.frames}f" if args.frames > 1 else "")
@@ -274,9 +274,9 @@ def _check_resources(args, names, options, machine, model):
 
 
 @contextmanager
-def _progress(names, estimate_s: float):
+def _progress(jobs: int, estimate_s: float):
     """A progress bar on a terminal's stderr for what is estimated to run long (the
-    resource guard's estimate): schedules done of those asked for. Yields the callback
+    resource guard's estimate): simulation jobs done of ``jobs``. Yields the callback
     :func:`cocodiff.simulator.fanout.map_local` calls as each one finishes."""
     import sys
 
@@ -289,20 +289,65 @@ def _progress(names, estimate_s: float):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("schedules"), TimeElapsedColumn(),
+               TextColumn("jobs"), TimeElapsedColumn(),
                TextColumn(f"(estimated ~{estimate_s:.0f} s of CPU in all)"))
     with Progress(*columns, console=Console(stderr=True, markup=False),
                   transient=True) as bar:
-        task = bar.add_task("schedules", total=len(names))
+        task = bar.add_task("jobs", total=jobs)
         yield lambda _index: bar.advance(task)
 
 
-def _simulate_one(context: dict, name: str):
-    """One schedule's :func:`~cocodiff.simulator.simulate.simulate_schedule` (a local
-    worker's job)."""
-    from cocodiff.simulator.simulate import simulate_schedule
+def _jobs(names, context: dict, workers: int) -> list[tuple[str, tuple[int, ...] | None]]:
+    """The simulation jobs: (schedule, None) for a schedule's whole run, or (schedule,
+    distinct plan indices) for a share of a step-dependent schedule's plans (V-Major: one
+    per cache ratio, the longest job by far), one share per worker. The step-dependent
+    first; their run plans are built here, into ``context["run_plans"]``, for the workers
+    and for :func:`_gathered`."""
+    from cocodiff.schedules import get_schedule
 
+    context["run_plans"] = {}
+    jobs: list[tuple[str, tuple[int, ...] | None]] = []
+    for name in sorted(names, key=lambda name: not get_schedule(name).step_dependent):
+        if workers > 1 and get_schedule(name).step_dependent:
+            run_plan = context["run_plans"][name] = _run_plan(context, name)
+            distinct = tuple(dict.fromkeys(run_plan.step_plans))
+            shares = min(workers, len(distinct))
+            jobs += [(name, distinct[share::shares]) for share in range(shares)]
+        else:
+            jobs.append((name, None))
+    return jobs
+
+
+def _run_plan(context: dict, name: str):
+    """The schedule's run plan, as :func:`~cocodiff.simulator.simulate.simulate_schedule`
+    builds it."""
+    from cocodiff.schedules.grid import RankGrid
+    from cocodiff.schedules.run_plan import build_run_plan
+
+    model, topology, placement, streams, steps = context["positional"]
+    options = context["options"]["options"]
+    if name in context["chunks"]:
+        options = replace(options, chunks=context["chunks"][name])
+    return build_run_plan(name, model, RankGrid.from_placement(topology, placement), streams,
+                          steps, options, parallel=context["layouts"][name],
+                          activity=context["options"]["activity"])
+
+
+def _simulate_job(context: dict, job: tuple[str, tuple[int, ...] | None]):
+    """One job of :func:`_jobs` (a local worker's): a schedule's
+    :func:`~cocodiff.simulator.simulate.simulate_schedule`, or some of its distinct plans'
+    :func:`~cocodiff.simulator.simulate.simulate_step_plans`."""
+    from cocodiff.simulator.simulate import simulate_schedule, simulate_step_plans
+
+    name, indices = job
     options = dict(context["options"])
+    if indices is not None:
+        _, topology, placement, _, _ = context["positional"]
+        steps = simulate_step_plans(context["run_plans"][name], indices, topology, placement,
+                                    options["collective"])
+        for step in steps.values():
+            step.result.simulation = None  # a worker's result must pickle
+        return steps
     if name in context["chunks"]:
         options["options"] = replace(options["options"], chunks=context["chunks"][name])
     result = simulate_schedule(name, *context["positional"], parallel=context["layouts"][name],
@@ -310,6 +355,21 @@ def _simulate_one(context: dict, name: str):
     if not context["options"]["record_spans"]:
         result.simulation = None  # nothing reads it, and a worker's result must pickle
     return result
+
+
+def _gathered(context: dict, name: str, outputs: list):
+    """A schedule's result from its jobs' ``outputs``: the one job's result, or the run's
+    plans shared out, put together by
+    :func:`~cocodiff.simulator.simulate.simulate_run_plan`."""
+    from cocodiff.simulator.simulate import simulate_run_plan
+
+    if name not in context["run_plans"]:
+        (result,) = outputs
+        return result
+    steps = {index: step for out in outputs for index, step in out.items()}
+    _, topology, placement, _, _ = context["positional"]
+    return simulate_run_plan(context["run_plans"][name], topology, placement,
+                             collective=context["options"]["collective"], done=steps)
 
 
 def _layouts(args, names, model, topology, streams, options, collective, num_ranks

@@ -12,13 +12,11 @@ and three repeats and extrapolates, which needs the plan cut to a given number o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-import numpy as np
-
 from cocodiff.plan.lazy import LazyPrograms, exemplar_programs
-from cocodiff.plan.steps import Compute, Exchange, LayerPlan, RankProgram, Wait
+from cocodiff.plan.steps import Compute, Exchange, LayerPlan, RankProgram, Step, Wait
 
 # The repeated block: the pass, the block's attention, the wait for the pass.
 PASS_STEPS = 3
@@ -42,43 +40,69 @@ def repeated_passes(layer: LayerPlan) -> tuple[int, int] | None:
                 and all(steps[start + PASS_STEPS + i] is steps[start + i]
                         for i in range(PASS_STEPS))):
             continue
-        # The run's length from the steps' identities, block by block, in numpy (a Ring
-        # of 4,096 nodes repeats its block 2,046 times, and plans of every rank ask).
-        blocks = (len(steps) - start) // PASS_STEPS
-        ids = np.fromiter(map(id, steps[start:start + blocks * PASS_STEPS]), dtype=np.uint64,
-                          count=blocks * PASS_STEPS).reshape(blocks, PASS_STEPS)
-        other = np.flatnonzero((ids != ids[0]).any(axis=1))
-        return start, int(other[0]) if other.size else blocks
+        return start, _run_length(steps, start, (len(steps) - start) // PASS_STEPS)
     return None
 
 
-def plan_passes(programs: Sequence[RankProgram]) -> int | None:
+def _run_length(steps: tuple[Step, ...], start: int, most: int) -> int:
+    """The most repeats ``k <= most`` of the block at ``start`` (repeated at least twice)
+    with ``steps[start:start + 3k] == block * k``.
+
+    Tuples compare in C and identical items at once, where a loop over 6,000 steps (a
+    Ring of 4,096 nodes) cost more than the floor walk that asks; an item that is not the
+    block's own object is compared by value, and an equal step is walked and simulated
+    alike. A Ring's run ends just before its last block, so that is tried first, then
+    bisection."""
+    block = steps[start:start + PASS_STEPS]
+    low, high = 2, most
+    guesses = [most, most - 1]
+    while low < high:
+        guess = guesses.pop(0) if guesses else (low + high + 1) // 2
+        if not low < guess <= high:
+            continue
+        if steps[start:start + guess * PASS_STEPS] == block * guess:
+            low = guess
+        else:
+            high = guess - 1
+    return low
+
+
+# How a caller finds a layer's repeats: :func:`repeated_passes`, or a memo of it shared
+# by the calls that meet the same layers (the simulator's cuts of one plan).
+Finder = Callable[[LayerPlan], "tuple[int, int] | None"]
+
+
+def plan_passes(programs: Sequence[RankProgram], find: Finder = repeated_passes
+                ) -> int | None:
     """The repeats of the Ring's block in every layer of the plan (the exemplars of a
     lazy plan), or None when some layer has none or the layers disagree."""
     counts = set()
     for program in exemplar_programs(programs):
         for layer in {id(layer): layer for layer in program.layers}.values():
-            found = repeated_passes(layer)
+            found = find(layer)
             counts.add(None if found is None else found[1])
     return counts.pop() if len(counts) == 1 else None
 
 
-def with_passes(programs: Sequence[RankProgram], count: int) -> Sequence[RankProgram]:
+def with_passes(programs: Sequence[RankProgram], count: int,
+                find: Finder = repeated_passes) -> Sequence[RankProgram]:
     """Every program with its layers' repeated Ring block cut to ``count`` repeats
     (lazily for lazy programs); layers shared before stay shared."""
     if isinstance(programs, LazyPrograms):
-        return LazyPrograms(len(programs), _FewerPasses(programs, count), programs.exemplars)
-    cut = _FewerPasses(programs, count)
+        return LazyPrograms(len(programs), _FewerPasses(programs, count, find),
+                            programs.exemplars)
+    cut = _FewerPasses(programs, count, find)
     return tuple(cut.program(p) for p in programs)
 
 
 class _FewerPasses:
     """A rank's program of ``programs`` with ``count`` repeats (a picklable build)."""
 
-    __slots__ = ("count", "programs")
+    __slots__ = ("count", "find", "programs")
 
-    def __init__(self, programs: Sequence[RankProgram], count: int) -> None:
-        self.programs, self.count = programs, count
+    def __init__(self, programs: Sequence[RankProgram], count: int,
+                 find: Finder = repeated_passes) -> None:
+        self.programs, self.count, self.find = programs, count, find
 
     def __call__(self, rank: int) -> RankProgram:
         return self.program(self.programs[rank])
@@ -91,7 +115,7 @@ class _FewerPasses:
         return RankProgram(program.rank, tuple(cut[id(layer)] for layer in program.layers))
 
     def layer(self, layer: LayerPlan) -> LayerPlan:
-        found = repeated_passes(layer)
+        found = self.find(layer)
         if found is None:
             return layer
         start, count = found

@@ -44,27 +44,34 @@ def group_grid(grid: RankGrid, positions: Sequence[int]) -> RankGrid:
     global ranks: the box of (node, GPU, tile) coordinates its members fill, so TAPA's
     phases follow the tiers. Members that fill no box form a line (one flat level)."""
     ranks = tuple(grid.ranks[p] for p in positions)
-    return RankGrid(_box_shapes(grid, np.array([positions]))[0], ranks)
+    return RankGrid(_shape(_box_shapes(grid, np.array([positions]))[0]), ranks)
 
 
-def _box_shapes(grid: RankGrid, positions: np.ndarray) -> list[tuple[int, int, int]]:
+def _box_shapes(grid: RankGrid, positions: np.ndarray) -> np.ndarray:
     """The (nodes, GPUs, tiles) box each row of grid ``positions`` (groups x members, in
-    Ulysses order) fills, or ``(1, members, 1)`` for a row that fills none.
+    Ulysses order) fills, or ``(1, members, 1)`` for a row that fills none: one row of
+    three per group.
 
     A row fills a box when its members, in Ulysses order, run in (node, GPU, tile) order
     (positions rising: they are row-major) over as many coordinates as the box has
     places; numpy over all rows at once (49,152 groups on 4,096 Aurora nodes)."""
     members = positions.shape[1]
     coords = np.unravel_index(positions, grid.shape)
-    values = [1 + (np.diff(np.sort(axis, axis=1), axis=1) != 0).sum(axis=1) for axis in coords]
-    boxed = ((np.diff(positions, axis=1) > 0).all(axis=1)
-             & (values[0] * values[1] * values[2] == members))
-    return [(int(n), int(g), int(t)) if box else (1, members, 1)
-            for n, g, t, box in zip(*values, boxed, strict=True)]
+    values = np.stack([1 + (np.diff(np.sort(axis, axis=1), axis=1) != 0).sum(axis=1)
+                       for axis in coords], axis=1)
+    boxed = ((np.diff(positions, axis=1) > 0).all(axis=1) & (values.prod(axis=1) == members))
+    return np.where(boxed[:, None], values, np.array([1, members, 1]))
 
 
-@functools.lru_cache(maxsize=16)
-def ulysses_grids(grid: RankGrid, parallel: ParallelLayout) -> Mapping[int, RankGrid]:
+def _shape(row: np.ndarray) -> tuple[int, int, int]:
+    nodes, gpus, tiles = row.tolist()
+    return nodes, gpus, tiles
+
+
+# Every candidate layout of a planner run (17 for FLUX.1-dev on Aurora, asked for by each
+# schedule in turn: fewer places than layouts would evict each before its next use).
+@functools.lru_cache(maxsize=64)
+def ulysses_grids(grid: RankGrid, parallel: ParallelLayout) -> UlyssesGrids:
     """Every Ulysses group's rank grid (:func:`group_grid`), by the grid position of its
     Ulysses index 0.
 
@@ -77,15 +84,17 @@ def ulysses_grids(grid: RankGrid, parallel: ParallelLayout) -> Mapping[int, Rank
     everyone = np.arange(grid.num_ranks)
     leaders = everyone[(everyone // stride) % ulysses == 0]
     positions = leaders[:, None] + np.arange(ulysses) * stride  # (groups, ulysses)
-    shapes = set(_box_shapes(grid, positions))
+    shapes = _box_shapes(grid, positions)
     # Groups that straddle node or GPU boundaries differently (8 of a 12-rank node) must
     # fit one plan: then every group exchanges as one flat level.
-    shape = shapes.pop() if len(shapes) == 1 else (1, ulysses, 1)
-    return _Grids(shape, leaders.tolist(), np.asarray(grid.ranks)[positions])
+    shape = _shape(shapes[0]) if (shapes == shapes[0]).all() else (1, ulysses, 1)
+    return UlyssesGrids(shape, leaders.tolist(), np.asarray(grid.ranks)[positions])
 
 
-class _Grids(Mapping[int, RankGrid]):
-    """Group leader's grid position -> the group's :class:`RankGrid`, built on first use."""
+class UlyssesGrids(Mapping[int, RankGrid]):
+    """Group leader's grid position -> the group's :class:`RankGrid`, built on first use;
+    ``shape``: the (nodes, GPUs, tiles) box every group fills (``(1, members, 1)``: a
+    line)."""
 
     __slots__ = ("_built", "_members", "_row", "shape")
 
@@ -223,8 +232,8 @@ class _HybridBuild:
     the group's global ranks, the Ring spliced in (a picklable build for
     :class:`~cocodiff.plan.lazy.LazyPrograms`)."""
 
-    __slots__ = ("dtype_bytes", "groups", "host", "parallel", "position_of", "ranks",
-                 "relabelled", "sub")
+    __slots__ = ("dtype_bytes", "grid", "groups", "host", "parallel", "ranks",
+                 "relabelled", "ring_ranks", "sub")
 
     def __init__(self, sub: Plan, grid: RankGrid, parallel: ParallelLayout,
                  groups: Mapping[int, RankGrid], dtype_bytes: int,
@@ -233,30 +242,35 @@ class _HybridBuild:
             dtype_bytes
         self.host = host  # the Ring's counted host ops (cocodiff.cost.ring_host_ops)
         self.ranks = grid.ranks
-        self.position_of = {rank: position for position, rank in enumerate(grid.ranks)}
+        self.grid = grid  # its ranks' grid positions (``RankGrid.position``)
         # Per group leader: its relabelled layers by the local layer's id, shared by the
         # group's members (as the eager plan shared them).
         self.relabelled: dict[int, dict[int, LayerPlan]] = {}
+        self.ring_ranks: dict[int, tuple[int, ...]] = {}  # by the Ring's first position
 
     def __getstate__(self) -> tuple:
         # The relabelled layers are keyed by object ids, which do not survive a pickle.
         return self.sub, self.parallel, self.groups, self.dtype_bytes, self.ranks, \
-            self.position_of, self.host
+            self.grid, self.host
 
     def __setstate__(self, state: tuple) -> None:
         (self.sub, self.parallel, self.groups, self.dtype_bytes, self.ranks,
-         self.position_of, self.host) = state
-        self.relabelled = {}
+         self.grid, self.host) = state
+        self.relabelled, self.ring_ranks = {}, {}
 
     def __call__(self, rank: int) -> RankProgram:
         parallel, split = self.parallel, self.sub.head_split
-        position = self.position_of[rank]
+        position = self.grid.position(rank)
         positions = parallel.ulysses_group(position)
         leader, u = positions[0], positions.index(position)
         members = self.groups[leader]
         relabelled = self.relabelled.setdefault(leader, {})
         ring = parallel.ring
-        ring_ranks = tuple(self.ranks[p] for p in parallel.ring_group(position))
+        ring_positions = parallel.ring_group(position)  # shared by the Ring's members
+        ring_ranks = self.ring_ranks.get(ring_positions[0])
+        if ring_ranks is None:  # one tuple per Ring (2,048 ranks long on 4,096 nodes)
+            ring_ranks = self.ring_ranks[ring_positions[0]] = tuple(
+                self.ranks[p] for p in ring_positions)
         # One row = this rank's K and V for one block: (2, batch, S/ring, heads, d).
         row_bytes = 2 * split.batch * split.padded_tokens * split.heads[u] \
             * split.head_dim * self.dtype_bytes

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
 
 from cocodiff.cost import compute_seconds
 from cocodiff.plan.gather import GatherStage
 from cocodiff.plan.passes import PASS_STEPS, repeated_passes
-from cocodiff.plan.steps import Compute, Exchange, Plan
+from cocodiff.plan.steps import Compute, Exchange, LayerPlan, Plan, Step
 from cocodiff.simulator.symmetry import fold_period_ranks
 from topology import Placement, Topology
 from transports.sim import CollectiveModel
@@ -217,7 +218,9 @@ class _FloorWalk:
         self.plan, self.topology, self.collective = plan, topology, collective
         self.tiles = placement.tiles  # by global rank
         self.message_s: dict[tuple, float] = {}
-        self.spans: dict[tuple[int, ...], str] = {}
+        # Groups by identity (a Ring pass's group is thousands of ranks long, and hashing
+        # it on every pass cost more than the walk; the plan keeps the groups alive).
+        self.span_of = _span_memo(topology, self.tiles)
         # A Ring repeats one pass object (ring - 1) times in a rank's layer, and layers
         # are shared objects: times are worked out once per rank (keyed by identity; the
         # plan keeps the steps alive).
@@ -225,13 +228,6 @@ class _FloorWalk:
         self.compute_s: dict[int, float] = {}
         self.layers: dict[tuple[int, int], float | None] = {}
         self.passes: dict[int, tuple[int, int] | None] = {}  # by layer identity
-
-    def span_of(self, group: tuple[int, ...]) -> str:
-        from transports.sim import group_span
-
-        if group not in self.spans:
-            self.spans[group] = group_span(self.topology, (self.tiles[rank] for rank in group))
-        return self.spans[group]
 
     def fastest_s(self, src: int, dst: int, num_bytes: int, messages: int, span: str) -> float:
         tiles, topology, collective = self.tiles, self.topology, self.collective
@@ -246,10 +242,12 @@ class _FloorWalk:
                                    + cost.setup_s(messages) + num_bytes / rate)
         return self.message_s[key]
 
-    def sends_s(self, rank: int, group: tuple[int, ...], send_bytes) -> float:
-        sends = [(dst, num_bytes) for dst, num_bytes in zip(group, send_bytes, strict=True)
-                 if num_bytes and dst != rank]
-        span = self.span_of(tuple(group))
+    def sends_s(self, rank: int, group: tuple[int, ...], amounts: Sequence[int],
+                unit: int = 1) -> float:
+        """The slowest of ``rank``'s messages to ``group``, ``amounts[i] * unit`` bytes to
+        member i, each at the fastest it can go."""
+        sends = _sends(rank, group, amounts, unit)
+        span = self.span_of(group)
         return max((self.fastest_s(rank, dst, num_bytes, len(sends), span)
                     for dst, num_bytes in sends), default=0.0)
 
@@ -285,8 +283,7 @@ class _FloorWalk:
         key = (rank, id(step))
         if key not in self.by_step:
             if not step.phases:
-                total = self.sends_s(rank, step.group,
-                                     [rows * step.row_bytes for rows in step.send_rows])
+                total = self.sends_s(rank, step.group, step.send_rows, step.row_bytes)
             else:
                 total = 0.0
                 for phase in step.phases:
@@ -383,19 +380,14 @@ def model_bound_s(plan: Plan, topology: Topology, placement: Placement,
     links (:func:`traffic_bound`'s ``fold_ranks``): the same bound.
     """
     from cocodiff.plan.phasing import chunk_member_bytes
-    from transports.sim import group_span
+    from transports.sim import IdentityMemo
 
     tiles = placement.tiles  # by global rank
-    spans: dict[tuple[int, ...], str] = {}
+    span_of = _span_memo(topology, tiles)
     message_s: dict[tuple, float] = {}
 
-    def span_of(group: tuple[int, ...]) -> str:
-        if group not in spans:
-            spans[group] = group_span(topology, (tiles[rank] for rank in group))
-        return spans[group]
-
     def rank_s(rank: int, group: tuple[int, ...], send_bytes: list[int]) -> float:
-        sends = [(dst, b) for dst, b in zip(group, send_bytes, strict=True) if b and dst != rank]
+        sends = _sends(rank, group, send_bytes, 1)
         cost = collective.cost(span_of(group))
         worst = 0.0
         for dst, num_bytes in sends:
@@ -445,24 +437,68 @@ def model_bound_s(plan: Plan, topology: Topology, placement: Placement,
         per_exchange.append(times)
         by_steps[tuple(map(id, steps))] = times
 
-    def exchange_s(t: list[list[float]]) -> float:
+    def pipelined_s(t: list[list[float]]) -> float:
         return max(sum(t[q][0] for q in range(p)) + sum(t[p])
                    + sum(t[q][-1] for q in range(p + 1, len(t))) for p in range(len(t)))
 
-    worst = 0.0
-    for rank, layer in enumerate(layers):
+    # By identity: a Ring's passes share their times' lists (``by_steps``).
+    exchange_s = IdentityMemo(pipelined_s)
+
+    def layer_s(rank: int, layer: LayerPlan) -> float:
+        # Exchanges started while none is in flight open a group; groups add up, and a
+        # group takes its longest exchange.
         total = group_s = 0.0
         in_flight: set[str] = set()
         index = 0
-        for item in layer.attention:
-            if isinstance(item, Exchange):
-                if not in_flight:  # a new group of exchanges in flight together
-                    total += group_s
-                    group_s = 0.0
-                group_s = max(group_s, exchange_s(per_exchange[index][rank]))
-                in_flight.add(item.tensor)
-                index += 1
-            elif not isinstance(item, Compute):  # Wait
-                in_flight.discard(item.tensor)
-        worst = max(worst, total + group_s)
+
+        def walk(steps: Sequence[Step]) -> None:
+            nonlocal total, group_s, index
+            for item in steps:
+                if isinstance(item, Exchange):
+                    if not in_flight:
+                        total += group_s
+                        group_s = 0.0
+                    group_s = max(group_s, exchange_s(per_exchange[index][rank]))
+                    in_flight.add(item.tensor)
+                    index += 1
+                elif not isinstance(item, Compute):  # Wait
+                    in_flight.discard(item.tensor)
+
+        found = repeated_passes(layer)
+        if found is None:
+            walk(layer.attention)
+            return total + group_s
+        # A long Ring's repeated block walked twice: every later repeat adds what the
+        # second did (it waits for the pass it starts: the state it leaves is the same).
+        start, count = found
+        steps = layer.attention
+        walk(steps[:start + PASS_STEPS])
+        before = (total, index)
+        walk(steps[start + PASS_STEPS:start + 2 * PASS_STEPS])
+        total += (count - 2) * (total - before[0])
+        index += (count - 2) * (index - before[1])
+        walk(steps[start + count * PASS_STEPS:])
+        return total + group_s
+
+    worst = max(layer_s(rank, layer) for rank, layer in enumerate(layers))
     return worst * len(plan.program(0).layers)
+
+
+def _sends(rank: int, group: Sequence[int], amounts: Sequence[int], unit: int
+           ) -> list[tuple[int, int]]:
+    """(destination, bytes) of ``rank``'s messages: ``amounts[i] * unit`` bytes to
+    ``group[i]``, none to itself and none empty. Picked out in C (``compress``): a Ring
+    pass sends one message to a group of up to 49,152 ranks, and every pass asks."""
+    if len(group) != len(amounts):
+        raise ValueError(f"{len(amounts)} amounts for a group of {len(group)}")
+    return [(dst, amount * unit) for dst, amount
+            in zip(compress(group, amounts), compress(amounts, amounts), strict=True)
+            if dst != rank]
+
+
+def _span_memo(topology: Topology, tiles: Sequence[str]):
+    """``span_of(group)``: the tier a group of global ranks spans, worked out once per
+    group object (:class:`transports.sim.IdentityMemo`)."""
+    from transports.sim import IdentityMemo, group_span
+
+    return IdentityMemo(lambda group: group_span(topology, (tiles[rank] for rank in group)))

@@ -25,22 +25,23 @@ from cocodiff.util.errors import CocodiffError
 # Per-unit times fitted by bench/sim_guard.py to the CPU time of seven simulations on the
 # development machine (docs/hardening.md): per collective one simulated rank posts (SimPy
 # events, flow batches) and per rank-to-peer message (flow set-up, bundling, max-min).
-SECONDS_PER_COLLECTIVE = 70e-6
+SECONDS_PER_COLLECTIVE = 57e-6
 SECONDS_PER_MESSAGE = 0.1e-6
 # Per rank of the machine, for each layout simulated: the topology, the layout's groups
 # and plan, its gathers and bounds, what grows with the machine when the simulation does
 # not (folded, a long Ring's passes extrapolated). Fitted beside the cost per collective.
-SECONDS_PER_RANK = 55e-6
+SECONDS_PER_RANK = 27e-6
 # The planner also builds a plan and its links' bound per (layout, schedule) pair: CPU
 # time per rank of each (`cocodiff plan --nodes 8`: 17.4 s for 49 pairs of 96 ranks, of
 # which the simulations above account for 5.9 s).
 SECONDS_PER_PLANNED_RANK = 2.5e-3
 # Memory per plan entry (a peer's row count in a phase: Python ints in tuples; TAPA's plan
-# of 500 Aurora nodes measured 1.5 GB for 24 M entries), per topology graph element
-# (networkx vertex or link with its attributes; about 0.5 KB measured at 500 nodes,
-# 1.5 KB assumed) and per cached message of a simulated rank (flow arrays; assumed).
+# of 500 Aurora nodes measured 1.5 GB for 24 M entries), per topology element (vertex or
+# directed link: the topology's link attributes, folds and link table; 460-480 B
+# measured at 1,024 and 4,096 Aurora nodes, the networkx graph, built only when asked
+# for, another 260 B) and per cached message of a simulated rank (flow arrays; assumed).
 BYTES_PER_PLAN_ENTRY = 64
-BYTES_PER_GRAPH_ELEMENT = 1500
+BYTES_PER_GRAPH_ELEMENT = 500
 BYTES_PER_MESSAGE = 200
 BASE_BYTES = 300e6  # the interpreter with numpy, networkx, simpy and rich loaded
 # Memory per bundle of a folded output gather (one per sender, destination class and
@@ -269,25 +270,15 @@ def estimate_layout(spec, num_layers: int, num_heads: int, layout, name: str, pl
 
 
 def _phase_sizes_of_group(spec, layout) -> list[int]:
-    """TAPA's phase sizes in the Ulysses groups of ``layout`` (node-major ranks), as
-    ``cocodiff.schedules.hybrid.ulysses_grids`` lays them out: the (tile, GPU, node) box
-    the members fill, when every group fills one of the same shape, else one flat level."""
-    per_gpu = spec.tiles_per_gpu
-    per_node = spec.gpus_per_node * per_gpu
-    shapes = set()
-    for leader in range(layout.num_ranks):
-        if layout.coords(leader)[2]:
-            continue
-        coords = [(p // per_node, p % per_node // per_gpu, p % per_gpu)
-                  for p in layout.ulysses_group(leader)]
-        values = [sorted({c[axis] for c in coords}) for axis in range(3)]
-        box = [(n, g, t) for n in values[0] for g in values[1] for t in values[2]]
-        shapes.add((len(values[2]), len(values[1]), len(values[0])) if box == coords
-                   else None)
-    shape = shapes.pop() if len(shapes) == 1 else None
-    if shape is not None:
-        return [size for size in shape if size > 1]
-    return [layout.ulysses] if layout.ulysses > 1 else []
+    """TAPA's phase sizes (tile, GPU, node) in the Ulysses groups of ``layout`` on
+    node-major ranks: the box every group fills, or one flat level
+    (``cocodiff.schedules.hybrid.ulysses_grids``, which the plans then use)."""
+    from cocodiff.schedules import RankGrid
+    from cocodiff.schedules.hybrid import ulysses_grids
+
+    grid = RankGrid((spec.num_nodes, spec.gpus_per_node, spec.tiles_per_gpu),
+                    tuple(range(spec.num_tiles)))
+    return [size for size in reversed(ulysses_grids(grid, layout).shape) if size > 1]
 
 
 def estimate_planned(spec, num_layers: int, num_heads: int, schedules: dict[str, int],

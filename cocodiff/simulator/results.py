@@ -102,11 +102,11 @@ def busiest_links(simulation: Simulation, step_time_s: float, top: int = 5,
     what the simulation's links carried (an extrapolated step's bytes)."""
     if step_time_s <= 0:
         return []
-    graph = simulation.topology.graph
+    topology = simulation.topology
     network = simulation.network
     carried: dict = bytes_carried or network.carried_bytes()
     uses = [
-        LinkUse(link, graph.edges[link]["kind"],
+        LinkUse(link, topology.link_attrs(link)[2],
                 num_bytes / (network.capacity_bytes_per_s(link) * step_time_s))
         for link, num_bytes in carried.items()
         if num_bytes > 0

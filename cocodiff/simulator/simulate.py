@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from cocodiff.layout import ParallelLayout
 from cocodiff.memory import RankMemory, pipeline_memory, sequence_memory
@@ -19,7 +19,7 @@ from cocodiff.models import ModelSpec
 from cocodiff.plan.executor import run_program
 from cocodiff.plan.gather import GatherStage
 from cocodiff.plan.lazy import exemplar_programs, with_layers
-from cocodiff.plan.passes import plan_passes, with_passes
+from cocodiff.plan.passes import Finder, plan_passes, repeated_passes, with_passes
 from cocodiff.plan.steps import Plan
 from cocodiff.schedules import (
     BASELINE,
@@ -43,6 +43,7 @@ from topology import TIERS, Placement, Topology
 from transports.sim import (
     CollectiveModel,
     FlowCache,
+    IdentityMemo,
     SimWorld,
     collective_model_for,
 )
@@ -184,10 +185,12 @@ def simulate_layers(
                          "repeats one layer at least twice")
 
     cache = cache or FlowCache()
+    # The one- and two-layer plans hold the same layers: their Ring repeats found once.
+    find = IdentityMemo(repeated_passes)
 
     def run(layers: int) -> _Point:
         return _simulate_passes(_with_layers(plan, layers) if layers != held else plan,
-                                topology, placement, collective, gathers, cache)
+                                topology, placement, collective, gathers, cache, find)
 
     if num_layers <= 2 or not repeats:
         return run(num_layers).final()
@@ -206,7 +209,8 @@ PASSES_RTOL = 1e-9
 
 def _simulate_passes(plan: Plan, topology: Topology, placement: Placement | None,
                      collective: CollectiveModel | None,
-                     gathers: tuple[GatherStage, ...], cache: FlowCache) -> _Point:
+                     gathers: tuple[GatherStage, ...], cache: FlowCache,
+                     find: Finder = repeated_passes) -> _Point:
     """One simulation of ``plan``, or, for a long Ring, its repeated passes extrapolated.
 
     Every repeat of the Ring's block starts its pass, attends to the block in hand and
@@ -217,13 +221,13 @@ def _simulate_passes(plan: Plan, topology: Topology, placement: Placement | None
     is simulated in full. ``tests/simulator/test_passes.py`` holds the extrapolation to
     the full simulation across layouts, schedules and machines.
     """
-    passes = plan_passes(plan.programs)
+    passes = plan_passes(plan.programs, find)
     if passes is None or passes < MIN_EXTRAPOLATED_PASSES:
         return _Point.of(simulate_plan(plan, topology, placement, collective=collective,
                                        gathers=gathers, cache=cache))
     one, two, three = (
         _Point.of(simulate_plan(replace(plan, programs=with_passes(  # type: ignore[arg-type]
-                                    plan.programs, count)),
+                                    plan.programs, count, find)),
                                 topology, placement, collective=collective,
                                 gathers=gathers, cache=cache))
         for count in PASS_POINTS)
@@ -344,6 +348,7 @@ def simulate_run_plan(
     record_spans: bool = False,
     with_bound: bool = True,
     known: SimResult | None = None,
+    done: Mapping[int, PlanStep] | None = None,
 ) -> SimResult:
     """Simulate every step of a run's plan.
 
@@ -355,6 +360,8 @@ def simulate_run_plan(
     runs in full. ``known``: the simulated step of the run's one plan of a schedule that
     does the same every step, when the caller already has it (the planner simulated it
     to choose the layout, :class:`cocodiff.simulator.planner.Choice`); then it is not run again.
+    ``done``: distinct plans already simulated by :func:`simulate_step_plans` (by index in
+    ``run_plan.plans``; ``cocodiff simulate`` spreads V-Major's over its workers).
 
     Raises:
         PlanFileError: the plan's rank grid is not where ``placement`` puts the ranks on
@@ -384,21 +391,15 @@ def simulate_run_plan(
     entry = get_schedule(run_plan.schedule)
     if entry.phased:
         check_chunks(run_plan.plans[0], run_plan.options.chunks)
-    gathers = output_gather(run_plan.spec, run_plan.grid, run_plan.stream_tokens,
-                            run_plan.parallel, run_plan.options)
-    by_plan: dict[int, SimResult] = {}
-    cache = FlowCache()  # V-Major's steps send the same gathers, passes and most exchanges
-    for index in dict.fromkeys(run_plan.step_plans):
-        plan = run_plan.plans[index]
-        if (known is not None and not entry.step_dependent and len(run_plan.plans) == 1
-                and not record_spans):
-            by_plan[index] = known
-        elif record_spans and not by_plan:  # the trace and the plot show this one
-            by_plan[index] = simulate_plan(plan, topology, placement, collective=collective,
-                                           record_spans=True, gathers=gathers, cache=cache)
-        else:
-            by_plan[index] = simulate_layers(plan, topology, placement, collective,
-                                             gathers=gathers, cache=cache)
+    steps = dict(done or {})
+    distinct = list(dict.fromkeys(run_plan.step_plans))
+    if (known is not None and not entry.step_dependent and len(run_plan.plans) == 1
+            and not record_spans):
+        steps.setdefault(distinct[0], PlanStep(known, None))
+    steps.update(simulate_step_plans(run_plan, [i for i in distinct if i not in steps],
+                                     topology, placement, collective, with_bound=with_bound,
+                                     record_spans=record_spans))
+    by_plan = {index: steps[index].result for index in distinct}
     per_step = [by_plan[index] for index in run_plan.step_plans]
     # A schedule that does the same every step reports (and averages) that step once, as
     # it always has.
@@ -431,12 +432,61 @@ def simulate_run_plan(
         result.bound_s = plan_bound_s(flat, topology, placement)
         model = collective or collective_model_for(topology.spec.name)
         by_index = {index: model_bound_s(run_plan.plans[index], topology, placement, model)
-                    for index in dict.fromkeys(run_plan.step_plans)}
-        steps = run_plan.step_plans if entry.step_dependent else run_plan.step_plans[:1]
-        result.model_bound_s = _mean(by_index[index] for index in steps)
+                    if steps[index].model_bound_s is None else steps[index].model_bound_s
+                    for index in distinct}
+        counted = run_plan.step_plans if entry.step_dependent else run_plan.step_plans[:1]
+        result.model_bound_s = _mean(by_index[index] for index in counted)
     result.memory = run_plan_memory(run_plan)
-    result.wall_s = time.perf_counter() - wall_start
+    # Plans simulated elsewhere (``done``) count their simulations' time.
+    result.wall_s = time.perf_counter() - wall_start + sum(
+        step.result.wall_s for step in (done or {}).values())
     return result
+
+
+class PlanStep(NamedTuple):
+    """One distinct step plan of a run, simulated: its step, and its model bound
+    (:func:`~cocodiff.simulator.bounds.model_bound_s`; None when not worked out)."""
+
+    result: SimResult
+    model_bound_s: float | None
+
+
+def simulate_step_plans(
+    run_plan: RunPlan,
+    indices: Sequence[int],
+    topology: Topology,
+    placement: Placement,
+    collective: CollectiveModel | None = None,
+    *,
+    with_bound: bool = True,
+    record_spans: bool = False,
+) -> dict[int, PlanStep]:
+    """Some of a run's distinct step plans (``indices`` into ``run_plan.plans``), each
+    simulated as :func:`simulate_run_plan` simulates it, by :func:`simulate_layers` (the
+    first in full, its timeline kept, with ``record_spans``), with its model bound
+    (``with_bound``). They share one flow cache: V-Major's steps send the same gathers,
+    passes and most exchanges. :func:`simulate_run_plan` takes the results back
+    (``done``), so a caller may spread a run's plans over processes."""
+    if not indices:
+        return {}
+    if get_schedule(run_plan.schedule).phased:
+        check_chunks(run_plan.plans[0], run_plan.options.chunks)
+    gathers = output_gather(run_plan.spec, run_plan.grid, run_plan.stream_tokens,
+                            run_plan.parallel, run_plan.options)
+    model = collective or collective_model_for(topology.spec.name)
+    cache = FlowCache()
+    steps: dict[int, PlanStep] = {}
+    for index in indices:
+        plan = run_plan.plans[index]
+        if record_spans and not steps:  # the trace and the plot show this one
+            result = simulate_plan(plan, topology, placement, collective=collective,
+                                   record_spans=True, gathers=gathers, cache=cache)
+        else:
+            result = simulate_layers(plan, topology, placement, collective, gathers=gathers,
+                                     cache=cache)
+        steps[index] = PlanStep(result, model_bound_s(plan, topology, placement, model)
+                                if with_bound else None)
+    return steps
 
 
 def run_plan_memory(run_plan: RunPlan) -> RankMemory:

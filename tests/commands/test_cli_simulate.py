@@ -9,6 +9,8 @@ import sys
 import pytest
 
 from cocodiff.commands.cli import main
+from cocodiff.schedules import DEFAULT_OPTIONS
+from cocodiff.simulator import budget
 
 JSON_KEYS = {"model", "topology", "num_nodes", "num_ranks", "resolution", "results"}
 RESULT_KEYS = {"schedule", "step_time_s", "compute_s", "comm_exposed_s", "bytes_by_tier"}
@@ -175,3 +177,18 @@ def test_the_planners_step_is_the_one_its_layout_simulates_to(tmp_path):
         for key in ("sim_wall_s", "sim_flows", "sim_events"):
             del record["results"][0][key]
     assert auto["results"] == explicit["results"]
+
+
+def test_vmajors_plans_shared_out_over_workers_give_the_one_process_result(tmp_path):
+    # with two workers V-Major's distinct plans (one per cache ratio) run as two jobs,
+    # put together by simulate_run_plan: the same record as one process simulating all
+    args = ("--nodes", "2", "--schedule", "flat,cocodiff", "--steps", "8")
+    shared = simulate(tmp_path, *args, "--workers", "2")
+    alone = simulate(tmp_path, *args, "--workers", "1")
+    for record in (shared, alone):
+        for result in record["results"]:
+            for key in ("sim_wall_s", "sim_flows", "sim_events"):
+                del result[key]
+    assert shared == alone
+    # more than one plan to share out
+    assert budget.distinct_plans("cocodiff", 8, DEFAULT_OPTIONS, None) > 2

@@ -50,3 +50,21 @@ def test_no_ring_no_passes():
     plan = get_schedule("flat").plan(FLUX, grid, STREAMS, PlanOptions())
     assert plan_passes(plan.programs) is None
     assert with_passes(plan.programs, 1) == plan.programs
+
+
+def test_equal_repeats_count_as_the_block_and_the_last_block_ends_the_run():
+    # The run is found by comparing tuples (identical items at once, others by value):
+    # a repeat rebuilt as equal objects still counts, a changed one ends the run.
+    grid = _grid(2)
+    layer = plan_hybrid("flat", FLUX, grid, STREAMS, ParallelLayout(2, 12)).program(5).layers[0]
+    start, count = repeated_passes(layer)
+    steps = layer.attention
+    fifth = start + 4 * PASS_STEPS
+    rebuilt = tuple(replace(step) for step in steps[fifth:fifth + PASS_STEPS])
+    assert all(a == b and a is not b for a, b in zip(rebuilt, steps[fifth:], strict=False))
+    equal = replace(layer, attention=steps[:fifth] + rebuilt + steps[fifth + PASS_STEPS:])
+    assert repeated_passes(equal) == (start, count)
+    kv_pass = steps[fifth]
+    slower = replace(kv_pass, row_bytes=kv_pass.row_bytes + 1)
+    changed = replace(layer, attention=steps[:fifth] + (slower,) + steps[fifth + 1:])
+    assert repeated_passes(changed) == (start, 4)

@@ -106,3 +106,21 @@ def test_the_sweep_folds_every_kind_of_layout():
                           ("ring" if layout.ulysses == 1 else
                            "batch" if layout.batch > 1 else "hybrid"))
     assert kinds == {"pure", "ring", "batch", "hybrid"}
+
+
+@pytest.mark.parametrize("nodes,layout_index,schedule_index",
+                         [case for case in CASES if case[0] >= 8])
+def test_the_model_bound_walks_a_long_ring_once_and_gives_every_pass(
+        monkeypatch, nodes, layout_index, schedule_index):
+    # model_bound_s walks a Ring's repeated block twice and adds the rest
+    # (cocodiff.plan.passes): the same as walking every pass.
+    from cocodiff.simulator import bounds
+
+    topology, placement, grid = _machine(nodes)
+    name, options, ratio = SCHEDULES[schedule_index]
+    plan = _plan(name, options, ratio, grid, _layouts(nodes)[layout_index])
+    assert bounds.repeated_passes(plan.program(0).layers[0]) is not None
+    model = collective_model_for("aurora")
+    once = model_bound_s(plan, topology, placement, model)
+    monkeypatch.setattr(bounds, "repeated_passes", lambda layer: None)
+    assert once == pytest.approx(model_bound_s(plan, topology, placement, model), rel=REL)
