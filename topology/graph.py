@@ -26,13 +26,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
 from functools import lru_cache
-from typing import NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
-import networkx as nx
 import numpy as np
 
 from topology.errors import TopologyError
 from topology.spec import LinkSpec, TopologySpec, validate_spec
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 TIERS = ("intra-gpu", "intra-node", "inter-node")
 """Link tiers a tile-to-tile transfer can stay within, fastest first."""
@@ -143,6 +145,8 @@ class Topology:
         the simulator reads the links from their table, and a graph of 4,096 Aurora
         nodes (450,560 links) took longer to build than a simulation to run."""
         if self._graph is None:
+            import networkx as nx  # a quarter of a second to import: only when asked for
+
             graph = nx.DiGraph(name=self.spec.name)
             graph.add_nodes_from((name, {"kind": kind, "node": node})
                                  for name, (kind, node) in self._vertices.items())

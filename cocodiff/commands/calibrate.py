@@ -6,15 +6,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cocodiff.calibration import (
-    CalibrateOptions,
-    CalibrationError,
-    calibrate,
-    check_options,
-    self_launch,
-    write_outputs,
-)
+if TYPE_CHECKING:  # the calibration's modules load when a calibration runs, not per command
+    from cocodiff.calibration import CalibrateOptions
 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
@@ -65,6 +60,8 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser, positive_int) -> No
 
 def options_from_args(args: argparse.Namespace) -> CalibrateOptions:
     """The parsed flags as the calibration's options."""
+    from cocodiff.calibration import CalibrateOptions
+
     return CalibrateOptions(
         model=args.model, tokens=args.tokens, resolution=args.resolution, dtype=args.dtype,
         nodes=args.nodes, ranks_per_node=args.ranks_per_node, inter_gbps=args.inter_gbps,
@@ -75,6 +72,13 @@ def options_from_args(args: argparse.Namespace) -> CalibrateOptions:
 
 def calibrate_command(args: argparse.Namespace) -> int:
     """The ``cocodiff calibrate`` handler: calibrate under a launcher, or launch itself."""
+    from cocodiff.calibration import (
+        CalibrationError,
+        calibrate,
+        check_options,
+        self_launch,
+        write_outputs,
+    )
     from cocodiff.calibration.collect import gather_floats
     from transports.launch import detect_launch
     from transports.torch_dist import default_device

@@ -43,7 +43,7 @@ SECONDS_PER_PLANNED_RANK = 2.5e-3
 BYTES_PER_PLAN_ENTRY = 64
 BYTES_PER_GRAPH_ELEMENT = 500
 BYTES_PER_MESSAGE = 200
-BASE_BYTES = 300e6  # the interpreter with numpy, networkx, simpy and rich loaded
+BASE_BYTES = 300e6  # the interpreter with numpy, simpy and rich (8 nodes peak at 45 MB)
 # Memory per bundle of a folded output gather (one per sender, destination class and
 # same-node-or-not: transports.sim SimWorld._destinations), held while its simulation
 # runs: routes, flow arrays, the launch's batch. Measured on one simulation: the 1-layer
