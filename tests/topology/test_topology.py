@@ -121,6 +121,30 @@ def test_vertex_and_edge_attributes(aurora2: Topology) -> None:
         aurora2.link_attrs(("n0.g0", "n1.g0"))
 
 
+@pytest.mark.parametrize("name,num_nodes", [("aurora", 3), ("dgx-h100", 2), ("aurora", 1)])
+def test_the_graph_holds_the_links_in_the_simulators_order(name: str, num_nodes: int) -> None:
+    # The links are laid out without networkx and the graph built from them on first use:
+    # its edges are the link table's, in the same order (the order networkx gives a graph
+    # built link by link, which the simulator's network and busiest_link follow).
+    topology = build_topology(get_preset(name, num_nodes))
+    graph = topology.graph
+    assert list(graph.edges) == list(topology.link_table().links)
+    for u, v, data in graph.edges(data=True):
+        assert topology.link_attrs((u, v)) == (data["bandwidth_gbps"], data["latency_us"],
+                                               data["kind"])
+    assert all("kind" in attrs and "node" in attrs for _, attrs in graph.nodes(data=True))
+    assert topology.graph is graph  # built once
+
+
+def test_a_simulation_needs_no_networkx() -> None:
+    code = (
+        "import sys; from topology import build_topology, get_preset; "
+        "t = build_topology(get_preset('aurora', 2)); t.route('n0.g0.t0', 'n1.g5.t1'); "
+        "t.link_table(); assert 'networkx' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_switch_fabric_has_node_switch() -> None:
     topology = build_topology(get_preset("dgx-h100", 2))
     assert topology.graph.nodes["n1.sw"]["kind"] == "switch"
