@@ -278,7 +278,8 @@ def test_interrupting_the_cli_removes_everything(tmp_path, signum, clean_state):
     pid_dir.mkdir()
     cli = subprocess.Popen(
         [sys.executable, "-m", "bench.cluster", "run", "--nodes", "2", "--ranks-per-node", "2",
-         "--logs", str(tmp_path / "logs"), "--", sys.executable, "-c", _DIE.replace("rank == 2", "rank == 99"), str(pid_dir)],
+         "--logs", str(tmp_path / "logs"), "--", sys.executable, "-c",
+         _DIE.replace("rank == 2", "rank == 99"), str(pid_dir)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
