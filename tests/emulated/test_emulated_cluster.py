@@ -112,13 +112,25 @@ def test_shaping_limits_the_inter_node_rate_and_intra_node_stays_on_loopback(cle
     spec = ClusterSpec(num_nodes=2, ranks_per_node=1, inter_gbit=0.5)
     expected_gbit = spec.inter_payload_gbps * 8
     num_bytes = int(spec.inter_payload_gbps * 1e9 * 0.4)  # ~0.4 s at the shaped rate
+
+    def fastest(*args, **kwargs):
+        # The shaper is a ceiling: a transfer slower than it lost the CPU to the other
+        # test worker (seen at 0.27 of 0.48 Gbit/s in CI), so the fastest of up to three
+        # tries is the link's rate.
+        tries = []
+        for _ in range(3):
+            tries.append(measure_transfer(cluster, *args, num_bytes, timeout_s=20, **kwargs))
+            if tries[-1].payload_gbit >= 0.7 * expected_gbit:
+                break
+        return max(tries, key=lambda transfer: transfer.payload_gbit)
+
     with EmulatedCluster(spec) as cluster:
         n0, n1 = cluster.nodes
-        inter = measure_transfer(cluster, n0, n1, num_bytes, timeout_s=20)
-        back = measure_transfer(cluster, n1, n0, num_bytes, timeout_s=20)
+        inter = fastest(n0, n1)
+        back = fastest(n1, n0)
         # Both directions on one connection at once, as two ranks exchanging: each keeps
         # the rate (the shaper queues one direction's data apart from the other's).
-        both = measure_transfer(cluster, n0, n1, num_bytes, timeout_s=20, both_ways=True)
+        both = fastest(n0, n1, both_ways=True)
         intra = measure_transfer(cluster, n0, n0, num_bytes, timeout_s=20)
     for transfer in (inter, back, both):
         assert transfer.payload_gbit == pytest.approx(expected_gbit, rel=0.3)
