@@ -334,25 +334,24 @@ def _run_plan(context: dict, name: str):
 
 
 def _simulate_job(context: dict, job: tuple[str, tuple[int, ...] | None]):
-    """One job of :func:`_jobs` (a local worker's): a schedule's
-    :func:`~cocodiff.simulator.simulate.simulate_schedule`, or some of its distinct plans'
-    :func:`~cocodiff.simulator.simulate.simulate_step_plans`."""
-    from cocodiff.simulator.simulate import simulate_schedule, simulate_step_plans
+    """One job of :func:`_jobs` (a local worker's): a schedule's run plan
+    (:func:`_run_plan`) through :func:`~cocodiff.simulator.simulate.simulate_run_plan`, or
+    some of its distinct plans' :func:`~cocodiff.simulator.simulate.simulate_step_plans`."""
+    from cocodiff.simulator.simulate import simulate_run_plan, simulate_step_plans
 
     name, indices = job
-    options = dict(context["options"])
+    _, topology, placement, _, _ = context["positional"]
+    collective, record = context["options"]["collective"], context["options"]["record_spans"]
     if indices is not None:
-        _, topology, placement, _, _ = context["positional"]
         steps = simulate_step_plans(context["run_plans"][name], indices, topology, placement,
-                                    options["collective"])
+                                    collective)
         for step in steps.values():
             step.result.simulation = None  # a worker's result must pickle
         return steps
-    if name in context["chunks"]:
-        options["options"] = replace(options["options"], chunks=context["chunks"][name])
-    result = simulate_schedule(name, *context["positional"], parallel=context["layouts"][name],
-                               known=context["known"].get(name), **options)
-    if not context["options"]["record_spans"]:
+    result = simulate_run_plan(_run_plan(context, name), topology, placement,
+                               collective=collective, record_spans=record,
+                               known=context["known"].get(name))
+    if not record:
         result.simulation = None  # nothing reads it, and a worker's result must pickle
     return result
 

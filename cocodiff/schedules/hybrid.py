@@ -232,8 +232,8 @@ class _HybridBuild:
     the group's global ranks, the Ring spliced in (a picklable build for
     :class:`~cocodiff.plan.lazy.LazyPrograms`)."""
 
-    __slots__ = ("dtype_bytes", "grid", "groups", "host", "parallel", "ranks",
-                 "relabelled", "ring_ranks", "sub")
+    __slots__ = ("dtype_bytes", "grid", "groups", "host", "parallel", "relabelled",
+                 "ring_ranks", "sub")
 
     def __init__(self, sub: Plan, grid: RankGrid, parallel: ParallelLayout,
                  groups: Mapping[int, RankGrid], dtype_bytes: int,
@@ -241,8 +241,7 @@ class _HybridBuild:
         self.sub, self.parallel, self.groups, self.dtype_bytes = sub, parallel, groups, \
             dtype_bytes
         self.host = host  # the Ring's counted host ops (cocodiff.cost.ring_host_ops)
-        self.ranks = grid.ranks
-        self.grid = grid  # its ranks' grid positions (``RankGrid.position``)
+        self.grid = grid
         # Per group leader: its relabelled layers by the local layer's id, shared by the
         # group's members (as the eager plan shared them).
         self.relabelled: dict[int, dict[int, LayerPlan]] = {}
@@ -250,12 +249,11 @@ class _HybridBuild:
 
     def __getstate__(self) -> tuple:
         # The relabelled layers are keyed by object ids, which do not survive a pickle.
-        return self.sub, self.parallel, self.groups, self.dtype_bytes, self.ranks, \
-            self.grid, self.host
+        return self.sub, self.parallel, self.groups, self.dtype_bytes, self.grid, self.host
 
     def __setstate__(self, state: tuple) -> None:
-        (self.sub, self.parallel, self.groups, self.dtype_bytes, self.ranks,
-         self.grid, self.host) = state
+        (self.sub, self.parallel, self.groups, self.dtype_bytes, self.grid,
+         self.host) = state
         self.relabelled, self.ring_ranks = {}, {}
 
     def __call__(self, rank: int) -> RankProgram:
@@ -270,7 +268,7 @@ class _HybridBuild:
         ring_ranks = self.ring_ranks.get(ring_positions[0])
         if ring_ranks is None:  # one tuple per Ring (2,048 ranks long on 4,096 nodes)
             ring_ranks = self.ring_ranks[ring_positions[0]] = tuple(
-                self.ranks[p] for p in ring_positions)
+                self.grid.ranks[p] for p in ring_positions)
         # One row = this rank's K and V for one block: (2, batch, S/ring, heads, d).
         row_bytes = 2 * split.batch * split.padded_tokens * split.heads[u] \
             * split.head_dim * self.dtype_bytes
