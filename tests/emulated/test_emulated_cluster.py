@@ -114,13 +114,13 @@ def test_shaping_limits_the_inter_node_rate_and_intra_node_stays_on_loopback(cle
     num_bytes = int(spec.inter_payload_gbps * 1e9 * 0.4)  # ~0.4 s at the shaped rate
 
     def fastest(*args, **kwargs):
-        # The shaper is a ceiling: a transfer slower than it lost the CPU to the other
-        # test worker (seen at 0.27 of 0.48 Gbit/s in CI), so the fastest of up to three
-        # tries is the link's rate.
+        # The shaper is a ceiling: a transfer slower than it lost the CPU to the other test
+        # worker (0.27 and 0.33 of 0.48 Gbit/s seen in CI, three tries in a row), so the
+        # fastest of up to five tries is the closest look at the link's rate.
         tries = []
-        for _ in range(3):
+        for _ in range(5):
             tries.append(measure_transfer(cluster, *args, num_bytes, timeout_s=20, **kwargs))
-            if tries[-1].payload_gbit >= 0.7 * expected_gbit:
+            if tries[-1].payload_gbit >= 0.8 * expected_gbit:
                 break
         return max(tries, key=lambda transfer: transfer.payload_gbit)
 
@@ -133,7 +133,9 @@ def test_shaping_limits_the_inter_node_rate_and_intra_node_stays_on_loopback(cle
         both = fastest(n0, n1, both_ways=True)
         intra = measure_transfer(cluster, n0, n0, num_bytes, timeout_s=20)
     for transfer in (inter, back, both):
-        assert transfer.payload_gbit == pytest.approx(expected_gbit, rel=0.3)
+        # Never above the shaped rate (its burst allowance aside); below it only by what a
+        # busy CPU costs, never by a factor such as bits for bytes or a missing direction.
+        assert 0.5 * expected_gbit <= transfer.payload_gbit <= 1.2 * expected_gbit
         assert transfer.link_bytes >= num_bytes  # it crossed the shaped veth
     # Inside a node: the node's own address, routed over lo, unshaped, off the veth.
     assert intra.link_bytes < 10_000
