@@ -320,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="calibrate with fewer sizes and repeats")
     parser.add_argument("--timeout", type=float, default=600.0, help="per job, seconds")
     parser.add_argument("--json", type=Path, default=REPO / "results" / "emulated_speedup.json")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="keep the calibrations, validations and logs here (default: a "
+                        "new folder under the system's temporary directory, printed at the end)")
     parser.add_argument("--plot", type=Path, default=None, help="write the plot (PNG) here")
     parser.add_argument("--markdown", type=Path, default=None,
                         help="write the Markdown table here")
@@ -385,7 +388,11 @@ def _run(args: argparse.Namespace) -> int:
                          f"({args.repeats})")
     began = time.monotonic()
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="cocodiff-emulated-speedup-"))
+    if args.work is None:
+        work = Path(tempfile.mkdtemp(prefix="cocodiff-emulated-speedup-"))
+    else:
+        work = args.work
+        work.mkdir(parents=True, exist_ok=True)
     model_dirs: dict[EnlargedModel, Path] = {}
     report_configs = []
     notes: list[str] = []

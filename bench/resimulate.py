@@ -141,7 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         parser.error("--set takes KEY=VALUE with a number, e.g. call_wait_us=0")
     report = json.loads(args.report.read_text())
-    work = Path(tempfile.mkdtemp(prefix="cocodiff-resimulate-"))
+    # The topologies and models written here are rebuilt from the report on every run.
+    with tempfile.TemporaryDirectory(prefix="cocodiff-resimulate-") as work:
+        return _resimulate(args, report, changes, Path(work))
+
+
+def _resimulate(args: argparse.Namespace, report: dict[str, Any], changes: dict[str, float],
+                work: Path) -> int:
     models: dict[str, Path] = {}
     configs: list[dict[str, Any]] = []
     errors: dict[str, list[float]] = {"calibrated": [], "replaced": []}

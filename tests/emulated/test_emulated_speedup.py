@@ -34,6 +34,7 @@ def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, cap
         "--max-repeats", "1", "--steps", "2", "--quick-calibration", "--heads", "4",
         "--head-dim", "16", "--layers", "1", "--single-layers", "1", "--resolution", "128",
         "--json", str(report_path), "--plot", str(tmp_path / "plot.png"),
+        "--work", str(tmp_path / "work"),
     ])
     assert code == 0, capsys.readouterr().err[-3000:]
     report = json.loads(report_path.read_text())
