@@ -191,6 +191,24 @@ def test_simulated_loop_is_the_burst_and_the_calls_cpu_over_the_cores() -> None:
                                                                            rel=1e-3)
 
 
+def test_a_loop_on_kernel_rates_charges_the_burst_it_measured() -> None:
+    # Calibrate writes the tile's kernel rates ([device]) since 2026-11-27, and the
+    # simulator prices kernel-less work at their GEMM rate, not the tile's roofline rate:
+    # the burst must still take its measured CPU (it was simulated 29x short there).
+    from cocodiff.calibration.loaded import predict_loop_s
+    from topology import DeviceRates, build_topology
+
+    plain = free_wires_on_two_cores()
+    rates = DeviceRates("calibrated-cpu", gemm_tflops=30.0, gemm_fixed_us=1.0,
+                        attention_tflops=((128, 1.0),), memory_gbps=1e8, sm_count=1,
+                        launch_us=5.0, host_us=0.0, compiled_launch_us=1.0,
+                        compiled_host_us=0.0)
+    with_rates = build_topology(dataclasses.replace(plain.spec, device=rates))
+    loop = LoadedPoint("world", 2048, 1, 6, 6 * 2048, 0.0, 0.0)
+    assert predict_loop_s(with_rates, loop, 1e-3, 2, 2) == pytest.approx(
+        predict_loop_s(plain, loop, 1e-3, 2, 2), rel=1e-9)
+
+
 def test_a_loop_in_pieces_charges_the_same_cpu_with_the_calls_between_them() -> None:
     # The model's forward as a loop's compute: its CPU in 9 pieces, the shape's calls
     # after each. On wires that cost nothing the iteration is still all ranks' CPU over
