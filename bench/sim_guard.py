@@ -12,8 +12,11 @@ included), the cost per message held at the built-in one (the simulator is
 single-threaded, and CPU time does not count the time a busy machine gives to other
 processes; wall time is reported beside it). These are microbenchmarks of the
 simulator, not the ``cocodiff simulate --nodes N`` runs the guard is then held against
-(docs/hardening.md). Prints each run beside the guard's estimate with the built-in and
-the fitted constants, and writes JSON (default results/sim_guard.json).
+(docs/hardening.md). Then a few PipeFusion generations (every rank simulated, as the
+planner ranks them) fit the cost per collective of a pipeline
+(``budget.SECONDS_PER_PIPELINE_COLLECTIVE``), the other costs held. Prints each run beside
+the guard's estimate with the built-in and the fitted constants, and writes JSON (default
+results/sim_guard.json).
 
     python bench/sim_guard.py [--json results/sim_guard.json]
 """
@@ -28,10 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cocodiff.layout import ParallelLayout
+from cocodiff.layout import ParallelLayout, PipelineLayout
 from cocodiff.models import REGISTRY
 from cocodiff.schedules import PlanOptions
 from cocodiff.simulator import budget
+from cocodiff.simulator.pipelines import rank_pipelines
 from cocodiff.simulator.simulate import simulate_schedule
 from topology import Placement, build_topology, get_preset
 
@@ -39,6 +43,10 @@ from topology import Placement, build_topology, get_preset
 # collective-heavy first (TAPA's chunked phases, a long Ring), then message-heavy.
 RUNS = [("tapa", 1, 12, 12), ("tapa", 2, 16, 24), ("tapa", 256, 2, 24), ("flat", 512, 1, 24),
         ("flat", 64, 1, 24), ("flat", 128, 1, 24), ("flat", 2048, 1, 24)]
+# PipeFusion generations: (Aurora nodes, stages; Ulysses takes the other ranks, as many
+# patches as stages, one warm-up step) over PIPELINE_STEPS steps (two short generations).
+PIPELINE_RUNS = [(1, 2), (1, 6), (2, 12)]
+PIPELINE_STEPS = 8
 
 
 def measure(schedule: str, nodes: int, chunks: int, ulysses: int, model_name: str) -> dict:
@@ -59,6 +67,45 @@ def measure(schedule: str, nodes: int, chunks: int, ulysses: int, model_name: st
             "wall_s": time.perf_counter() - began, "cpu_s": time.process_time() - began_cpu,
             "estimate_s": estimate.wall_s,
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def measure_pipeline(nodes: int, stages: int, model_name: str) -> dict:
+    model = REGISTRY[model_name]
+    spec = get_preset("aurora", nodes)
+    layout = PipelineLayout(stages, spec.num_tiles // stages, stages, 1)
+    estimate = budget.estimate_pipelines(spec, model.num_layers, [layout], PIPELINE_STEPS)
+    began, began_cpu = time.perf_counter(), time.process_time()
+    topology = build_topology(spec)
+    streams = (model.image_tokens(1024, 1024), model.text_tokens)
+    rank_pipelines(model, topology, streams, PIPELINE_STEPS, layouts=[layout])
+    return {"layout": layout.name, "nodes": nodes, "ranks": spec.num_tiles,
+            "collectives": estimate.collectives, "messages": estimate.messages,
+            "wall_s": time.perf_counter() - began, "cpu_s": time.process_time() - began_cpu,
+            "estimate_s": estimate.wall_s}
+
+
+def fit_pipelines(model_name: str) -> tuple[list[dict], float]:
+    """The pipeline runs and the cost per collective fitted to them (least squares, what
+    the held costs per message and per rank leave)."""
+    runs = []
+    for nodes, stages in PIPELINE_RUNS:
+        runs.append(measure_pipeline(nodes, stages, model_name))
+        run = runs[-1]
+        print(f"pipefusion {run['layout']:>13} on {nodes} node(s): {run['collectives']:>9,} "
+              f"collectives  {run['cpu_s']:7.2f} s CPU ({run['wall_s']:.2f} s wall), "
+              f"{run['estimate_s']:7.2f} s estimated", flush=True)
+    counts = np.array([run["collectives"] for run in runs], dtype=float)
+    left = np.array([run["cpu_s"] - budget.SECONDS_PER_MESSAGE * run["messages"]
+                     - budget.SECONDS_PER_RANK * run["ranks"] for run in runs])
+    per_collective = float(counts @ left / (counts @ counts))
+    print(f"fit: {per_collective * 1e6:.1f} us per pipeline collective (built in: "
+          f"{budget.SECONDS_PER_PIPELINE_COLLECTIVE * 1e6:.1f} us)")
+    for run in runs:
+        run["fitted_s"] = (per_collective * run["collectives"] + budget.SECONDS_PER_RANK
+                           * run["ranks"] + budget.SECONDS_PER_MESSAGE * run["messages"])
+        print(f"  {run['layout']:>13}: measured/estimated {run['cpu_s'] / run['estimate_s']:.2f}"
+              f", measured/fitted {run['cpu_s'] / run['fitted_s']:.2f}")
+    return runs, per_collective
 
 
 def main() -> None:
@@ -95,11 +142,15 @@ def main() -> None:
         print(f"  {row['schedule']:5} {row['nodes']:4} node(s): measured/estimated "
               f"{row['cpu_s'] / row['estimate_s']:.2f}, measured/fitted "
               f"{row['cpu_s'] / row['fitted_s']:.2f}")
+    pipelines, per_pipeline_collective = fit_pipelines(args.model)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"model": args.model, "runs": rows,
                                      "fit_s_per_collective": float(per_collective),
                                      "fit_s_per_rank": float(per_rank),
-                                     "fit_s_per_message": per_message}, indent=2))
+                                     "fit_s_per_message": per_message,
+                                     "pipelines": pipelines,
+                                     "fit_s_per_pipeline_collective": per_pipeline_collective},
+                                    indent=2))
 
 
 if __name__ == "__main__":

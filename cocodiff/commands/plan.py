@@ -297,6 +297,7 @@ def _rank_all(args, model, topology, streams, names, pipelined, options, collect
         CocodiffError: no layout fits (the line says why for the first refused one).
     """
     from cocodiff.layout import PipelineLayout
+    from cocodiff.simulator import budget
     from cocodiff.simulator.fanout import local_cores
     from cocodiff.simulator.pipelines import pipeline_layouts
     from cocodiff.simulator.planner import candidate_layouts
@@ -320,6 +321,11 @@ def _rank_all(args, model, topology, streams, names, pipelined, options, collect
         else:
             pipelines = pipeline_layouts(num_ranks, model, args.patches, args.warmup,
                                          args.pipefusion_overlap)
+        if pipelines:  # simulated rank by rank: refused here if it would run for hours
+            budget.check_estimate(
+                budget.estimate_pipelines(topology.spec, model.num_layers, pipelines,
+                                          args.steps),
+                f"ranking {len(pipelines)} PipeFusion layout(s) of {num_ranks} ranks")
     result = rank_with_floors(model, topology, streams, names, layouts, pipelines, args.steps,
                               options, collective, top=args.top, workers=local_cores())
     if not result.candidates:

@@ -37,7 +37,7 @@ from cocodiff.util.errors import CocodiffError
 PLAN_FIXES = ("model", "resolution", "frames", "steps", "schedule", "dtype", "batch_size",
               "chunks", "vmajor_ratio_schedule", "vmajor_warmup", "vmajor_refresh",
               "activity_trace", "parallel_layout", "ulysses", "ring", "batch", "ring_inner",
-              "sweep")
+              "sweep", "pipefusion_overlap")
 
 # --parallel-layout: the planner's layouts, or pure Ulysses over every rank.
 LAYOUT_CHOICES = (AUTO, PURE)
@@ -74,6 +74,10 @@ def add_simulate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
     parser.add_argument("--sweep-models", default=None, help="restrict the sweep's models")
     parser.add_argument("--sweep-resolutions", default=None, help="restrict its resolutions")
     parser.add_argument("--sweep-nodes", default=None, help="restrict its node counts")
+    parser.add_argument("--pipefusion-overlap", action="store_true",
+                        help="with --sweep and pipefusion among the schedules: rank the "
+                        "pipelines as xDiT's engine runs them (consecutive steps overlapped) "
+                        "instead of as `cocodiff run` does")
     parser.add_argument("--workers", type=positive_int, default=None,
                         help="local processes to simulate on (default: every core this "
                         "process may use; under mpiexec, shared by the ranks of a host)")
@@ -93,10 +97,20 @@ def simulate_command(args: argparse.Namespace) -> int:
         return _from_plan_file(args)
     if args.steps > MAX_STEPS:
         raise CocodiffError(f"--steps {args.steps} is more than {MAX_STEPS}")
-    if "pipefusion" in (name.strip() for name in args.schedule.split(",")):
+    requested = [name.strip() for name in args.schedule.split(",")]
+    args.sweep_pipefusion = "pipefusion" in requested
+    if args.sweep_pipefusion and not args.sweep:
         raise CocodiffError("simulate runs pipefusion from its plan file: `cocodiff plan "
                             "--schedule pipefusion [--pipefusion-overlap] --out PATH`, then "
-                            "`cocodiff simulate --plan PATH` (docs/pipefusion.md)")
+                            "`cocodiff simulate --plan PATH` (docs/pipefusion.md); with "
+                            "--sweep it ranks PipeFusion's layouts in every row")
+    if args.pipefusion_overlap and not args.sweep_pipefusion:
+        raise CocodiffError("--pipefusion-overlap needs --sweep with pipefusion among the "
+                            "schedules (`cocodiff plan --pipefusion-overlap` for one machine)")
+    if args.sweep_pipefusion:
+        # The sequence schedules are the row's columns; PipeFusion's best layout joins them.
+        requested = [name for name in requested if name != "pipefusion"]
+        args.schedule = ",".join(requested or [BASELINE])
     names = schedule_names(args.schedule)
     options = plan_options(args)
     collective = collective_arg(args)

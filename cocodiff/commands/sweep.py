@@ -27,7 +27,8 @@ def sweep_command(args: argparse.Namespace, names: list[str], options: PlanOptio
     from cocodiff.commands.plan import auto_chunks
 
     shared, rows = run_sweep(models, resolutions, nodes_list, names, args.steps, options,
-                             collective, args.workers, auto_chunks=auto_chunks(args))
+                             collective, args.workers, auto_chunks=auto_chunks(args),
+                             pipefusion=args.sweep_pipefusion, overlap=args.pipefusion_overlap)
     if rows is None:  # another rank than 0: rank 0 reports
         return 0
     _print_rows(rows, shared.schedules)
@@ -35,7 +36,9 @@ def sweep_command(args: argparse.Namespace, names: list[str], options: PlanOptio
         atomic_write_text(args.json, json.dumps({"grid": {"models": models,
                                                           "resolutions": resolutions,
                                                           "nodes": nodes_list},
-                                                 "steps": args.steps, "rows": rows}, indent=2))
+                                                 "steps": args.steps,
+                                                 "pipefusion_overlap": args.pipefusion_overlap,
+                                                 "rows": rows}, indent=2))
     if args.plot:
         atomic_write(args.plot, lambda tmp: plot_sweep(rows, shared.schedules, tmp))
     return 0
@@ -47,25 +50,55 @@ def _print_rows(rows: list[dict], names: tuple[str, ...]) -> None:
     from cocodiff.util.console import plain_console
 
     table = Table(title="simulated speedup over flat Ulysses (Aurora)", title_justify="left")
-    for column in ("model", "px", "nodes", *names, f"layout ({BASELINE} / {names[-1]})"):
+    best = names[-1]
+    pipelines = "pipefusion" in rows[0]
+    columns = ["model", "px", "nodes", *names, f"layout ({BASELINE} / {best})",
+               f"memory ({best})"]
+    if pipelines:
+        columns += ["pipefusion", "its layout", "its memory"]
+    for column in columns:
         table.add_column(column, justify="right")
     for row in rows:
-        table.add_row(row["model"], str(row["resolution"]), str(row["nodes"]),
-                      *(f"{row['speedup'][name]:.2f}x" for name in names),
-                      f"{row['layouts'][BASELINE]} / {row['layouts'][names[-1]]}")
-    plain_console(width=None if sys.stdout.isatty() else 200).print(table)
-    best = names[-1]
+        cells = [row["model"], str(row["resolution"]), str(row["nodes"]),
+                 *(f"{row['speedup'][name]:.2f}x" for name in names),
+                 f"{row['layouts'][BASELINE]} / {row['layouts'][best]}",
+                 _memory(row["memory_gb"].get(best), row["tile_memory_gb"])]
+        if pipelines:
+            pipeline = row["pipefusion"]
+            cells += (["-", "none fits", "-"] if pipeline["layout"] is None else
+                      [f"{pipeline['speedup']:.2f}x", pipeline["layout"],
+                       _memory(pipeline["memory_gb"], row["tile_memory_gb"])])
+        table.add_row(*cells)
+    plain_console(width=None if sys.stdout.isatty() else 240).print(table)
+    over = [row for row in rows if row["memory_gb"].get(best, 0) > row["tile_memory_gb"] > 0]
+    if over:
+        print(f"note: '!' marks a rank that needs more than the {over[0]['tile_memory_gb']:g} GB "
+              f"of a tile ({len(over)} row(s) of {best}: the whole model on every rank); "
+              "the speedups are simulated all the same", flush=True)
     speedups = [row["speedup"][best] for row in rows]
     peak = max(rows, key=lambda row: row["speedup"][best])
     print(f"{best} over flat: mean {sum(speedups) / len(speedups):.2f}x, peak "
           f"{peak['speedup'][best]:.2f}x ({peak['model']}, {peak['resolution']}px, "
           f"{peak['nodes']} nodes)", flush=True)
+    if pipelines:
+        wins = [row for row in rows if row["pipefusion"]["layout"] is not None
+                and row["pipefusion"]["speedup"] > row["speedup"][best]]
+        print(f"pipefusion ahead of {best} in {len(wins)} of {len(rows)} row(s)"
+              + (": " + ", ".join(f"{row['model']} {row['resolution']}px {row['nodes']} nodes"
+                                  for row in wins) if wins else ""), flush=True)
     for name in names[1:]:  # how many rows ran each chunk count
         counts: dict[int, int] = {}
         for row in rows:
             counts[row["chunks"][name]] = counts.get(row["chunks"][name], 0) + 1
         print(f"{name} chunks: " + ", ".join(f"{c} in {n} row(s)"
                                               for c, n in sorted(counts.items())), flush=True)
+
+
+def _memory(gigabytes: float | None, tile_gb: float) -> str:
+    """Memory per rank in GB, marked '!' past the tile's memory."""
+    if gigabytes is None:
+        return "-"
+    return f"{gigabytes:.1f} GB" + ("!" if 0 < tile_gb < gigabytes else "")
 
 
 def sweep_values(text, default, kind, what):

@@ -31,6 +31,11 @@ SECONDS_PER_MESSAGE = 0.1e-6
 # and plan, its gathers and bounds, what grows with the machine when the simulation does
 # not (folded, a long Ring's passes extrapolated). Fitted beside the cost per collective.
 SECONDS_PER_RANK = 27e-6
+# A PipeFusion generation's ranks are all simulated (its stages hold different layers, so no
+# fold applies) and its flows share links across the stages: CPU time per collective a rank
+# posts, the point-to-point transfers between stages counted as collectives. Fitted by
+# bench/sim_guard.py on pipeline generations of 1 to 4 Aurora nodes (docs/hardening.md).
+SECONDS_PER_PIPELINE_COLLECTIVE = 120e-6
 # The planner also builds a plan and its links' bound per (layout, schedule) pair: CPU
 # time per rank of each (`cocodiff plan --nodes 8`: 17.4 s for 49 pairs of 96 ranks, of
 # which the simulations above account for 5.9 s).
@@ -179,6 +184,35 @@ def estimate_simulation(spec, num_layers: int, num_heads: int, schedules: dict[s
               + BYTES_PER_PLAN_ENTRY * plan_entries + BYTES_PER_MESSAGE * cached_messages)
     wall_s = SECONDS_PER_COLLECTIVE * collectives + SECONDS_PER_MESSAGE * messages
     return Estimate(collectives, messages, plan_entries, elements, memory, wall_s)
+
+
+def estimate_pipelines(spec, num_layers: int, layouts, num_steps: int) -> Estimate:
+    """The cost of simulating PipeFusion ``layouts`` over a generation of ``num_steps``
+    steps as :func:`cocodiff.simulator.simulate.simulate_generation` does (past
+    ``warmup + 3`` steps, two short generations of ``warmup + 2`` and ``warmup + 3``
+    steps): every rank; per step, the stage's layers' exchanges (4 a layer with Ulysses
+    inside the stage) and a transfer in and out, once per synchronous step and per patch
+    of a pipelined one. An upper bound for the planner, which prunes layouts by floors.
+    """
+    num_ranks = spec.num_tiles
+    collectives = messages = 0
+    for layout in layouts:
+        warmup = min(layout.warmup, num_steps)
+        if num_steps <= warmup + 3:
+            synchronous, pipelined, generations = warmup, num_steps - warmup, 1
+        else:
+            synchronous, pipelined, generations = 2 * warmup, 5, 2
+        # A stage's layers, on average over the stages (their counts differ by one).
+        exchanges = EXCHANGES_PER_LAYER * num_layers / layout.stages if layout.ulysses > 1 else 0
+        passes = synchronous + pipelined * layout.patches
+        # A generation's ends post two fewer a rank (counted against the simulator).
+        collectives += round(num_ranks * (passes * (exchanges + 2) - 2 * generations))
+        messages += round(num_ranks * passes * (exchanges * (layout.ulysses - 1) + 2))
+    elements = graph_elements(spec)
+    memory = BASE_BYTES + BYTES_PER_GRAPH_ELEMENT * elements
+    wall_s = (SECONDS_PER_PIPELINE_COLLECTIVE * collectives + SECONDS_PER_MESSAGE * messages
+              + SECONDS_PER_RANK * num_ranks * len(layouts))
+    return Estimate(collectives, messages, 0, elements, memory, wall_s)
 
 
 def estimate_planner(spec, num_layers: int, num_heads: int, schedules, batch_size: int,

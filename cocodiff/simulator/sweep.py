@@ -1,5 +1,12 @@
 """``cocodiff simulate --sweep``: the paper's grid of models x resolutions x Aurora nodes.
 
+With ``pipefusion`` among the schedules, each row also ranks PipeFusion's layouts (stages x
+Ulysses inside each; :func:`cocodiff.simulator.ranking.rank_with_floors`, the best one
+simulated over the whole generation, the others pruned by their floors) and sets the best
+beside the sequence family's, with the device memory each rank needs: pipeline or
+sequence parallelism, per model, resolution and node count. Pipelines are simulated rank
+by rank (no node symmetry folds them), so these rows cost minutes, not seconds.
+
 Every configuration is an independent, deterministic simulation, so they run side by
 side: on the local cores (:func:`cocodiff.simulator.fanout.map_local`), and under ``mpiexec``
 split across the ranks (:func:`cocodiff.simulator.fanout.map_mpi`, each rank fanning its share out
@@ -36,14 +43,21 @@ class SweepOptions:
     # The planner chooses each phased schedule's chunk count per row (`--chunks auto`);
     # else every row runs at options.chunks.
     auto_chunks: bool = False
+    # Rank PipeFusion's layouts too; `overlap`: consecutive steps overlapped as xDiT's
+    # engine runs them (default: as `cocodiff run` does, the pipeline drained every step).
+    pipefusion: bool = False
+    overlap: bool = False
 
 
 def run_sweep(models: list[str], resolutions: list[int], nodes_list: list[int],
               names: list[str], steps: int, options: PlanOptions,
               collective: CollectiveModel | None, workers: int | None,
-              auto_chunks: bool = False) -> tuple[SweepOptions, list[dict] | None]:
+              auto_chunks: bool = False, pipefusion: bool = False, overlap: bool = False
+              ) -> tuple[SweepOptions, list[dict] | None]:
     """Check the grid (resolutions, resources), then run it: every row in grid order on
-    rank 0 (None on the other MPI ranks: rank 0 reports), with what the rows share."""
+    rank 0 (None on the other MPI ranks: rank 0 reports), with what the rows share.
+    ``pipefusion``: each row also ranks PipeFusion's layouts (``overlap``: as xDiT's
+    engine runs them)."""
     from cocodiff.models import load_model_spec
 
     specs = {name: load_model_spec(name) for name in models}
@@ -51,17 +65,22 @@ def run_sweep(models: list[str], resolutions: list[int], nodes_list: list[int],
         for resolution in resolutions:
             spec.check_resolution(resolution, resolution)
     schedules = tuple(dict.fromkeys([BASELINE, *names]))
-    _check_resources(steps, schedules, options, specs, resolutions, nodes_list)
-    shared = SweepOptions(schedules, steps, options, collective, auto_chunks)
+    _check_resources(steps, schedules, options, specs, resolutions, nodes_list, pipefusion,
+                     overlap)
+    shared = SweepOptions(schedules, steps, options, collective, auto_chunks, pipefusion,
+                          overlap)
     grid = [(m, r, n) for m in models for r in resolutions for n in nodes_list]
     return shared, _run_grid(shared, grid, _mpi_world(), workers)
 
 
-def _check_resources(steps, names, options, specs, resolutions, nodes_list) -> None:
+def _check_resources(steps, names, options, specs, resolutions, nodes_list,
+                     pipefusion=False, overlap=False) -> None:
     """The resource guard (:mod:`cocodiff.simulator.budget`) over the whole grid, before anything
-    runs: every row's simulations, and the planner's ranking where a row has more ranks
-    than heads (every candidate counted: an upper bound, the planner prunes)."""
+    runs: every row's simulations, the planner's ranking where a row has more ranks
+    than heads, and with ``pipefusion`` every pipeline layout (every candidate counted:
+    an upper bound, the planner prunes)."""
     from cocodiff.simulator import budget
+    from cocodiff.simulator.pipelines import pipeline_layouts
     from topology import get_preset
 
     plans = {name: budget.distinct_plans(name, steps, options, None) for name in names}
@@ -75,6 +94,10 @@ def _check_resources(steps, names, options, specs, resolutions, nodes_list) -> N
             if machine.num_tiles > model.num_heads:
                 row.append(budget.estimate_planner(machine, model.num_layers, model.num_heads,
                                                    ranked, 1, options.chunks))
+            if pipefusion:
+                row.append(budget.estimate_pipelines(
+                    machine, model.num_layers,
+                    pipeline_layouts(machine.num_tiles, model, overlap=overlap), steps))
             estimates += row * len(resolutions)
     budget.check_estimate(budget.combine(estimates),
                           f"the sweep ({len(specs)} model(s) x {len(resolutions)} "
@@ -110,14 +133,41 @@ def run_configuration(options: SweepOptions, config: tuple[str, int, int]) -> di
                                        parallel=layouts[name], known=known.get(name))
                for name in names}
     flat = results[BASELINE].step_time_s
-    return {
+    row = {
         "model": model_name, "resolution": resolution, "nodes": nodes,
         "num_ranks": placement.num_ranks,
+        "tile_memory_gb": topology.spec.tile_memory_gb,
         "layouts": {name: layout.name if layout else "pure" for name, layout in layouts.items()},
         "results": [r.to_json() for r in results.values()],
         "speedup": {name: flat / r.step_time_s for name, r in results.items()},
+        "memory_gb": {name: r.memory.total_bytes / 1e9 for name, r in results.items()
+                      if r.memory is not None},
         "chunks": chunks,
     }
+    if options.pipefusion:
+        row["pipefusion"] = _best_pipeline(options, model, topology, streams, flat)
+    return row
+
+
+def _best_pipeline(options: SweepOptions, model, topology, streams, flat_s: float) -> dict:
+    """The fastest PipeFusion layout of one row that fits the device (the ranking's best,
+    the others pruned by their floors), its speedup over flat and its memory per rank;
+    ``layout`` None and the first refusal's line where none fits."""
+    from cocodiff.simulator.pipelines import pipeline_layouts
+    from cocodiff.simulator.ranking import rank_with_floors
+
+    layouts = pipeline_layouts(len(topology.tiles), model, overlap=options.overlap)
+    ranking = rank_with_floors(model, topology, streams, [], [], layouts, options.steps,
+                               options.options, options.collective, top=1)
+    if not ranking.candidates:
+        why = ranking.refused[0] if ranking.refused else "no pipeline layout of these ranks"
+        return {"layout": None, "why": why}
+    best = ranking.best
+    return {"layout": best.layout.name, "step_time_s": best.step_time_s,
+            "compute_s": best.compute_s, "speedup": flat_s / best.step_time_s,
+            "memory_gb": best.memory.total_bytes / 1e9 if best.memory else None,
+            "simulated": len(ranking.candidates), "pruned": len(ranking.pruned),
+            "refused": len(ranking.refused)}
 
 
 def _chunks(options: SweepOptions, model, topology, streams, layouts, known) -> dict[str, int]:
@@ -210,6 +260,11 @@ def plot_sweep(rows, names, path) -> None:
                 ax.plot([row["nodes"] for row in chosen],
                         [row["speedup"][name] for row in chosen], style, marker="o",
                         label=f"{name} {resolution}px")
+            pipelines = [row for row in chosen if row.get("pipefusion", {}).get("layout")]
+            if pipelines:  # the best PipeFusion layout of each row
+                ax.plot([row["nodes"] for row in pipelines],
+                        [row["pipefusion"]["speedup"] for row in pipelines], ":", marker="s",
+                        label=f"pipefusion {resolution}px")
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("Aurora nodes")
         ax.set_xscale("log", base=2)

@@ -269,6 +269,14 @@ def test_a_long_simulation_is_refused_with_its_estimate(monkeypatch):
             match="would run for about")
 
 
+def test_a_long_pipeline_ranking_is_refused_with_its_estimate(monkeypatch):
+    # Pipelines are simulated rank by rank (budget.estimate_pipelines): 2 Aurora nodes'
+    # 7 PipeFusion layouts come to about 23 s.
+    monkeypatch.setenv("COCODIFF_MAX_SIM_S", "5")
+    refused("plan", "--nodes", "2", "--schedule", "pipefusion",
+            match="ranking 7 PipeFusion layout(s) of 24 ranks would run for about")
+
+
 def test_a_bad_limit_in_the_environment_is_one_line(monkeypatch):
     monkeypatch.setenv("COCODIFF_MAX_SIM_S", "soon")
     refused("simulate", "--nodes", "1", *QUICK, match="COCODIFF_MAX_SIM_S='soon' is not")

@@ -2,7 +2,8 @@
 (cocodiff.simulator.budget.estimate_layout): the collectives the simulated ranks post,
 exactly, for hybrid, Ring and pure-Ulysses layouts, folded, extrapolated from one and two
 layers (as simulate runs them), a long Ring's passes extrapolated, and in full (a recorded
-timeline); and the planned run's estimate stays quick at 4,096 nodes."""
+timeline); a PipeFusion generation's (estimate_pipelines); and the planned run's estimate
+stays quick at 4,096 nodes."""
 
 from __future__ import annotations
 
@@ -75,3 +76,28 @@ def test_the_planned_estimate_of_4096_nodes_is_quick_and_grows_with_the_nodes():
     # (docs/hardening.md: measured 11 s and 19 s of CPU).
     assert large.wall_s > 2 * small.wall_s
     assert large.collectives == small.collectives and large.messages == small.messages
+
+
+@pytest.mark.parametrize(("stages", "steps", "warmup"),
+                         [(2, 8, 1), (4, 8, 1), (3, 3, 1), (6, 28, 1), (4, 9, 2), (4, 4, 4)])
+def test_the_pipeline_count_is_what_a_generation_posts(monkeypatch, stages, steps, warmup):
+    """Every rank's stage exchanges and transfers, per synchronous step and per patch of a
+    pipelined one, over the steps a generation simulates (two short ones past W + 3):
+    exact with pipelined steps, within 5% where every step is synchronous."""
+    from cocodiff.layout import PipelineLayout
+    from cocodiff.simulator.pipelines import rank_pipelines
+
+    posted = []
+    original = sim_transport.SimWorld.post_all_to_all
+    monkeypatch.setattr(sim_transport.SimWorld, "post_all_to_all",
+                        lambda self, *args, **kw: posted.append(1) or original(self, *args,
+                                                                                **kw))
+    model = replace(REGISTRY["flux1-dev"], num_layers=6)
+    spec = get_preset("aurora", 1)
+    layout = PipelineLayout(stages, spec.num_tiles // stages, stages, warmup)
+    rank_pipelines(model, build_topology(spec), STREAMS, steps, layouts=[layout])
+    estimate = budget.estimate_pipelines(spec, model.num_layers, [layout], steps)
+    if warmup < steps:
+        assert estimate.collectives == len(posted)
+    else:
+        assert estimate.collectives == pytest.approx(len(posted), rel=0.05)

@@ -68,3 +68,45 @@ def test_bad_sweep_input_is_one_line_exit_2(args, message, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--schedule", "flat,pipefusion"], "simulate runs pipefusion from its plan file"),
+    (["--sweep", "--pipefusion-overlap"], "--pipefusion-overlap needs --sweep with pipefusion"),
+])
+def test_pipefusion_outside_a_sweep_is_one_line_exit_2(args, message, tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert main(["simulate", *args, "--json", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not out.exists()
+
+
+def test_a_row_sets_the_fastest_pipeline_beside_the_sequence_family():
+    """The row's PipeFusion entry is the fastest of every pipeline layout simulated in
+    full (floors prune, never the best), with its memory per rank and its speedup over
+    the row's flat step."""
+    from cocodiff.memory import sequence_memory
+    from cocodiff.models import load_model_spec
+    from cocodiff.schedules import DEFAULT_OPTIONS
+    from cocodiff.simulator.pipelines import rank_pipelines
+    from cocodiff.simulator.sweep import SweepOptions, run_configuration
+    from topology import build_topology, get_preset
+
+    options = SweepOptions(("flat", "vfirst"), 4, DEFAULT_OPTIONS, None, pipefusion=True)
+    row = run_configuration(options, ("flux1-dev", 768, 1))
+    model = load_model_spec("flux1-dev")
+    streams = (model.image_tokens(768, 768), model.text_tokens)
+    topology = build_topology(get_preset("aurora", 1))
+    every, refused = rank_pipelines(model, topology, streams, 4)
+    assert not refused and len(every) == 5  # 2, 3, 4, 6 and 12 stages of 12 tiles
+    best, pipeline = every[0], row["pipefusion"]
+    assert pipeline["layout"] == best.layout.name
+    assert pipeline["step_time_s"] == pytest.approx(best.step_time_s, rel=1e-9)
+    assert pipeline["memory_gb"] == pytest.approx(best.memory.total_bytes / 1e9)
+    assert pipeline["simulated"] + pipeline["pruned"] == 5
+    flat_s = next(r["step_time_s"] for r in row["results"] if r["schedule"] == "flat")
+    assert pipeline["speedup"] == pytest.approx(flat_s / best.step_time_s)
+    whole = sequence_memory(model, streams, 12, None, DEFAULT_OPTIONS.dtype_bytes, 1)
+    assert row["memory_gb"]["flat"] == pytest.approx(whole.total_bytes / 1e9)
+    assert row["tile_memory_gb"] == 64.0
