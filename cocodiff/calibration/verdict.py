@@ -11,8 +11,9 @@ summary and the JSON as they were: the pair fits' worst point, the world all-to-
 against the links, a step's exchange patterns. On the emulated cluster they missed by
 as much as the one-host runs of issue 38 (a pair fit +308%, the 16 KiB all-to-all -91%
 against the links, TAPA's pattern +139%) in calibrations whose validation then held
-within a median 2.4-11% (results/measured/validate/run27.json); gating on them would
-refuse calibrations that work. The loops there missed by a median 2-14% (19-28% beside a
+within a median 2.4-11% (run 27: `git show
+26d5b02:results/measured/validate/run27.json`); gating on them would refuse calibrations
+that work. The loops there missed by a median 2-14% (19-28% beside a
 foreign load, run28), and 4 MPICH ranks on 2 cores, before calibrate timed loops under a
 busy-polling transport, by 27-38%: as much as the steps.
 

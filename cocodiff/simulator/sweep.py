@@ -251,20 +251,24 @@ def plot_sweep(rows, names, path) -> None:
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(row["model"] for row in rows))
+    resolutions = sorted({row["resolution"] for row in rows})
+    # One colour per resolution, one line style per schedule (PipeFusion dotted, squares).
+    colours = dict(zip(resolutions, plt.get_cmap("tab10").colors, strict=False))
+    styles = dict(zip(names[1:], ("--", "-.", "-"), strict=False))
     fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.4), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
-        for resolution in sorted({row["resolution"] for row in rows}):
+        for resolution in resolutions:
             chosen = [row for row in rows if row["model"] == model
                       and row["resolution"] == resolution]
-            for name, style in zip(names[1:], ("--", "-.", "-"), strict=False):
+            for name, style in styles.items():
                 ax.plot([row["nodes"] for row in chosen],
                         [row["speedup"][name] for row in chosen], style, marker="o",
-                        label=f"{name} {resolution}px")
+                        color=colours[resolution], label=f"{name} {resolution}px")
             pipelines = [row for row in chosen if row.get("pipefusion", {}).get("layout")]
             if pipelines:  # the best PipeFusion layout of each row
                 ax.plot([row["nodes"] for row in pipelines],
                         [row["pipefusion"]["speedup"] for row in pipelines], ":", marker="s",
-                        label=f"pipefusion {resolution}px")
+                        color=colours[resolution], label=f"pipefusion {resolution}px")
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("Aurora nodes")
         ax.set_xscale("log", base=2)
