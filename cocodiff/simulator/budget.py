@@ -33,8 +33,9 @@ SECONDS_PER_MESSAGE = 0.1e-6
 SECONDS_PER_RANK = 27e-6
 # A PipeFusion generation's ranks are all simulated (its stages hold different layers, so no
 # fold applies) and its flows share links across the stages: CPU time per collective a rank
-# posts, the point-to-point transfers between stages counted as collectives. Fitted by
-# bench/sim_guard.py on pipeline generations of 1 to 4 Aurora nodes (docs/hardening.md).
+# posts, the point-to-point transfers between stages counted as collectives. Measured by
+# bench/sim_guard.py on generations of 1 and 2 Aurora nodes (131 us) and on one of 8
+# nodes, `P16xU6xM16` (118 us; docs/hardening.md).
 SECONDS_PER_PIPELINE_COLLECTIVE = 120e-6
 # The planner also builds a plan and its links' bound per (layout, schedule) pair: CPU
 # time per rank of each (`cocodiff plan --nodes 8`: 17.4 s for 49 pairs of 96 ranks, of
