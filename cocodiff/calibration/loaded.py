@@ -222,7 +222,7 @@ def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: 
     after the other. What calibrate reports beside each loop, so a reader sees whether the
     host model reproduces the very microbenchmarks it was fitted on before trusting it on
     a step."""
-    from cocodiff.cost import Cost
+    from cocodiff.cost import Cost, compute_seconds
     from cocodiff.plan.steps import (
         Compute,
         Exchange,
@@ -236,13 +236,12 @@ def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: 
 
     world = num_nodes * per_node
     rows = max(1, point.bytes_per_peer // ROW_BYTES)
-    # The burst's CPU seconds as FLOPs at the rate the simulator charges work without
-    # kernels (cocodiff.cost.compute_seconds): the tile's kernel rates' GEMM rate where it
-    # has them, which calibrate writes since 2026-11-27 (at the tile's roofline rate there,
-    # a burst was simulated 29x too short and the call wait fitted to make up for it).
-    rates = topology.spec.device
-    tflops = rates.gemm_tflops if rates is not None else topology.spec.tile_tflops
-    flops = burst_cpu_s * tflops * 1e12 / point.pieces
+    # The burst's CPU seconds as FLOPs at the rate the simulator itself charges work without
+    # kernels (the kernel GEMM rate where the tile has kernel rates, which calibrate writes
+    # since 2026-11-27; at the tile's roofline rate there a burst was simulated 29x too
+    # short and the call wait fitted to make up for it).
+    seconds_per_tflop = compute_seconds(Cost(1e12, 0.0), topology.spec)
+    flops = burst_cpu_s / seconds_per_tflop * 1e12 / point.pieces
     tensors = ("q", "k", "v", "out")
     programs = []
     for rank in range(world):

@@ -107,11 +107,9 @@ def simulate_command(args: argparse.Namespace) -> int:
     if args.pipefusion_overlap and not args.sweep_pipefusion:
         raise CocodiffError("--pipefusion-overlap needs --sweep with pipefusion among the "
                             "schedules (`cocodiff plan --pipefusion-overlap` for one machine)")
-    if args.sweep_pipefusion:
-        # The sequence schedules are the row's columns; PipeFusion's best layout joins them.
-        requested = [name for name in requested if name != "pipefusion"]
-        args.schedule = ",".join(requested or [BASELINE])
-    names = schedule_names(args.schedule)
+    # With --sweep the sequence schedules are a row's columns; PipeFusion's best joins them.
+    names = schedule_names(",".join([name for name in requested if name != "pipefusion"]
+                                    or [BASELINE]))
     options = plan_options(args)
     collective = collective_arg(args)
     if args.activity_trace is not None:
