@@ -38,6 +38,9 @@ def job_env(tmp_path: Path) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env["COCODIFF_RENDEZVOUS_DIR"] = str(tmp_path)
     env["HF_HUB_OFFLINE"] = "1"
+    # A rank that aborts in C++ ("terminate called without an active exception", a rare
+    # CI failure of calibrate's ranks) then prints every thread's Python stack: where it was.
+    env["PYTHONFAULTHANDLER"] = "1"
     return env
 
 

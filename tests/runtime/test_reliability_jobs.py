@@ -200,9 +200,14 @@ def test_same_seed_same_latents_in_one_process(tmp_path):
 @needs_mpi
 def test_mpi_waits_are_bounded(tmp_path):
     """MpiTransport's own deadline: all_to_all, barrier and new_group with a silent peer."""
+    # Both ranks leave without MPI_Finalize (see the worker). Hydra kills the whole job when
+    # it reads a rank's PMI socket closing unfinalized, a race with its reaping of that rank
+    # that CI lost once (rank 1 SIGKILLed as rank 0 left): the rank that is still sleeping
+    # must end on its own here.
+    mpiexec, *rest = launcher_prefix("mpiexec", NUM_RANKS)
     result = watch_job(
-        launcher_prefix("mpiexec", NUM_RANKS) + [str(REPO / "tests" / "workers" /
-                                                 "mpi_deadline.py"), "1.5"],
+        [mpiexec, "-disable-auto-cleanup", *rest,
+         str(REPO / "tests" / "workers" / "mpi_deadline.py"), "1.5"],
         tmp_path, timeout_s=60,
     )
     assert result.returncode == 0, result.output[-4000:]
