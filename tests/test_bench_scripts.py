@@ -58,6 +58,7 @@ def test_sim_guard_fits_a_positive_cost_per_collective(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     record = json.loads(out.read_text())
     assert record["fit_s_per_collective"] > 0 and record["fit_s_per_rank"] > 0
+    assert record["fit_s_per_gather_bundle"] > 0  # the Ring-innermost runs' gathers
     # held, not fitted: planned simulations send too few messages per collective to tell
     assert record["fit_s_per_message"] == budget.SECONDS_PER_MESSAGE
     assert {run["schedule"] for run in record["runs"]} == {"tapa", "flat"}

@@ -188,8 +188,17 @@ def _single(args, names, options, collective) -> int:
     streams = (model.image_tokens(width, height, args.frames), model.text_tokens)
     placement = Placement.node_major(topology)
     record = args.trace is not None or args.plot is not None
+    floors = None
+    if _planner_chooses(args, model, placement.num_ranks):
+        from cocodiff.simulator.planner import layout_floors
+
+        # The candidates' floors first (no simulation): the guard then counts the
+        # candidates the planner cannot prune, before it simulates any.
+        floors = layout_floors(model, topology, streams, names, options, collective,
+                               workers=args.workers or local_cores())
+        estimate = _check_resources(args, names, options, machine, model, floors)
     layouts, known = _layouts(args, names, model, topology, streams, options, collective,
-                              placement.num_ranks)
+                              placement.num_ranks, floors)
     chunks = _chunks(args, names, model, topology, streams, options, collective, layouts,
                      known)
     context = {"positional": (model, topology, placement, streams, args.steps),
@@ -218,7 +227,10 @@ def _single(args, names, options, collective) -> int:
     return _report(args, results, title, model, topology, placement, layouts, collective,
                    args.steps, {"resolution": [width, height], "frames": args.frames,
                                 "sequence_tokens": tokens, "batch_size": args.batch_size,
-                                "dtype": args.dtype},
+                                "dtype": args.dtype,
+                                # what the resource guard expected this run to cost
+                                "guard_estimate": {"cpu_s": estimate.wall_s,
+                                                   "memory_bytes": estimate.memory_bytes}},
                    {name: (choice.chunks, choice.describe()) for name, choice in chunks.items()})
 
 
@@ -256,9 +268,10 @@ def _report(args, results, title, model, topology, placement, layouts, collectiv
     return 0
 
 
-def _check_resources(args, names, options, machine, model):
+def _check_resources(args, names, options, machine, model, floors=None):
     """Refuse what would not fit in memory or would run for hours, before building
-    anything (``cocodiff.simulator.budget``); returns the estimate."""
+    anything (``cocodiff.simulator.budget``), and again with the planner's ``floors``
+    once they are worked out; returns the estimate."""
     from cocodiff.simulator import budget
 
     plans = {name: budget.distinct_plans(name, args.steps, options, args.activity)
@@ -271,7 +284,7 @@ def _check_resources(args, names, options, machine, model):
         # What the planner simulates, then the schedules on its layouts, folded and
         # extrapolated as they run (docs/hardening.md measures it against runs).
         estimate = budget.estimate_planned(machine, model.num_layers, model.num_heads, plans,
-                                           options.chunks, auto_chunks(args))
+                                           options.chunks, auto_chunks(args), floors)
     else:
         estimate = budget.estimate_simulation(machine, model.num_layers, model.num_heads,
                                               plans, options.chunks, group=args.ulysses)
@@ -383,31 +396,41 @@ def _gathered(context: dict, name: str, outputs: list):
                              collective=context["options"]["collective"], done=steps)
 
 
-def _layouts(args, names, model, topology, streams, options, collective, num_ranks
-             ) -> tuple[dict, dict]:
-    """Each schedule's parallel layout: None (pure Ulysses), the flags', or the planner's;
-    and the steps the planner simulated for its choices (by schedule)."""
+def _planner_chooses(args, model, num_ranks) -> bool:
+    """Whether the planner picks the layouts (:func:`_layouts`); refuses, in one line, a
+    layout chosen twice and the planner over an activity trace."""
     layout = explicit_layout(args, num_ranks)
     if layout is not None and args.parallel_layout is not None:
         raise CocodiffError(f"--parallel-layout {args.parallel_layout} and "
                             "--ulysses/--ring/--batch both choose the layout: drop one")
     if layout is not None:
-        layout.check(num_ranks, model.num_heads, args.batch_size)
-        return dict.fromkeys(names, layout), {}
+        return False
     choice = args.parallel_layout
     if choice is None:  # pure Ulysses leaves ranks idle past the head count
         auto = num_ranks > model.num_heads and args.activity is None
         choice = AUTO if auto else PURE
-    if choice == AUTO:
-        if args.activity is not None:
-            raise CocodiffError("--activity-trace replays a pure-Ulysses run; it cannot use "
-                                "--parallel-layout auto")
+    if choice == AUTO and args.activity is not None:
+        raise CocodiffError("--activity-trace replays a pure-Ulysses run; it cannot use "
+                            "--parallel-layout auto")
+    return choice == AUTO
+
+
+def _layouts(args, names, model, topology, streams, options, collective, num_ranks,
+             floors=None) -> tuple[dict, dict]:
+    """Each schedule's parallel layout: None (pure Ulysses), the flags', or the planner's
+    (walking ``floors``, :func:`cocodiff.simulator.planner.layout_floors`, when given);
+    and the steps the planner simulated for its choices (by schedule)."""
+    if _planner_chooses(args, model, num_ranks):
         from cocodiff.simulator.planner import choose_layouts
 
         choices = choose_layouts(model, topology, streams, names, options, collective,
-                                 workers=args.workers or local_cores())
+                                 workers=args.workers or local_cores(), floors=floors)
         return ({name: c.layout for name, c in choices.items()},
                 {name: c.result for name, c in choices.items() if c.result is not None})
+    layout = explicit_layout(args, num_ranks)
+    if layout is not None:
+        layout.check(num_ranks, model.num_heads, args.batch_size)
+        return dict.fromkeys(names, layout), {}
     return dict.fromkeys(names), {}
 
 

@@ -22,15 +22,16 @@ from dataclasses import dataclass, replace
 
 from cocodiff.util.errors import CocodiffError
 
-# Per-unit times fitted by bench/sim_guard.py to the CPU time of seven simulations on the
-# development machine (docs/hardening.md): per collective one simulated rank posts (SimPy
-# events, flow batches) and per rank-to-peer message (flow set-up, bundling, max-min).
+# Per-unit times fitted by bench/sim_guard.py to the CPU time of eleven simulations on the
+# development machine (docs/hardening.md; the median of three fits, 2026-11-28): per
+# collective one simulated rank posts (SimPy events, flow batches) and per rank-to-peer
+# message (flow set-up, bundling, max-min; held, not fitted).
 SECONDS_PER_COLLECTIVE = 57e-6
 SECONDS_PER_MESSAGE = 0.1e-6
 # Per rank of the machine, for each layout simulated: the topology, the layout's groups
 # and plan, its gathers and bounds, what grows with the machine when the simulation does
 # not (folded, a long Ring's passes extrapolated). Fitted beside the cost per collective.
-SECONDS_PER_RANK = 27e-6
+SECONDS_PER_RANK = 33e-6
 # A PipeFusion generation's ranks are all simulated (its stages hold different layers, so no
 # fold applies) and its flows share links across the stages: CPU time per collective a rank
 # posts, the point-to-point transfers between stages counted as collectives. Measured by
@@ -57,6 +58,12 @@ BASE_BYTES = 300e6  # the interpreter with numpy, simpy and rich (8 nodes peak a
 # peaked at 381 MB of RSS (74 MB before it) for 295k bundles (1.04 KB each; tracemalloc,
 # in a separate run, counted the bundles).
 BYTES_PER_GATHER_BUNDLE = 1000
+# CPU time per such bundle: its folded route, tier and latency worked out in Python, its
+# flows reallocated with the rest. A gather whose fold period is long (the Ring
+# innermost: 384 simulated ranks reach 768 classes each) costs more than its
+# collectives; fitted by bench/sim_guard.py beside the costs per collective and per rank
+# (8.5-15.6 us in three fits).
+SECONDS_PER_GATHER_BUNDLE = 10e-6
 
 # Refuse what would run longer than this (override: COCODIFF_MAX_SIM_S); show progress
 # beyond PROGRESS_S.
@@ -78,6 +85,8 @@ class Estimate:
         graph_elements: nodes and links of the topology graph.
         memory_bytes: estimated peak memory.
         wall_s: estimated wall time.
+        gather_bundles: the bundles folded output gathers send (one per sender,
+            destination class and same-node-or-not).
     """
 
     collectives: int
@@ -86,6 +95,7 @@ class Estimate:
     graph_elements: int
     memory_bytes: float
     wall_s: float
+    gather_bundles: int = 0
 
 
 def graph_elements(spec) -> int:
@@ -300,8 +310,8 @@ def estimate_layout(spec, num_layers: int, num_heads: int, layout, name: str, pl
               + BYTES_PER_PLAN_ENTRY * plan_entries + BYTES_PER_MESSAGE * cached_messages
               + BYTES_PER_GATHER_BUNDLE * bundles)
     wall_s = (SECONDS_PER_COLLECTIVE * collectives + SECONDS_PER_MESSAGE * messages
-              + SECONDS_PER_RANK * num_ranks)
-    return Estimate(collectives, messages, plan_entries, elements, memory, wall_s)
+              + SECONDS_PER_RANK * num_ranks + SECONDS_PER_GATHER_BUNDLE * bundles)
+    return Estimate(collectives, messages, plan_entries, elements, memory, wall_s, bundles)
 
 
 def _phase_sizes_of_group(spec, layout) -> list[int]:
@@ -317,7 +327,7 @@ def _phase_sizes_of_group(spec, layout) -> list[int]:
 
 
 def estimate_planned(spec, num_layers: int, num_heads: int, schedules: dict[str, int],
-                     chunks: int, auto_chunks: bool) -> Estimate:
+                     chunks: int, auto_chunks: bool, floors=None) -> Estimate:
     """The cost of ``cocodiff simulate`` on the planner's layouts: what the planner
     simulates, then each schedule on its layout (``schedules``: name -> distinct plans).
 
@@ -331,6 +341,13 @@ def estimate_planned(spec, num_layers: int, num_heads: int, schedules: dict[str,
     ``--chunks auto``, :data:`CHUNK_TRIES` more chunk counts of each phased ranked
     schedule; then the schedules whose step the planner did not already simulate (V-Major's
     plans). Measured against runs in docs/hardening.md.
+
+    With ``floors`` (``cocodiff.simulator.planner.layout_floors`` of the ranked
+    schedules), the candidates whose floor is below that layout's are counted too: the
+    planner simulates in floor order and none of them can be pruned, as the winner's step
+    is at least its floor (Wan2.1-14B on 256 nodes: the winner's Ring-innermost twin, 5x
+    the winner's cost). Those above it may still be simulated (a floor below the
+    winner's step): not counted.
     """
     from cocodiff.layout import ParallelLayout
     from cocodiff.schedules import get_schedule
@@ -348,6 +365,13 @@ def estimate_planned(spec, num_layers: int, num_heads: int, schedules: dict[str,
     ranked = ranked_schedules(schedules)
     for name in ranked:
         estimates.append(estimate_layout(spec, num_layers, num_heads, inner, name, 1, chunks))
+        if floors is not None:
+            walked = floors[name]
+            winner_floor = next(floor for floor, layout_name, _ in walked
+                                if layout_name == inner.name)
+            estimates += [estimate_layout(spec, num_layers, num_heads, layouts[index], name, 1,
+                                          chunks)
+                          for floor, _, index in walked if floor < winner_floor]
         if auto_chunks and get_schedule(name).phased:
             for extra in range(CHUNK_TRIES):
                 estimates.append(estimate_layout(spec, num_layers, num_heads, inner, name, 1,
@@ -372,7 +396,8 @@ def combine(estimates) -> Estimate:
     return Estimate(sum(e.collectives for e in estimates), sum(e.messages for e in estimates),
                     max(e.plan_entries for e in estimates),
                     max(e.graph_elements for e in estimates),
-                    max(e.memory_bytes for e in estimates), sum(e.wall_s for e in estimates))
+                    max(e.memory_bytes for e in estimates), sum(e.wall_s for e in estimates),
+                    sum(e.gather_bundles for e in estimates))
 
 
 def distinct_plans(name: str, num_steps: int, options, activity) -> int:

@@ -221,58 +221,97 @@ def best_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[in
     return {name: choice.layout for name, choice in choices.items()}
 
 
+# A ranked schedule's candidates by step floor, lowest first: (floor_s, layout name,
+# index into candidate_layouts), the order choose_layouts simulates them in.
+Floors = tuple[tuple[float, str, int], ...]
+
+
+def layout_floors(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
+                  schedules: Sequence[str], options: PlanOptions = DEFAULT_OPTIONS,
+                  collective: CollectiveModel | None = None, *,
+                  workers: int = 1) -> dict[str, Floors]:
+    """Each ranked schedule's candidate layouts (:func:`candidate_layouts`) with their
+    step floors (:func:`cocodiff.simulator.bounds.step_floor_s`: one node's ranks walked,
+    no simulation), lowest first: what :func:`choose_layouts` walks, worked out apart so
+    that the resource guard can count what the planner will surely simulate
+    (``cocodiff.simulator.budget.estimate_planned``) before it does."""
+    context = _context(spec, topology, stream_tokens, options, collective)
+    ranked = _ranked(schedules)
+    return dict(zip(ranked, map_local(_floors, context, ranked, workers), strict=True))
+
+
 def choose_layouts(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
                    schedules: Sequence[str], options: PlanOptions = DEFAULT_OPTIONS,
                    collective: CollectiveModel | None = None, *,
-                   workers: int = 1) -> dict[str, Choice]:
+                   workers: int = 1, floors: dict[str, Floors] | None = None
+                   ) -> dict[str, Choice]:
     """The planner's best layout for each schedule, ranked as its registry entry says
     (V-Major's ``cocodiff`` as its exact twin ``vfirst``: the same exchanges before
     V-Major trims them).
 
     The same choice as the best of :func:`rank_layouts` for that schedule alone, without
     simulating every candidate: candidates are simulated in the order of their step
-    floor (:func:`cocodiff.simulator.bounds.step_floor_s`, a lower bound that needs no
-    simulation), and once a floor exceeds the best step time simulated so far no later
-    candidate can win. Ties (equal to :data:`_TIE_DIGITS` significant digits,
-    :func:`step_key`) go to the layout name first, as in :func:`rank_layouts`, so a
-    candidate whose floor already ties the best and whose name comes later is not
-    simulated either.
+    floor (:func:`layout_floors`, a lower bound that needs no simulation; ``floors``:
+    the same arguments' floors, already worked out), and once a floor exceeds the best
+    step time simulated so far no later candidate can win. Ties (equal to
+    :data:`_TIE_DIGITS` significant digits, :func:`step_key`) go to the layout name first,
+    as in :func:`rank_layouts`, so a candidate whose floor already ties the best and whose
+    name comes later is not simulated either.
     ``workers`` local processes search for different schedules at once.
     """
+    context = _context(spec, topology, stream_tokens, options, collective)
+    ranked = _ranked(schedules)
+    jobs = [(name, None if floors is None else floors[name]) for name in ranked]
+    best = dict(zip(ranked, map_local(_best_for, context, jobs, workers), strict=True))
+    return {name: best[name] if get_schedule(name).ranked_as == name
+            else Choice(best[get_schedule(name).ranked_as].layout, None) for name in schedules}
+
+
+def _context(spec: ModelSpec, topology: Topology, stream_tokens: Sequence[int],
+             options: PlanOptions, collective: CollectiveModel | None) -> _Context:
     from cocodiff.schedules.run_plan import canonical_streams
 
     placement = Placement.node_major(topology)
     # The streams as a run's plan holds them, so that a winner's step is that plan's.
-    context = _Context(spec, topology, placement, RankGrid.from_placement(topology, placement),
-                       canonical_streams(stream_tokens), options, collective, False)
-    ranked_as = {name: get_schedule(name).ranked_as for name in schedules}
-    ranked = list(dict.fromkeys(ranked_as.values()))
-    best = dict(zip(ranked, map_local(_best_for, context, ranked, workers), strict=True))
-    return {name: best[name] if ranked_as[name] == name
-            else Choice(best[ranked_as[name]].layout, None) for name in schedules}
+    return _Context(spec, topology, placement, RankGrid.from_placement(topology, placement),
+                    canonical_streams(stream_tokens), options, collective, False)
 
 
-def _best_for(context: _Context, name: str) -> Choice:
-    """:func:`choose_layouts` for one schedule."""
+def _ranked(schedules: Sequence[str]) -> list[str]:
+    """The schedules the layouts are ranked by, once each (``cocodiff`` as ``vfirst``)."""
+    return list(dict.fromkeys(get_schedule(name).ranked_as for name in schedules))
+
+
+def _short_plan(context: _Context, name: str, layout: ParallelLayout) -> Plan:
+    # Every layer of a plan is the same: plans of two layers stand for the whole step, for
+    # the floor (a sum over layers) and for the simulation (two layers, extrapolated).
+    short = replace(context.spec, num_layers=min(context.spec.num_layers, 2))
+    return plan_hybrid(name, short, context.grid, context.stream_tokens, layout,
+                       context.options)
+
+
+def _floors(context: _Context, name: str) -> Floors:
+    """:func:`layout_floors` for one schedule."""
     topology, placement = context.topology, context.placement
     model = context.collective or collective_model_for(topology.spec.name)
     layouts = candidate_layouts(placement.num_ranks, context.spec.num_heads,
                                 context.options.batch)
-    # Every layer of a plan is the same: plans of two layers stand for the whole step, for
-    # the floor (a sum over layers) and for the simulation (two layers, extrapolated).
-    num_layers = context.spec.num_layers
-    short = replace(context.spec, num_layers=min(num_layers, 2))
-
-    def plan_of(layout: ParallelLayout) -> Plan:
-        return plan_hybrid(name, short, context.grid, context.stream_tokens, layout,
-                           context.options)
-
     # One plan alive at a time: at scale a plan of every rank is large, and most
     # candidates are pruned by their floor, so those that are simulated are built again.
-    floors = sorted((step_floor_s(plan_of(layout), topology, placement, model,
-                                  context.gathers(layout), num_layers),
-                     layout.name, index)
-                    for index, layout in enumerate(layouts))
+    return tuple(sorted((step_floor_s(_short_plan(context, name, layout), topology,
+                                      placement, model, context.gathers(layout),
+                                      context.spec.num_layers),
+                         layout.name, index)
+                        for index, layout in enumerate(layouts)))
+
+
+def _best_for(context: _Context, job: tuple[str, Floors | None]) -> Choice:
+    """:func:`choose_layouts` for one schedule (and its floors, if worked out)."""
+    name, floors = job
+    if floors is None:
+        floors = _floors(context, name)
+    layouts = candidate_layouts(context.placement.num_ranks, context.spec.num_heads,
+                                context.options.batch)
     winner: tuple[float, str, int, SimResult] | None = None
     for floor_s, layout_name, index in floors:
         if winner is not None:
@@ -285,9 +324,9 @@ def _best_for(context: _Context, name: str) -> Choice:
                 break
             if least > (step_key(winner[0]), winner[1]):
                 continue
-        result = simulate_layers(plan_of(layouts[index]), topology, placement,
-                                 context.collective, num_layers,
-                                 context.gathers(layouts[index]))
+        result = simulate_layers(_short_plan(context, name, layouts[index]), context.topology,
+                                 context.placement, context.collective,
+                                 context.spec.num_layers, context.gathers(layouts[index]))
         if winner is None or ((step_key(result.step_time_s), layout_name)
                               < (step_key(winner[0]), winner[1])):
             winner = (result.step_time_s, layout_name, index, result)
@@ -397,5 +436,5 @@ def choose_chunks(name: str, spec: ModelSpec, topology: Topology, stream_tokens:
 
 
 __all__ = ["AXES", "CHUNK_CANDIDATES", "Candidate", "ChunkChoice", "Choice", "PlanResult",
-           "best_layouts", "candidate_layouts", "choose_chunks", "choose_layouts",
-           "rank_layouts", "simulate_step"]
+           "Floors", "best_layouts", "candidate_layouts", "choose_chunks", "choose_layouts",
+           "layout_floors", "rank_layouts", "simulate_step"]

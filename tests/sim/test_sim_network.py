@@ -44,6 +44,22 @@ def test_n_equal_flows_each_get_a_share_of_bandwidth_over_n(n):
     assert network.stats["l"].bytes_carried == pytest.approx(n * 1e8, rel=1e-12)
 
 
+def test_a_machine_of_many_links_shares_the_few_in_use_as_a_small_one_does():
+    """Past 4,096 links the network works on the links in use only (found by marking
+    them, numbered in link order): the same finish times and bytes as on those links
+    alone, with flows starting and ending so the links in use change."""
+    flows = [(("l9",), 1e8, 0.0, 0.0, 1), (("l9", "l4000"), 1e8, 0.0, 0.05, 2),
+             (("l4000",), 5e7, 1e-6, 0.2, 1), (("l12",), 2e8, 0.0, 0.0, 3)]
+    few = {"l9": GB, "l12": 2 * GB, "l4000": 0.5 * GB}
+    many = {f"l{i}": 3 * GB for i in range(6000)} | few
+    small, small_network = run_flows(few, flows)
+    large, large_network = run_flows(many, flows)
+    assert large == pytest.approx(small, rel=1e-12)
+    for link in few:
+        assert large_network.stats[link].bytes_carried == pytest.approx(
+            small_network.stats[link].bytes_carried, rel=1e-12)
+
+
 def test_a_bundle_of_count_n_equals_n_separate_flows():
     bundled, _ = run_flows({"l": GB, "m": GB}, [(("l",), 1e8, 0, 0, 5), (("l", "m"), 1e8, 0, 0, 1)])
     separate, _ = run_flows(

@@ -101,3 +101,39 @@ def test_the_pipeline_count_is_what_a_generation_posts(monkeypatch, stages, step
         assert estimate.collectives == len(posted)
     else:
         assert estimate.collectives == pytest.approx(len(posted), rel=0.05)
+
+
+def test_the_planned_estimate_counts_the_candidates_floored_below_the_winner():
+    """Given the planner's floors, every candidate whose floor is below the assumed
+    winner's (the largest Ulysses degree, innermost) is counted: the planner simulates
+    it before the winner and cannot prune it (Wan2.1-14B on 256 nodes: the winner's
+    Ring-innermost twin). Those above it are not."""
+    from cocodiff.simulator.planner import candidate_layouts
+
+    spec = get_preset("aurora", 4)
+    model = REGISTRY["flux1-dev"]
+    plans = {"flat": 1}
+    layouts = candidate_layouts(spec.num_tiles, model.num_heads)
+    winner = next(i for i, layout in enumerate(layouts)
+                  if layout.ulysses == 24 and layout.order[-1] == "ulysses")
+    twin = next(i for i, layout in enumerate(layouts)
+                if layout.ulysses == 24 and layout.order[-1] == "ring")
+    others = [i for i in range(len(layouts)) if i not in (winner, twin)]
+
+    def floors(twin_floor: float) -> dict:
+        walked = [(1.0, layouts[winner].name, winner), (twin_floor, layouts[twin].name, twin)]
+        walked += [(2.0 + i, layouts[i].name, i) for i in others]
+        return {"flat": tuple(sorted(walked))}
+
+    shape_only = budget.estimate_planned(spec, model.num_layers, model.num_heads, plans, 1,
+                                         False)
+    above = budget.estimate_planned(spec, model.num_layers, model.num_heads, plans, 1, False,
+                                    floors(1.5))
+    below = budget.estimate_planned(spec, model.num_layers, model.num_heads, plans, 1, False,
+                                    floors(0.5))
+    assert above == shape_only
+    twin_alone = budget.estimate_layout(spec, model.num_layers, model.num_heads,
+                                        layouts[twin], "flat", 1, 1)
+    assert below.wall_s == pytest.approx(shape_only.wall_s + twin_alone.wall_s)
+    assert below.collectives == shape_only.collectives + twin_alone.collectives
+    assert below.gather_bundles == shape_only.gather_bundles + twin_alone.gather_bundles > 0

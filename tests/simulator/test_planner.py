@@ -186,3 +186,22 @@ def test_step_times_equal_to_seven_digits_tie_so_the_name_decides(monkeypatch):
     choice = planner.choose_layouts(PIXART, topology, (1024, 512), ("flat",))["flat"]
     assert choice.layout == first
     assert simulated == [first.name]
+
+
+def test_floors_worked_out_first_give_the_same_choices():
+    """simulate works the floors out before the planner (the guard counts from them):
+    handing them to choose_layouts changes nothing it picks or simulates."""
+    from cocodiff.simulator.planner import choose_layouts, layout_floors
+
+    topology = build_topology(get_preset("aurora", 2))
+    names = ("flat", "vfirst", "cocodiff")
+    floors = layout_floors(PIXART, topology, (1024, 512), names)
+    assert set(floors) == {"flat", "vfirst"}  # cocodiff is ranked as vfirst
+    for walked in floors.values():
+        assert [floor for floor, _, _ in walked] == sorted(floor for floor, _, _ in walked)
+    given = choose_layouts(PIXART, topology, (1024, 512), names, floors=floors)
+    fresh = choose_layouts(PIXART, topology, (1024, 512), names)
+    for name in names:
+        assert given[name].layout == fresh[name].layout
+        if fresh[name].result is not None:
+            assert given[name].result.step_time_s == fresh[name].result.step_time_s
