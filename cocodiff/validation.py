@@ -450,8 +450,10 @@ def rows_to_resolve(measurements: Measurements, cases: Sequence[Case],
                     predicted: Callable[[Case], float | None], precision: float) -> list[str]:
     """The rows another round can still help (by case name): under 2 rounds, or whose
     95% interval neither resolves its error (:func:`error_resolved`) nor is within
-    ``precision``. ``predicted(case)``: the case's predicted step (None: none, and only
-    the precision counts).
+    ``precision``; and :data:`PICK` while the planner's pick against the measured best is
+    unresolved (:func:`pick_against_best`: its interval straddles the 5% tolerance).
+    ``predicted(case)``: the case's predicted step (None: none, and only the precision
+    counts).
 
     Why the floor at ``precision``: an error of 1% would need a +-1% interval to be told
     from none, more rounds than a busy machine gives; within ``precision`` the row's
@@ -471,7 +473,17 @@ def rows_to_resolve(measurements: Measurements, cases: Sequence[Case],
         error = None if step is None else step / statistics.median(medians) - 1
         if width > precision and not error_resolved(error, width):
             unresolved.append(case.name)
+    rows = [{"schedule": case.schedule, "layout": case.layout_name,
+             "measured_step_s": statistics.median(measurements.medians(case)),
+             "predicted_step_s": predicted(case), "round_medians_s": measurements.medians(case)}
+            for case in cases if case.name not in measurements.skipped]
+    if not pick_against_best(rows).get("pick_resolved", True):
+        unresolved.append(PICK)
     return unresolved
+
+
+# What rows_to_resolve names when the pick's verdict, not a row, wants another round.
+PICK = "the planner's pick"
 
 
 def predict_case(case: Case, measurements: Measurements, topology, collective

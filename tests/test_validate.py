@@ -446,17 +446,18 @@ def test_a_rows_error_is_resolved_only_when_the_prediction_lies_outside_its_inte
 
 def test_rounds_are_added_while_a_rows_interval_neither_resolves_its_error_nor_is_precise():
     from cocodiff.commands.validate import _another_round, rounds_stop
-    from cocodiff.validation import rows_to_resolve
+    from cocodiff.validation import PICK, rows_to_resolve
 
     cases = [Case("flat"), Case("vfirst")]
     measurements = Measurements()
     for index, (flat, vfirst) in enumerate(((1.0, 2.0), (1.2, 2.02))):
         for case, step in zip(cases, (flat, vfirst), strict=True):
             measurements.add(case, index, RunResult([9.0, step, step], None, None, None))
-    # flat +-116%: a prediction of 1.5 (+36%) lies inside; vfirst +-6%: 1.0 (-50%) outside
+    # flat +-116%: a prediction of 1.5 (+36%) lies inside; vfirst +-6%: 1.0 (-50%) outside;
+    # the pick (vfirst, 68-100% slower than flat by round) has two rounds' interval
     predicted = {"flat": 1.5, "vfirst": 1.0}
     assert rows_to_resolve(measurements, cases, lambda case: predicted[case.schedule],
-                           0.03) == ["flat"]
+                           0.03) == ["flat", PICK]
     # flat predicted at 10 x: resolved however wide; vfirst within a loose precision
     assert rows_to_resolve(measurements, cases, lambda case: 10.0, 0.07) == []
     args = SimpleNamespace(rounds=2, max_rounds=5, precision=0.03)
@@ -506,3 +507,37 @@ def test_calibrates_verdict_beside_the_topology_is_a_note_when_it_will_not_hold(
     assert _calibration_verdict(str(topology)) == "predictions will not hold: load 9 on 2 cores"
     beside.write_text("[1, 2]")
     assert _calibration_verdict(str(topology)) is None and _calibration_verdict("aurora") is None
+
+
+def test_rounds_are_added_while_the_picks_verdict_straddles_five_percent():
+    """The pick (least predicted) against the measured best, paired by round: a gap whose
+    interval straddles the 5% tolerance wants another round; one clearly past it, or the
+    pick being the best, does not."""
+    from cocodiff.commands.validate import rounds_stop
+    from cocodiff.validation import PICK, rows_to_resolve
+
+    cases = [Case("flat"), Case("vfirst")]
+
+    def measured(pairs):
+        measurements = Measurements()
+        for index, (flat, vfirst) in enumerate(pairs):
+            for case, step in zip(cases, (flat, vfirst), strict=True):
+                measurements.add(case, index, RunResult([9.0, step, step], None, None, None))
+        return measurements
+
+    # vfirst predicted fastest, measured 0-12% slower than flat round by round: unresolved
+    noisy = measured(((1.0, 1.0), (1.0, 1.12), (1.0, 1.05)))
+    predicted = {"flat": 1.04, "vfirst": 1.0}
+    assert PICK in rows_to_resolve(noisy, cases, lambda case: predicted[case.schedule], 1.0)
+    # 20% slower every round: a resolved miss
+    steady = measured(((1.0, 1.2), (1.0, 1.2), (1.0, 1.2)))
+    assert PICK not in rows_to_resolve(steady, cases, lambda case: predicted[case.schedule],
+                                       1.0)
+    # the pick is the best: nothing to resolve
+    assert PICK not in rows_to_resolve(noisy, cases, lambda case: {"flat": 1.0,
+                                                                   "vfirst": 2.0}[case.schedule],
+                                       1.0)
+    args = SimpleNamespace(rounds=3, max_rounds=3, precision=1.0)
+    stop = rounds_stop(args, 3, [], pick_resolved=False)
+    assert stop["unresolved"] == [PICK] and PICK in stop["text"]
+    assert rounds_stop(args, 3, [])["reason"] == "resolved"

@@ -10,8 +10,9 @@ run's median step, the first step left out; min-max over rounds), the predicted 
 and the error (predicted / measured - 1), then the planner's pick against the measured
 best, with the rounds' 95% intervals; after ``--rounds`` it adds rounds (up to
 ``--max-rounds``, default 10) while a row's interval neither resolves its error nor is
-within ``--precision``, says why it stopped, and marks a row whose interval is wider than
-its error. The logic is :mod:`cocodiff.validation`.
+within ``--precision``, or the pick's interval against the best straddles 5%, says why it
+stopped, and marks a row whose interval is wider than its error. The logic is
+:mod:`cocodiff.validation`.
 
 Failures never hang the job: every wait on a peer is bounded by ``--timeout``, and a
 rank that fails ends the job as ``cocodiff run`` does.
@@ -59,7 +60,8 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
     parser.add_argument("--max-rounds", type=positive_int, default=None,
                         help="after --rounds, keep adding rounds up to this many while a "
                         "row's 95%% interval neither resolves its error (the prediction "
-                        "outside it) nor is within --precision (default "
+                        "outside it) nor is within --precision, or the planner's pick "
+                        "against the measured best straddles 5%% (default "
                         f"{DEFAULT_MAX_ROUNDS}, or --rounds if more; equal to --rounds: no "
                         "extra round)")
     parser.add_argument("--precision", type=float, default=0.03,
@@ -311,18 +313,23 @@ def _another_round(transport, args: argparse.Namespace, measurements, cases,
     return bool(all_gather_rows(transport, mine)[0].item())
 
 
-def rounds_stop(args: argparse.Namespace, rounds: int, rows: list[dict[str, Any]]
-                ) -> dict[str, Any]:
+def rounds_stop(args: argparse.Namespace, rounds: int, rows: list[dict[str, Any]],
+                pick_resolved: bool = True) -> dict[str, Any]:
     """Why the rounds stopped: ``reason`` (``resolved``: no row needs another;
     ``max_rounds``: the cap, with rows unresolved; ``no_extra_rounds``: the cap was
-    ``--rounds``), the rows left unresolved and a sentence."""
+    ``--rounds``), the rows left unresolved (and the planner's pick, when its interval
+    against the measured best straddles 5%: ``pick_resolved`` false) and a sentence."""
+    from cocodiff.validation import PICK
+
     unresolved = [f"{row['schedule']}@{row['layout']}" for row in rows
                   if row.get("precision_95") is None
                   or (row["precision_95"] > args.precision and not row.get("error_resolved"))]
+    if not pick_resolved:
+        unresolved.append(PICK)
     cap = max_rounds(args)
     if not unresolved:
         reason, text = "resolved", (f"every row's 95% interval resolves its error or is within "
-                                    f"+-{args.precision:.0%}")
+                                    f"+-{args.precision:.0%}, and the pick's verdict is resolved")
     elif cap <= args.rounds:
         reason, text = "no_extra_rounds", (f"--max-rounds {cap} asked for no round past "
                                            f"--rounds; unresolved: {', '.join(unresolved)}")
@@ -392,7 +399,8 @@ def _report(args, cases, measurements, topology, checked, grid, spec, size, tran
         "rounds": rounds,
         "max_rounds": max_rounds(args),
         "precision_target": args.precision,
-        "rounds_stop": rounds_stop(args, rounds, summary["rows"]),
+        "rounds_stop": rounds_stop(args, rounds, summary["rows"],
+                                   summary.get("pick_resolved", True)),
         "layouts": layouts_json(cases),
         "calibration": {"topology": args.topology or "cluster (preset, uncalibrated)",
                         "topology_toml": dump_topology(topology.spec),
