@@ -41,8 +41,8 @@ def _positive(text: str) -> int:
     return value
 
 
-def plan_flops(spec, image_tokens: int, text_tokens: int, patches: int) -> float:
-    """FLOPs of one layer of one patch in the plan (one stage, one rank)."""
+def patch_layer(spec, image_tokens: int, text_tokens: int, patches: int) -> list:
+    """The compute steps of one layer of one patch in the plan (one stage, one rank)."""
     from cocodiff.layout import PipelineLayout
     from cocodiff.plan.steps import Compute
     from cocodiff.schedules import PlanOptions, RankGrid
@@ -53,7 +53,7 @@ def plan_flops(spec, image_tokens: int, text_tokens: int, patches: int) -> float
                            patches=patches, ring_from=0)
     layer = next(layer for layer in plan.program(0).layers
                  if any(isinstance(step, Compute) for step in layer.steps))
-    return sum(step.cost.flops for step in layer.steps if isinstance(step, Compute))
+    return [step for step in layer.steps if isinstance(step, Compute)]
 
 
 def time_blocks(transformer, image_tokens: int, text_tokens: int, repeats: int,
@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="timed runs per patch count, the median kept (default 7)")
     parser.add_argument("--calls", type=_positive, default=50,
                         help="calls of every block per timed run (default 50)")
+    parser.add_argument("--topology", type=Path, default=None,
+                        help="a calibrated topology (cocodiff calibrate): also print what its "
+                        "compute model charges a patch's layer (cocodiff.cost.compute_seconds, "
+                        "the tile's kernel rates when it has them)")
     parser.add_argument("--json", type=Path, default=Path("results/pipefusion_patch_cost.json"))
     args = parser.parse_args(argv)
 
@@ -128,25 +132,41 @@ def main(argv: list[str] | None = None) -> int:
     uneven = [m for m in args.patches if image % m]
     if uneven:
         parser.error(f"--patches {uneven[0]} does not divide the {image} image tokens")
+    tile = None
+    if args.topology is not None:
+        from topology import load_topology
+
+        tile = load_topology(args.topology)
     rows = []
     for patches in args.patches:
-        rows.append({"patches": patches, "image_tokens": image // patches,
-                     "text_tokens": text,
-                     "measured_s": time_blocks(transformer, image // patches, text,
-                                               args.repeats, args.calls),
-                     "plan_flops": plan_flops(spec, image, text, patches)})
+        steps = patch_layer(spec, image, text, patches)
+        row = {"patches": patches, "image_tokens": image // patches, "text_tokens": text,
+               "measured_s": time_blocks(transformer, image // patches, text, args.repeats,
+                                         args.calls),
+               "plan_flops": sum(step.cost.flops for step in steps)}
+        if tile is not None:
+            from cocodiff.cost import compute_seconds
+
+            row["charged_s"] = sum(compute_seconds(step.cost, tile) for step in steps)
+        rows.append(row)
     whole = rows[0]
     print(f"{args.model}: one block call per patch, {text} text tokens with every patch "
           "(one thread; ratios to the whole image)")
-    print(" M  image tokens   measured ms   measured ratio   FLOPs ratio (what the model charges)")
+    charged = " charged ms (ratio)" if tile is not None else ""
+    print(f" M  image tokens   measured ms   measured ratio   FLOPs ratio{charged}")
     for row in rows:
         row["measured_ratio"] = row["measured_s"] / whole["measured_s"]
         row["flops_ratio"] = row["plan_flops"] / whole["plan_flops"]
-        print(f"{row['patches']:2d}  {row['image_tokens']:12d}   {row['measured_s'] * 1e3:11.3f}"
-              f"   {row['measured_ratio']:14.2f}   {row['flops_ratio']:11.2f}")
+        line = (f"{row['patches']:2d}  {row['image_tokens']:12d}   {row['measured_s'] * 1e3:11.3f}"
+                f"   {row['measured_ratio']:14.2f}   {row['flops_ratio']:11.2f}")
+        if tile is not None:
+            row["charged_ratio"] = row["charged_s"] / whole["charged_s"]
+            line += f" {row['charged_s'] * 1e3:10.3f} ({row['charged_ratio']:.2f})"
+        print(line)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"model": args.model, "threads": 1, "rows": rows},
-                                    indent=2))
+    args.json.write_text(json.dumps({"model": args.model, "threads": 1,
+                                     "topology": None if tile is None else str(args.topology),
+                                     "rows": rows}, indent=2))
     print(f"wrote {args.json}")
     return 0
 

@@ -11,7 +11,7 @@ import pytest
 
 from cocodiff import kernels
 from cocodiff.calibration.kernel_bench import (
-    KERNEL_CHECK_TOLERANCE,
+    KERNEL_SCALE_LIMIT,
     KernelCalibration,
     KernelPoints,
     block_check,
@@ -164,19 +164,48 @@ def _calibration(error: float | None, on_accelerator: bool = False) -> KernelCal
 
 
 def test_the_rates_price_a_topology_only_where_they_predict_the_blocks(tmp_path):
-    assert _calibration(KERNEL_CHECK_TOLERANCE / 2).used
-    assert not _calibration(-0.5).used
+    assert _calibration(-KERNEL_SCALE_LIMIT * 0.9).used
+    assert not _calibration(-KERNEL_SCALE_LIMIT * 1.1).used
     assert _calibration(None, on_accelerator=True).used and not _calibration(None).used
-    # Not used: the file keeps them commented, and uncommented they load as they were.
-    missed = _calibration(-0.5)
+    # Not used: the file keeps the fitted rates commented, and uncommented they load as
+    # they were.
+    missed = _calibration(-KERNEL_SCALE_LIMIT * 1.1)
     commented = missed.commented_table()
     assert "not used" in commented and all(
         line.startswith("#") for line in commented.strip().splitlines())
     table = "\n".join(line[2:] for line in commented.splitlines() if line.startswith("# "))
     path = tmp_path / "m.toml"
     path.write_text(dump_topology(PRESETS["cluster"]()) + table[table.index("\n[device]"):])
-    assert load_topology(path).device == missed.rates
+    assert load_topology(path).device == missed.fit.rates
     assert json.loads(json.dumps(missed.to_json()))["used"] is False
+
+
+@pytest.mark.parametrize("error", [-0.32, -0.05, 0.2])
+def test_used_rates_are_scaled_to_price_the_real_blocks_as_measured(error):
+    """The microbenchmarks alone price the blocks ``error`` off: the topology's rates
+    multiply every kernel's time by measured / predicted, so that they price the measured
+    layer exactly, and keep the shape (a quarter of the tokens costs the same share of the
+    layer as the fitted rates say)."""
+    from cocodiff.runtime.model_names import model_spec
+    from cocodiff.schedules.ulysses import head_split, layer_shape
+
+    spec = model_spec("flux1-dev")
+    shape = layer_shape(head_split(spec, 2, (64, 16)), 0, 4)
+    elementwise, gemms, attention = _times(TRUE)
+    fit = fit_device_rates("calibrated-cpu", elementwise, gemms, attention, 1, 7.0, True)
+    fitted = fit.rates
+    predicted = kernel_layer_seconds(spec, shape, fitted)
+    check = block_check(spec, shape, fitted, predicted / (1 + error))
+    points = KernelPoints(tuple(elementwise), tuple(gemms), tuple(attention), 7.0)
+    calibration = KernelCalibration(points, fit, (), check)
+    assert calibration.used and calibration.scale == pytest.approx(1 / (1 + error))
+    assert kernel_layer_seconds(spec, shape, calibration.rates) == pytest.approx(
+        check["measured_layer_s"], rel=1e-12)
+    quarter = layer_shape(head_split(spec, 2, (16, 16)), 0, 4)
+    assert (kernel_layer_seconds(spec, quarter, calibration.rates)
+            / kernel_layer_seconds(spec, shape, calibration.rates)) == pytest.approx(
+        kernel_layer_seconds(spec, quarter, fitted) / predicted, rel=1e-12)
+    assert f"x{calibration.scale:.2f}" in calibration.verdict()
 
 
 # tiny-flux's layer on one of 2 ranks (built directly: naming the tiny model imports

@@ -204,9 +204,29 @@ def kernel_layer_seconds(spec, shape, rates, mode: str = "eager",
     return total
 
 
-# The kernel model prices a calibrated topology's compute only where it predicts the real
-# blocks this close (when they were timed): else the blocks' effective rate stays (below).
-KERNEL_CHECK_TOLERANCE = 0.10
+# Where the real blocks were timed, the kernel model prices a calibrated topology's compute
+# scaled to them: every kernel's time by one factor, measured / predicted layer (on this
+# 2-core machine the microbenchmarks alone priced the blocks 7-32% short in ten
+# calibrations: time the model does not split into kernels, and the ranks' contention).
+# The factor keeps what the kernels say about shape (a launch's fixed cost, a GEMM's
+# intercept), which the blocks' effective rate, proportional to FLOPs, cannot: a PipeFusion
+# patch of a quarter image costs 0.73-0.84 of the whole where its FLOPs are 0.40. Past this
+# miss the microbenchmarks and the blocks disagree too much for one factor (something else
+# ran, or the model lacks a kernel): the blocks' effective rate stays.
+KERNEL_SCALE_LIMIT = 0.5
+
+
+def scaled_rates(rates, factor: float):
+    """``rates`` (a ``topology.DeviceRates``) with every kernel's time multiplied by
+    ``factor``: rates divided by it, fixed and per-launch costs multiplied."""
+    return dataclasses.replace(
+        rates, gemm_tflops=rates.gemm_tflops / factor,
+        gemm_fixed_us=rates.gemm_fixed_us * factor,
+        attention_tflops=tuple((length, rate / factor)
+                               for length, rate in rates.attention_tflops),
+        memory_gbps=rates.memory_gbps / factor, launch_us=rates.launch_us * factor,
+        host_us=rates.host_us * factor, compiled_launch_us=rates.compiled_launch_us * factor,
+        compiled_host_us=rates.compiled_host_us * factor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,18 +250,26 @@ class KernelCalibration:
     on_accelerator: bool = False
 
     @property
+    def scale(self) -> float:
+        """The factor on every kernel's time that prices the real blocks as measured (1
+        where none were timed)."""
+        check = self.block_check
+        return 1.0 if check is None else check["measured_layer_s"] / check["kernel_layer_s"]
+
+    @property
     def rates(self):
-        return self.fit.rates
+        """The rates a topology gets: the fitted ones scaled to the blocks (:attr:`scale`)."""
+        return scaled_rates(self.fit.rates, self.scale)
 
     @property
     def used(self) -> bool:
         """Whether the topology prices compute with these rates (``[device]``): where the
-        fitted model predicts the real blocks within :data:`KERNEL_CHECK_TOLERANCE`, or,
-        where no blocks were timed, on an accelerator (the model's home; on a CPU the
-        blocks' effective rate, as before, is the better-tested answer)."""
+        fitted model priced the real blocks within :data:`KERNEL_SCALE_LIMIT` (then scaled
+        to them), or, where no blocks were timed, on an accelerator (the model's home; on
+        a CPU the blocks' effective rate is the better-tested answer)."""
         if self.block_check is None:
             return self.on_accelerator
-        return abs(self.block_check["error"]) <= KERNEL_CHECK_TOLERANCE
+        return abs(self.block_check["error"]) <= KERNEL_SCALE_LIMIT
 
     def verdict(self) -> str:
         """Why the rates are or are not the topology's, in a few words."""
@@ -249,9 +277,11 @@ class KernelCalibration:
         if check is None:
             return ("written as [device] (no blocks timed to check them)" if self.used else
                     "not written as [device]: no blocks timed to check them on a CPU")
-        within = f"within {KERNEL_CHECK_TOLERANCE:.0%}"
-        return (f"written as [device]: the blocks predicted {within}" if self.used else
-                f"not used: the blocks missed by more than {KERNEL_CHECK_TOLERANCE:.0%}; the "
+        if self.used:
+            return (f"written as [device], every kernel's time x{self.scale:.2f} so that they "
+                    f"price the real blocks as measured (the microbenchmarks alone: "
+                    f"{check['error']:+.0%})")
+        return (f"not used: the blocks missed by more than {KERNEL_SCALE_LIMIT:.0%}; the "
                 "topology keeps the blocks' effective rate ([device] written commented)")
 
     def to_json(self) -> dict[str, Any]:
@@ -260,11 +290,11 @@ class KernelCalibration:
                 "points": self.points.to_json(), **self.fit.to_json(),
                 "per_rank_seconds": [list(row) for row in self.per_rank_seconds],
                 "block_check": self.block_check, "on_accelerator": self.on_accelerator,
-                "used": self.used, "verdict": self.verdict()}
+                "scale": self.scale, "used": self.used, "verdict": self.verdict()}
 
     def summary_lines(self) -> list[str]:
         """What calibrate prints of the kernel model."""
-        r = self.rates
+        r = self.fit.rates
         table = ", ".join(f"{length}: {rate * 1e3:.3g}" for length, rate in r.attention_tflops)
         lines = [f"  kernel model (microbenchmarks only): GEMM {r.gemm_tflops * 1e3:.3g} GFLOP/s "
                  f"+ {r.gemm_fixed_us:.2f} us (max fit error {self.fit.gemm_error:.0%}); "
@@ -288,7 +318,7 @@ class KernelCalibration:
         """The ``[device]`` table as TOML comments (appended when not :attr:`used`)."""
         from topology.toml_format import device_lines
 
-        body = "".join(f"# {line}\n" if line else "#\n" for line in device_lines(self.rates))
+        body = "".join(f"# {line}\n" if line else "#\n" for line in device_lines(self.fit.rates))
         return ("\n# The kernel model's rates measured by calibrate, "
                 f"{self.verdict()}.\n# Uncomment to price compute with them "
                 "(docs/compute-model.md).\n" + body)
