@@ -533,7 +533,7 @@ class Network:
         """The links the active flows cross (sorted) and each (flow, link) pair's index
         into them; recomputed only after flows were admitted or removed."""
         if self._used is None:
-            # np.unique's result without its sort (a third of a large simulation's time):
+            # np.unique's result without its sort (a quarter of the Wan run's time):
             # mark the links crossed, read them back in link order, number them.
             self._mark[self._nnz_link] = True
             used = np.flatnonzero(self._mark)
