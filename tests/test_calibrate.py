@@ -209,8 +209,13 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
         (flux["double"].runtime + flux["single"].runtime) / 2)
     assert "kernel model on the real blocks:" in done.stdout
     written = output.read_text()
+    # The fitted rates scaled to the blocks: every kernel's time x measured / predicted.
+    assert kernels["scale"] == pytest.approx(check["measured_layer_s"] / check["kernel_layer_s"])
     if kernels["used"]:
-        assert spec.device.gemm_tflops == pytest.approx(kernels["rates"]["gemm_tflops"])
+        assert spec.device.gemm_tflops == pytest.approx(kernels["rates"]["gemm_tflops"]
+                                                        / kernels["scale"])
+        assert spec.device.launch_us == pytest.approx(kernels["rates"]["launch_us"]
+                                                      * kernels["scale"])
     else:
         assert spec.device is None and "# [device]" in written
         assert f"# gemm_tflops = {kernels['rates']['gemm_tflops']!r}" in written
