@@ -461,22 +461,23 @@ def rows_to_resolve(measurements: Measurements, cases: Sequence[Case],
     round that happens to widen one; rows start with ``--rounds`` rounds, and the
     reported errors of issue 38 (25-54%) are far beyond such a round's reach."""
     unresolved = []
+    rows = []  # what pick_against_best reads of each row
     for case in cases:
         if case.name in measurements.skipped:
             continue
         medians = measurements.medians(case)
+        step = predicted(case)
+        measured = statistics.median(medians)
+        rows.append({"schedule": case.schedule, "layout": case.layout_name,
+                     "measured_step_s": measured, "predicted_step_s": step,
+                     "round_medians_s": medians})
         width = precision_95(medians)
         if width is None:
             unresolved.append(case.name)
             continue
-        step = predicted(case)
-        error = None if step is None else step / statistics.median(medians) - 1
+        error = None if step is None else step / measured - 1
         if width > precision and not error_resolved(error, width):
             unresolved.append(case.name)
-    rows = [{"schedule": case.schedule, "layout": case.layout_name,
-             "measured_step_s": statistics.median(measurements.medians(case)),
-             "predicted_step_s": predicted(case), "round_medians_s": measurements.medians(case)}
-            for case in cases if case.name not in measurements.skipped]
     if not pick_against_best(rows).get("pick_resolved", True):
         unresolved.append(PICK)
     return unresolved

@@ -416,11 +416,12 @@ def _planner_chooses(args, model, num_ranks) -> bool:
 
 
 def _layouts(args, names, model, topology, streams, options, collective, num_ranks,
-             floors=None) -> tuple[dict, dict]:
+             floors) -> tuple[dict, dict]:
     """Each schedule's parallel layout: None (pure Ulysses), the flags', or the planner's
-    (walking ``floors``, :func:`cocodiff.simulator.planner.layout_floors`, when given);
-    and the steps the planner simulated for its choices (by schedule)."""
-    if _planner_chooses(args, model, num_ranks):
+    (walking ``floors``, :func:`cocodiff.simulator.planner.layout_floors`: given exactly
+    when :func:`_planner_chooses`); and the steps the planner simulated for its choices
+    (by schedule)."""
+    if floors is not None:
         from cocodiff.simulator.planner import choose_layouts
 
         choices = choose_layouts(model, topology, streams, names, options, collective,
