@@ -3,11 +3,14 @@
     python bench/emulated_report.py results/emulated_speedup.json \\
         --plot results/emulated_speedup.png
 
+    python bench/emulated_report.py REPORT.json --compact results/measured/x.json
+
 prints the README's Markdown table (every configuration and schedule: measured step time,
 its spread over the rounds, the speedup over flat and over diffusers, the simulator's
 prediction and its error; where calibrate timed the real blocks, also the prediction at
 its matrix-product rate, the figure it wrote before) and draws measured against predicted
-step times.
+step times; ``--compact`` keeps what the docs cite (each row's measured and predicted step,
+its 95% interval and error, the pick, the families) without the calibrations and rounds.
 """
 
 from __future__ import annotations
@@ -73,15 +76,16 @@ def text_table(config: dict[str, Any]) -> str:
     """The terminal table of one configuration (the matrix-product rate's columns where
     the report has them)."""
     both = any("predicted_matmul_rate_step_s" in row for row in config["summary"].values())
+    width = max(10, *map(len, config["summary"]))  # rows off pure Ulysses: schedule@layout
     lines = [f"{config_label(config)}:",
-             f"{'schedule':>10} {'measured':>10} {'(min-max)':>17} {'/flat':>6} "
+             f"{'schedule':>{width}} {'measured':>10} {'(min-max)':>17} {'/flat':>6} "
              f"{'/diffusers':>10} {'predicted':>10} {'error':>7}"
              + (f" {'matmul-rate':>11} {'error':>7}" if both else "")]
     for name, row in config["summary"].items():
         predicted = row.get("predicted_step_s")
         error = row.get("error")
         lines.append(
-            f"{name:>10} {row['measured_step_s'] * 1e3:8.1f}ms "
+            f"{name:>{width}} {row['measured_step_s'] * 1e3:8.1f}ms "
             f"({row['min_step_s'] * 1e3:6.1f}-{row['max_step_s'] * 1e3:6.1f}ms) "
             f"{_ratio(row.get('measured_speedup_over_flat')):>6} "
             f"{_ratio(row.get('measured_speedup_over_diffusers')):>10} "
@@ -159,18 +163,77 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def compact(report: dict[str, Any]) -> dict[str, Any]:
+    """The report without its calibrations and per-round records (a few kB a
+    configuration): what the docs cite, small enough to keep in the repository."""
+    def brief(row: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if row is None else {
+            key: row.get(key) for key in ("schedule", "layout", "measured_step_s",
+                                          "predicted_step_s")}
+
+    configs = []
+    for config in report["configs"]:
+        validated = config["validate"]
+        configs.append({
+            "label": config_label(config),
+            "rounds": validated.get("rounds"),
+            "machine": validated.get("machine"),
+            "planner_pick": brief(validated.get("planner_pick")),
+            "measured_best": brief(validated.get("measured_best")),
+            "pick_slower_than_best": validated.get("pick_slower_than_best"),
+            "pick_within_5pct": validated.get("pick_within_5pct"),
+            "families": config.get("families"),
+            "rows": {name: {key: row.get(key) for key in (
+                "measured_step_s", "precision_95", "predicted_step_s", "error")}
+                for name, row in config["summary"].items()},
+        })
+    kept = ("steps", "repeats", "max_repeats", "precision", "dtype", "schedules", "layouts",
+            "rows", "median_abs_error", "within_15pct", "within_20pct", "pick_within_5pct",
+            "picks_missed_unresolved", "wall_s")
+    return _rounded({"runs": [{key: run[key] for key in kept if key in run}
+                              for run in report.get("runs", [report])], "configs": configs})
+
+
+def _rounded(value: Any) -> Any:
+    """Floats to 4 significant digits (the runs vary by more), recursively."""
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_rounded(item) for item in value]
+    return value
+
+
+def merged(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several reports as one: their configurations together, each report's own
+    settings and summary under ``runs``."""
+    if len(reports) == 1:
+        return reports[0]
+    return {"configs": [config for report in reports for config in report["configs"]],
+            "runs": reports}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("report", type=Path, help="the JSON bench/emulated_speedup.py wrote")
+    parser.add_argument("reports", type=Path, nargs="+",
+                        help="the JSON bench/emulated_speedup.py wrote; several: their "
+                        "configurations together")
     parser.add_argument("--plot", type=Path, default=None, help="write the plot (PNG) here")
+    parser.add_argument("--compact", type=Path, default=None,
+                        help="write the report without calibrations and rounds here (JSON)")
     args = parser.parse_args(argv)
     try:
-        report = json.loads(args.report.read_text())
+        report = merged([json.loads(path.read_text()) for path in args.reports])
         print(markdown_table(report))
         if args.plot is not None:
             plot(report, args.plot)
+        if args.compact is not None:
+            args.compact.parent.mkdir(parents=True, exist_ok=True)
+            args.compact.write_text(json.dumps(compact(report)) + "\n")
     except (OSError, ValueError, KeyError) as error:
-        print(f"emulated_report: error: {args.report}: {error}", file=sys.stderr)
+        print(f"emulated_report: error: {' '.join(map(str, args.reports))}: {error}",
+              file=sys.stderr)
         return 1
     return 0
 

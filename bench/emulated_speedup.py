@@ -30,6 +30,11 @@ validate's report), prints a table per configuration, and with ``--plot`` /
         --quick-calibration --heads 4 --head-dim 16 --layers 1 --single-layers 1 \\
         --resolution 128                                                 # ~2 min smoke
 
+``--schedules ...,pipefusion --layouts pure,U2xR2xB1,P2xU2xM2/w1`` measures PipeFusion and
+Ring layouts beside pure Ulysses (validate's ``--layouts``); each configuration then also
+prints its fastest pipeline row against its fastest sequence row, predicted and measured
+(``families`` in the JSON; docs/pipefusion.md, "On the emulated cluster").
+
 ``--single-host`` runs, instead, the README's two commands on this machine as a user runs
 them (no namespaces, no shaped link, no root): ``mpiexec -n N cocodiff calibrate`` then
 ``validate`` (and the same under ``torchrun``), 1 x 4 and 1 x 2 ranks, the built-in
@@ -297,7 +302,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="inter-node one-way delay (needs netem; default 0)")
     parser.add_argument("--schedules", default=DEFAULT_SCHEDULES,
                         help="comma-separated schedules, run interleaved; 'diffusers' is "
-                        f"diffusers' own context parallelism (default: {DEFAULT_SCHEDULES})")
+                        f"diffusers' own context parallelism; 'pipefusion' runs the pipeline "
+                        f"layouts (default: {DEFAULT_SCHEDULES})")
+    parser.add_argument("--layouts", default="auto",
+                        help="validate's --layouts: auto (pure Ulysses, and with pipefusion "
+                        "every pipeline of xDiT's defaults), or pure, U2xR2xB1-style and "
+                        "P2xU2xM2/w1-style names, comma-separated (default: auto)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="rounds over the schedules, at least (default 3)")
     parser.add_argument("--max-repeats", type=int, default=10,
@@ -362,6 +372,16 @@ def _check_schedules(text: str) -> list[str]:
         raise ValueError(str(error)) from None
 
 
+def _check_layouts(text: str) -> None:
+    from cocodiff.util.errors import CocodiffError
+    from cocodiff.validation import parse_layouts
+
+    try:
+        parse_layouts(text)
+    except CocodiffError as error:
+        raise ValueError(str(error)) from None
+
+
 def _configs(args: argparse.Namespace) -> list[Config]:
     if args.single_host:
         if args.configs is not None:
@@ -378,6 +398,7 @@ def _configs(args: argparse.Namespace) -> list[Config]:
 
 def _run(args: argparse.Namespace) -> int:
     schedules = _check_schedules(args.schedules)
+    _check_layouts(args.layouts)
     configs = _configs(args)
     if args.steps < 2:
         raise ValueError(f"--steps must be at least 2 (the first is not counted), got {args.steps}")
@@ -410,6 +431,7 @@ def _run(args: argparse.Namespace) -> int:
         "precision": args.precision,
         "dtype": args.dtype,
         "schedules": schedules,
+        "layouts": args.layouts,
         "configs": report_configs,
         "notes": notes,
         "wall_s": time.monotonic() - began,
@@ -418,6 +440,8 @@ def _run(args: argparse.Namespace) -> int:
     args.json.write_text(json.dumps(report, indent=2))
     for config in report_configs:
         print(text_table(config))
+    for line in filter(None, map(families_text, report_configs)):
+        print(line)
     for note in notes:
         print(f"note: {note}")
     print(overall_text(report))
@@ -426,8 +450,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}")
     if args.markdown is not None:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        families = "\n".join(f"- {line}" for line in filter(None, map(families_text,
+                                                                         report_configs)))
         args.markdown.write_text(markdown_table(report) + "\n\n" + picks_table(report)
-                                 + "\n\n" + overall_text(report) + "\n")
+                                 + "\n\n" + (families + "\n\n" if families else "")
+                                 + overall_text(report) + "\n")
         print(f"wrote {args.markdown}")
     print(f"wrote {args.json} in {report['wall_s']:.0f} s (work files in {work})")
     return 0
@@ -520,8 +547,9 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
                           "--topology", str(calibration), "--steps", str(args.steps),
                           "--rounds", str(args.repeats), "--max-rounds", str(args.max_repeats),
                           "--precision", str(args.precision), "--schedules", ",".join(schedules),
-                          "--transport", config.transport, "--dtype", args.dtype,
-                          "--timeout", str(args.timeout), "--quiet", "--json", str(validated)],
+                          "--layouts", args.layouts, "--transport", config.transport,
+                          "--dtype", args.dtype, "--timeout", str(args.timeout), "--quiet",
+                          "--json", str(validated)],
                 config.transport, timeout_s=args.timeout, log_dir=here / "validate-logs")
         print(f"  validated in {time.monotonic() - started:.0f} s", flush=True)
     return config_report(config, {**dataclasses.asdict(cluster_spec), "layout": config.layout},
@@ -557,7 +585,8 @@ def _measure_single_host(args, config: Config, schedules: list[str], model_dir: 
         ("validate", [*launch, "validate", *common, "--topology", str(calibration),
                       "--steps", str(args.steps), "--rounds", str(args.repeats),
                       "--max-rounds", str(args.max_repeats), "--precision", str(args.precision),
-                      "--schedules", ",".join(schedules), "--transport", config.transport,
+                      "--schedules", ",".join(schedules), "--layouts", args.layouts,
+                      "--transport", config.transport,
                       "--dtype", args.dtype, "--timeout", str(args.timeout), "--quiet",
                       "--json", str(validated)])):
         started = time.monotonic()
@@ -606,8 +635,55 @@ def config_report(config: Config, cluster: dict[str, Any], calibration: Path, va
                         "measured": read_json(calibration.with_suffix(".json"))},
         "validate": report,
         "summary": summary,
+        "families": pipeline_against_sequence(summary),
         "equality": report["exactness"],
     }
+
+
+def pipeline_against_sequence(summary: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The fastest PipeFusion row against the fastest row of the sequence family (every
+    other schedule and layout), measured and predicted (each side's fastest by the
+    simulator's prediction, as the planner would choose): ``sequence_over_pipeline`` > 1
+    means the pipeline is faster by that factor. None without rows of both families."""
+    from cocodiff.validation import PIPEFUSION
+
+    families: dict[str, list[tuple[str, dict[str, Any]]]] = {"pipeline": [], "sequence": []}
+    for name, row in summary.items():
+        families["pipeline" if row["schedule"] == PIPEFUSION else "sequence"].append((name, row))
+    if not all(families.values()):
+        return None
+    result: dict[str, Any] = {}
+    for basis in ("measured", "predicted"):
+        key = f"{basis}_step_s"
+        best = {family: min(((name, row) for name, row in rows if row.get(key)),
+                            key=lambda item, key=key: item[1][key], default=None)
+                for family, rows in families.items()}
+        if None in best.values():
+            continue
+        result[basis] = {
+            **{family: {"row": name, "step_s": row[key]} for family, (name, row) in best.items()},
+            "sequence_over_pipeline": best["sequence"][1][key] / best["pipeline"][1][key],
+        }
+    return result
+
+
+def families_text(config: dict[str, Any]) -> str | None:
+    """One line: the fastest pipeline row against the fastest sequence row, predicted
+    then measured."""
+    families = config.get("families")
+    if not families or "measured" not in families:
+        return None
+    parts = []
+    for basis in ("predicted", "measured"):
+        if basis in families:
+            side = families[basis]
+            ratio = side["sequence_over_pipeline"]
+            winner = "pipeline" if ratio > 1 else "sequence"
+            parts.append(f"{basis} {side['pipeline']['row']} {side['pipeline']['step_s'] * 1e3:.1f}"
+                         f" ms vs {side['sequence']['row']} "
+                         f"{side['sequence']['step_s'] * 1e3:.1f} ms ({winner} "
+                         f"{max(ratio, 1 / ratio):.2f}x faster)")
+    return f"{config['label']}: " + "; ".join(parts)
 
 
 def calibrate_job(cluster, options: list[str], calibration: Path, timeout_s: float,

@@ -22,6 +22,7 @@ from test_emulated_cluster import _REASON  # noqa: E402
 from bench import emulated_speedup, resimulate  # noqa: E402
 
 SCHEDULES = ["flat", "tapa", "vfirst", "cocodiff", "diffusers"]
+PIPELINE = "pipefusion@P2xU2xM2/w1"  # 2 stages of one layer, Ulysses 2 inside each
 
 
 @pytest.mark.slow
@@ -30,7 +31,8 @@ SCHEDULES = ["flat", "tapa", "vfirst", "cocodiff", "diffusers"]
 def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, capsys):
     report_path = tmp_path / "report.json"
     code = emulated_speedup.main([
-        "--configs", "2x2@1", "--schedules", ",".join(SCHEDULES), "--repeats", "1",
+        "--configs", "2x2@1", "--schedules", ",".join([*SCHEDULES, "pipefusion"]),
+        "--layouts", "pure,P2xU2xM2/w1", "--repeats", "1",
         "--max-repeats", "1", "--steps", "2", "--quick-calibration", "--heads", "4",
         "--head-dim", "16", "--layers", "1", "--single-layers", "1", "--resolution", "128",
         "--json", str(report_path), "--plot", str(tmp_path / "plot.png"),
@@ -42,7 +44,7 @@ def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, cap
     assert config["config"]["model"]["heads"] * config["config"]["model"]["head_dim"] == 64
     summary, skipped = config["summary"], config["validate"]["skipped"]
     assert not skipped
-    assert set(summary) == set(SCHEDULES)
+    assert set(summary) == {*SCHEDULES, PIPELINE}
     for name, row in summary.items():
         assert row["measured_step_s"] > 0 and row["min_step_s"] > 0, name
         assert row["predicted_step_s"] > 0, name
@@ -53,7 +55,18 @@ def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, cap
     assert set(equality["checked"]) == {"flat@pure", "tapa@pure", "vfirst@pure",
                                         "diffusers@pure"}
     assert all(row["max_abs_diff"] <= 1e-5 for row in summary.values() if row["exact"])
-    assert report["rows"] == len(SCHEDULES)
+    assert report["rows"] == len(SCHEDULES) + 1
+    # The pipeline against the sequence family: each side's fastest row, measured and
+    # predicted.
+    families = config["families"]
+    for basis in ("measured", "predicted"):
+        assert families[basis]["pipeline"]["row"] == PIPELINE
+        assert families[basis]["sequence"]["row"] in SCHEDULES
+        key = f"{basis}_step_s"
+        assert families[basis]["sequence_over_pipeline"] == pytest.approx(
+            min(summary[name][key] for name in SCHEDULES if summary[name].get(key))
+            / summary[PIPELINE][key])
+    assert PIPELINE in capsys.readouterr().out
     # A step's exchange patterns are timed and checked, not fitted (no --fit-patterns).
     measured = config["calibration"]["measured"]
     assert {row["pattern"] for row in measured["patterns"]} == {"world", "column+sync"}
@@ -90,6 +103,7 @@ def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, cap
         (["--steps", "1"], "--steps must be at least 2"),
         (["--repeats", "4", "--max-repeats", "3"], "--max-repeats (3) is below --repeats (4)"),
         (["--single-host", "--configs", "2x2@1"], "--single-host runs its own configurations"),
+        (["--layouts", "pure,P2"], "not a layout name"),
     ],
 )
 def test_bad_input_is_one_line(argv, message, capsys):
@@ -121,6 +135,34 @@ def test_the_summary_names_the_missed_picks_the_rounds_could_not_tell():
     assert "+7.0% to +11.0%)" in table
 
 
+def _row(schedule, measured_ms, predicted_ms):
+    return {"schedule": schedule, "measured_step_s": measured_ms / 1e3,
+            "predicted_step_s": None if predicted_ms is None else predicted_ms / 1e3}
+
+
+def test_the_fastest_pipeline_row_is_set_against_the_fastest_sequence_row():
+    summary = {"flat": _row("flat", 300, 250), "vfirst@U2xR2xB1": _row("vfirst", 240, 260),
+               "diffusers": _row("diffusers", 260, None),
+               "pipefusion@P2xU2xM2/w1": _row("pipefusion", 200, 180),
+               "pipefusion@P4xU1xM4/w1": _row("pipefusion", 220, 170)}
+    families = emulated_speedup.pipeline_against_sequence(summary)
+    # Measured: each family's fastest measured row; predicted: each family's fastest
+    # predicted row (a row without a prediction left out), as the planner would choose.
+    assert families["measured"]["pipeline"]["row"] == "pipefusion@P2xU2xM2/w1"
+    assert families["measured"]["sequence"]["row"] == "vfirst@U2xR2xB1"
+    assert families["measured"]["sequence_over_pipeline"] == pytest.approx(1.2)
+    assert families["predicted"]["pipeline"]["row"] == "pipefusion@P4xU1xM4/w1"
+    assert families["predicted"]["sequence"]["row"] == "flat"
+    assert families["predicted"]["sequence_over_pipeline"] == pytest.approx(250 / 170)
+    line = emulated_speedup.families_text({"label": "2x2@0.2", "families": families})
+    assert "measured pipefusion@P2xU2xM2/w1 200.0 ms vs vfirst@U2xR2xB1 240.0 ms " \
+        "(pipeline 1.20x faster)" in line
+    summary["flat"] = _row("flat", 150, 100)
+    assert "(sequence 1.33x faster)" in emulated_speedup.families_text(
+        {"label": "x", "families": emulated_speedup.pipeline_against_sequence(summary)})
+    assert emulated_speedup.pipeline_against_sequence({"flat": summary["flat"]}) is None
+
+
 def test_the_plots_error_bars_are_the_rows_interval_else_the_rounds_min_max():
     from bench.emulated_report import error_bar
 
@@ -143,3 +185,32 @@ def test_single_host_configurations_are_the_readmes_runs_under_both_launchers():
     assert emulated_speedup.launcher_prefix("mpi", 4)[1:3] == ["-n", "4"]
     assert emulated_speedup.launcher_prefix("torch", 2)[1:3] == ["--nproc-per-node", "2"]
     assert configs[0].to_json()["model"] is None and configs[0].to_json()["single_host"]
+
+
+def test_the_compact_report_keeps_the_rows_and_picks_of_every_run(tmp_path):
+    from bench.emulated_report import main as report_main
+
+    def run(label, measured):
+        validated = _validated(label, 0.0, True, [0.0, 0.0], True)
+        validated["summary"] = {"flat": {**_row("flat", measured, 90), "error": -0.1,
+                                         "min_step_s": 0.09, "max_step_s": 0.2,
+                                         "precision_95": 0.031234, "round_medians_s": [1]}}
+        validated["validate"]["runs"] = [{"a large": "record"}]
+        validated["calibration"] = {"topology": "...", "measured": {"a large": "record"}}
+        return {"steps": 6, "configs": [validated]}
+
+    paths = []
+    for label, measured in (("a", 100.0), ("b", 123.456789)):
+        paths.append(tmp_path / f"{label}.json")
+        paths[-1].write_text(json.dumps(run(label, measured)))
+    out = tmp_path / "compact.json"
+    assert report_main([*map(str, paths), "--compact", str(out)]) == 0
+    compact = json.loads(out.read_text())
+    assert [config["label"] for config in compact["configs"]] == ["a", "b"]
+    assert compact["runs"] == [{"steps": 6}, {"steps": 6}]
+    b = compact["configs"][1]
+    # Four significant digits; no calibration, rounds or per-round medians.
+    assert b["rows"]["flat"] == {"measured_step_s": 0.1235, "precision_95": 0.03123,
+                                 "predicted_step_s": 0.09, "error": -0.1}
+    assert b["planner_pick"]["schedule"] == "vfirst" and b["pick_within_5pct"] is True
+    assert "calibration" not in b and "runs" not in json.dumps(b)
