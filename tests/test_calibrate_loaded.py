@@ -267,6 +267,13 @@ def test_call_wait_is_what_the_loops_leave_once_the_cpu_is_charged() -> None:
     fast = _calibration(HostMeasurement(2.0, None, cpu, dataclasses.replace(
         fit, points=tuple(unwaited))))
     assert Loops.of(fast).fitted_call_wait_us() == 0.0
+    # As many cores as ranks: no call of the loops completes on busy cores, so no wait
+    # moves them; loops slower than simulated then measure something else, not a wait
+    # (the fit used to return its 20 ms cap, charged to every step's call that did).
+    roomy = _calibration(HostMeasurement(4.0, None, cpu, dataclasses.replace(
+        fit, points=tuple(dataclasses.replace(p, wall_s=2 * p.wall_s) for p in measured))))
+    assert Loops.of(roomy).simulated_s(0.0) == Loops.of(roomy).simulated_s(20_000.0)
+    assert Loops.of(roomy).fitted_call_wait_us() == 0.0
 
 
 def test_simulate_and_plan_say_what_a_call_costs_on_the_host() -> None:

@@ -9,7 +9,12 @@ from test_calibrate_host import _calibration
 from cocodiff.calibration.fits import CpuFit
 from cocodiff.calibration.loaded import LoadedPoint, unpriced_loops
 from cocodiff.calibration.options import CalibrateOptions, CalibrationError
-from cocodiff.calibration.result import HostMeasurement, judge_calibration, write_outputs
+from cocodiff.calibration.result import (
+    MAX_CALL_WAIT_US,
+    HostMeasurement,
+    judge_calibration,
+    write_outputs,
+)
 from cocodiff.calibration.verdict import LOOPS_LIMIT, judge, machine_warnings
 
 
@@ -47,6 +52,16 @@ def test_a_busy_or_drifting_machine_is_a_reason_and_no_loops_is_no_verdict():
     assert judge(_loops(0.01), warnings).holds is False
     unchecked = judge([], [])
     assert unchecked.holds is None and unchecked.line() is None and unchecked.notes
+
+
+def test_a_call_wait_fitted_to_its_cap_is_a_reason():
+    capped = judge_calibration(_calibration(HostMeasurement(2.0, None, None,
+                                                            call_wait_us=MAX_CALL_WAIT_US)))
+    assert capped.holds is False
+    assert "reached its 20 ms cap" in capped.line() and "\n" not in capped.line()
+    fitted = judge_calibration(_calibration(HostMeasurement(2.0, None, None,
+                                                            call_wait_us=470.0)))
+    assert not any("cap" in reason for reason in fitted.reasons)
 
 
 def test_a_spinning_transport_keeps_its_loops_and_waits_per_call_but_pays_no_price():
