@@ -15,6 +15,13 @@ its best predicted gain, as JSON that ``bench/emulated_speedup.py --configs`` ru
     python bench/regime_search.py --calibration gloo=cal-gloo.toml --calibrated-gbit 1 \\
         --json results/regime_search.json --markdown results/regime_search.md
 
+``--families`` asks the other question of the same grid: pipeline or sequence? For each
+configuration it predicts the rows ``validate --layouts`` runs there (the four schedules
+on pure Ulysses and on the Ulysses-within-node x Ring-across-nodes hybrid; PipeFusion on
+2 and, where the model has 4 layers, 4 stages, M = stages, one warm-up step) and sets the
+fastest sequence row against the fastest pipeline row (``bench/emulated_speedup.py``'s
+``families``): where does the sequence family win by 10% or more?
+
 How a calibration made on one cluster stands for another (assumptions, written into the
 JSON):
 
@@ -130,10 +137,30 @@ def model_spec(model: EnlargedModel):
 
 
 def predict(model: EnlargedModel, described, collective) -> dict[str, float]:
-    """Each schedule's predicted step (mean over the steps validate counts)."""
+    """Each schedule's predicted step on pure Ulysses (mean over the steps validate counts)."""
+    steps = predict_rows(model, described, collective, [(name, "pure") for name in SCHEDULES])
+    return {name: steps[f"{name}@pure"] for name in SCHEDULES}
+
+
+def family_layouts(nodes: int, ranks_per_node: int, num_layers: int
+                    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(sequence rows, pipeline rows)``, each ``(schedule, layout)``: what ``validate
+    --layouts`` runs on the cluster (``bench/emulated_speedup.py``'s layouts)."""
+    ranks = nodes * ranks_per_node
+    sequence = [(name, layout) for layout in ("pure", f"U{ranks_per_node}xR{nodes}xB1")
+                for name in SCHEDULES]
+    pipeline = [("pipefusion", f"P{stages}xU{ranks // stages}xM{stages}/w1")
+                for stages in (2, 4) if stages <= num_layers and ranks % stages == 0]
+    return sequence, pipeline
+
+
+def predict_rows(model: EnlargedModel, described, collective,
+                 rows: list[tuple[str, str]]) -> dict[str, float]:
+    """Each ``(schedule, layout)`` row's predicted step, keyed ``schedule@layout``."""
+    from cocodiff.layout import PipelineLayout
     from cocodiff.schedules import PlanOptions, RankGrid
     from cocodiff.schedules.run_plan import build_run_plan
-    from cocodiff.validation import predict_step_s
+    from cocodiff.validation import PURE, parse_layout_name, predict_step_s
     from topology import Placement, build_topology
 
     spec = model_spec(model)
@@ -141,29 +168,80 @@ def predict(model: EnlargedModel, described, collective) -> dict[str, float]:
     grid = RankGrid.from_placement(topology, Placement.node_major(topology))
     streams = (spec.image_tokens(model.resolution, model.resolution), spec.text_tokens)
     out = {}
-    for name in SCHEDULES:
+    for name, layout_name in rows:
+        layout = None if layout_name == PURE else parse_layout_name(layout_name)
+        where = ({"pipeline": layout} if isinstance(layout, PipelineLayout)
+                 else {"parallel": layout})
         run_plan = build_run_plan(name, spec, grid, streams, STEPS, PlanOptions(dtype="float32"),
-                                  resolution=(model.resolution, model.resolution))
-        out[name] = predict_step_s(run_plan, topology, collective)["predicted_step_s"]
+                                  resolution=(model.resolution, model.resolution), **where)
+        out[f"{name}@{layout_name}"] = predict_step_s(run_plan, topology,
+                                                      collective)["predicted_step_s"]
     return out
 
 
-def search(calibrations: list[Calibration], core_scaling: bool) -> list[dict[str, Any]]:
-    rows = []
+def configurations(calibrations: list[Calibration], core_scaling: bool):
+    """The grid: ``(calibration, model, described machine, the row's head)`` for each
+    configuration (the head: cluster, transport, model, as every row of the JSON has)."""
     grid = itertools.product(calibrations, SHAPES, GBITS, HEAD_DIMS, LAYERS, RESOLUTIONS)
     for calibration, (nodes, per_node), gbit, head_dim, (double, single), resolution in grid:
         model = EnlargedModel(heads=HEADS, head_dim=head_dim, layers=double,
                               single_layers=single, resolution=resolution)
         described = machine(calibration, nodes, per_node, gbit, core_scaling)
+        head = {"nodes": nodes, "ranks_per_node": per_node, "gbit": gbit,
+                "transport": "torch" if calibration.transport == "gloo" else "mpi",
+                "model": {key: value for key, value in dataclasses.asdict(model).items()
+                          if key != "base"},
+                "hidden_size": model.hidden_size}
+        yield calibration, model, described, head
+
+
+def search_families(calibrations: list[Calibration], core_scaling: bool
+                    ) -> list[dict[str, Any]]:
+    """Every configuration's fastest sequence row against its fastest pipeline row,
+    sorted by the sequence family's predicted advantage."""
+    rows = []
+    for calibration, model, described, head in configurations(calibrations, core_scaling):
+        sequence, pipeline = family_layouts(head["nodes"], head["ranks_per_node"],
+                                            model.layers + model.single_layers)
+        steps = predict_rows(model, described, calibration.collective, sequence + pipeline)
+        fastest = {family: min((f"{name}@{layout}" for name, layout in members),
+                               key=steps.__getitem__)
+                   for family, members in (("sequence", sequence), ("pipeline", pipeline))}
+        rows.append({
+            **head,
+            "predicted_step_s": steps,
+            "fastest": fastest,
+            # Above 1: the sequence family's fastest row is faster.
+            "sequence_over_pipeline": (steps[fastest["pipeline"]]
+                                       / steps[fastest["sequence"]]),
+        })
+    rows.sort(key=lambda row: -row["sequence_over_pipeline"])
+    return rows
+
+
+def families_markdown(rows: list[dict[str, Any]], top: int) -> str:
+    lines = ["| # | cluster | transport | model (hidden, layers, px) | fastest sequence row | "
+             "fastest pipeline row | sequence over pipeline |", "|---|---|---|---|---|---|---|"]
+    for index, row in enumerate(rows[:top], 1):
+        model, steps, fastest = row["model"], row["predicted_step_s"], row["fastest"]
+        lines.append(
+            f"| {index} | {row['nodes']} x {row['ranks_per_node']} @ {row['gbit']:g} Gbit/s | "
+            f"{row['transport']} | {row['hidden_size']}, "
+            f"{model['layers'] + model['single_layers']}, {model['resolution']} | "
+            + " | ".join(f"`{fastest[family]}` {steps[fastest[family]] * 1e3:.1f} ms"
+                         for family in ("sequence", "pipeline"))
+            + f" | {row['sequence_over_pipeline']:.2f}x |")
+    return "\n".join(lines)
+
+
+def search(calibrations: list[Calibration], core_scaling: bool) -> list[dict[str, Any]]:
+    rows = []
+    for calibration, model, described, head in configurations(calibrations, core_scaling):
         steps = predict(model, described, calibration.collective)
         gains = {name: steps["flat"] / steps[name] for name in MECHANISMS}
         best = max(gains, key=gains.__getitem__)
         rows.append({
-            "nodes": nodes, "ranks_per_node": per_node, "gbit": gbit,
-            "transport": "torch" if calibration.transport == "gloo" else "mpi",
-            "model": {key: value for key, value in dataclasses.asdict(model).items()
-                      if key != "base"},
-            "hidden_size": model.hidden_size,
+            **head,
             "predicted_step_s": steps,
             "predicted_gain_over_flat": gains,
             "best": best, "best_gain": gains[best],
@@ -200,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-core-scaling", action="store_true",
                         help="without a [host] table: do not scale compute with the ranks "
                         "sharing the cores")
+    parser.add_argument("--families", action="store_true",
+                        help="pipeline or sequence: each configuration's fastest PipeFusion "
+                        "row against its fastest sequence-family row (instead of the "
+                        "mechanisms against flat)")
     parser.add_argument("--top", type=int, default=20, help="rows printed (default 20)")
     parser.add_argument("--json", type=Path, default=REPO / "results" / "regime_search.json")
     parser.add_argument("--markdown", type=Path, default=None)
@@ -210,11 +292,36 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--calibrated-gbit must be positive, got {args.calibrated_gbit}")
         calibrations = [load_calibration(text, args.calibrated_gbit)
                         for text in args.calibration]
-        rows = search(calibrations, not args.no_core_scaling)
+        rows = (search_families if args.families else search)(calibrations,
+                                                              not args.no_core_scaling)
     except (OSError, ValueError) as error:
         print(f"regime_search: error: {error}", file=sys.stderr)
         return 1
+    if args.families:
+        ratios = [row["sequence_over_pipeline"] for row in rows]
+        ahead = {"sequence": sum(ratio >= GAIN_TARGET for ratio in ratios),
+                 "pipeline": sum(1 / ratio >= GAIN_TARGET for ratio in ratios)}
+        summary = (f"{len(rows)} configurations evaluated; the fastest sequence row predicted "
+                   f">= {GAIN_TARGET:.2f}x over the fastest pipeline row in "
+                   f"{ahead['sequence']}, the reverse in {ahead['pipeline']}; the sequence "
+                   f"family's largest predicted advantage "
+                   f"{rows[0]['sequence_over_pipeline']:.2f}x")
+        return write_report(args, calibrations, rows, families_markdown(rows, args.top),
+                            summary, {"predicted_ahead_at_target": ahead}, began)
     winners = [row for row in rows if row["best_gain"] >= GAIN_TARGET]
+    table = markdown(rows, args.top)
+    summary = (f"{len(rows)} configurations evaluated in {time.monotonic() - began:.0f} s; "
+               f"{len(winners)} predicted with a CoCoDiff schedule >= {GAIN_TARGET:.2f}x over "
+               f"flat; median best gain "
+               f"{statistics.median(row['best_gain'] for row in rows):.2f}x")
+    return write_report(args, calibrations, rows, table, summary, {
+        "predicted_at_target": len(winners),
+        "median_best_gain": statistics.median(row["best_gain"] for row in rows)}, began)
+
+
+def write_report(args, calibrations: list[Calibration], rows: list[dict[str, Any]],
+                 table: str, summary: str, counts: dict[str, Any], began: float) -> int:
+    """Write the JSON (and the markdown), print the table and the summary."""
     report = {
         "calibrations": {c.transport: {"topology": str(c.path), "gbit": c.gbit,
                                        "inter_node_fraction_of_tbf": c.link_fraction,
@@ -223,20 +330,16 @@ def main(argv: list[str] | None = None) -> int:
         "host_model": {c.transport: dataclasses.asdict(c.spec.host) if c.spec.host else None
                        for c in calibrations},
         "core_scaling": not args.no_core_scaling,
+        "question": "families" if args.families else "mechanisms",
         "steps": STEPS,
         "gain_target": GAIN_TARGET,
         "evaluated": len(rows),
-        "predicted_at_target": len(winners),
-        "median_best_gain": statistics.median(row["best_gain"] for row in rows),
+        **counts,
         "configs": rows,
         "wall_s": time.monotonic() - began,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
-    table = markdown(rows, args.top)
-    summary = (f"{len(rows)} configurations evaluated in {report['wall_s']:.0f} s; "
-               f"{len(winners)} predicted with a CoCoDiff schedule >= {GAIN_TARGET:.2f}x over "
-               f"flat; median best gain {report['median_best_gain']:.2f}x")
     print(table)
     print(summary)
     if args.markdown is not None:

@@ -122,6 +122,42 @@ def test_regime_search_predicts_a_configuration_from_the_kept_calibration() -> N
         search.load_calibration(str(CALIBRATION), 0.2)
 
 
+def test_regime_search_sets_each_configurations_fastest_rows_of_the_two_families(
+        monkeypatch, tmp_path, capsys) -> None:
+    """``--families``: validate's rows on the cluster, predicted; the fastest sequence row
+    against the fastest pipeline row (one configuration of the grid)."""
+    search = load("regime_search")
+    sequence, pipeline = search.family_layouts(2, 2, 2)
+    assert len(sequence) == 2 * len(search.SCHEDULES)
+    assert {layout for _, layout in sequence} == {"pure", "U2xR2xB1"}
+    assert pipeline == [("pipefusion", "P2xU2xM2/w1")]  # 2 layers hold no 4 stages
+    assert search.family_layouts(4, 2, 6)[1] == [("pipefusion", "P2xU4xM2/w1"),
+                                                 ("pipefusion", "P4xU2xM4/w1")]
+    for name, value in (("SHAPES", ((2, 2),)), ("GBITS", (0.05,)), ("HEAD_DIMS", (64,)),
+                        ("LAYERS", ((1, 1),)), ("RESOLUTIONS", (256,))):
+        monkeypatch.setattr(search, name, value)
+    calibration = search.load_calibration(f"gloo={CALIBRATION}", 0.2)
+    [row] = search.search_families([calibration], core_scaling=True)
+    steps, fastest = row["predicted_step_s"], row["fastest"]
+    assert set(steps) == {f"{name}@{layout}" for name, layout in sequence + pipeline}
+    assert all(math.isfinite(s) and s > 0 for s in steps.values())
+    assert fastest["pipeline"] == "pipefusion@P2xU2xM2/w1"
+    assert steps[fastest["sequence"]] == min(steps[f"{n}@{layout}"] for n, layout in sequence)
+    assert row["sequence_over_pipeline"] == steps[fastest["pipeline"]] / steps[fastest["sequence"]]
+    table = search.families_markdown([row], 5)
+    assert table.count("\n") == 2 and f"{row['sequence_over_pipeline']:.2f}x" in table
+    out = tmp_path / "families.json"
+    assert search.main(["--families", "--calibration", f"gloo={CALIBRATION}",
+                        "--calibrated-gbit", "0.2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["question"] == "families" and report["evaluated"] == 1
+    ratio = report["configs"][0]["sequence_over_pipeline"]
+    assert report["predicted_ahead_at_target"] == {
+        "sequence": int(ratio >= search.GAIN_TARGET),
+        "pipeline": int(1 / ratio >= search.GAIN_TARGET)}
+    assert "1 configurations evaluated" in capsys.readouterr().out
+
+
 def test_digits_samples_reads_the_digits(tmp_path) -> None:
     out, plot = tmp_path / "digits.json", tmp_path / "digits.png"
     assert load("digits_samples").main(["--seeds", "1", "--steps", "2", "--json", str(out),
