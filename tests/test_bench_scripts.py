@@ -251,6 +251,28 @@ def test_tapa_gap_orders_its_bounds(tmp_path) -> None:
         assert row[variant] <= row["aurora"] * (1 + 1e-9)
 
 
+def test_pipefusion_attention_sets_a_patch_beside_the_ulysses_rank_of_its_flops(
+        tmp_path) -> None:
+    out = tmp_path / "attention.json"
+    done = script(["bench/pipefusion_attention.py", "--image-tokens", "64", "--text-tokens",
+                   "8", "--heads", "4", "--head-dim", "16", "--patches", "2,4", "--repeats",
+                   "2", "--calls", "2", "--json", str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["patches"] for row in rows] == [2, 4]
+    for row in rows:
+        m, patch, ulysses = row["patches"], row["patch"], row["ulysses"]
+        assert (patch["queries"], patch["keys"], patch["heads"]) == (64 // m + 8, 72, 4)
+        assert (ulysses["queries"], ulysses["keys"], ulysses["heads"]) == (72, 72, 4 // m)
+        assert row["flops_ratio"] == patch["flops"] / ulysses["flops"]
+        assert all(shape[key] > 0 for shape in (patch, ulysses)
+                   for key in ("runtime_s", "contiguous_s"))
+    done = script(["bench/pipefusion_attention.py", "--patches", "3"], tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "--patches 3 does not divide the 1024 image tokens and the 8 heads")
+
+
 def test_pipefusion_patch_cost_sets_measured_patches_beside_their_flops(tmp_path) -> None:
     out = tmp_path / "patch_cost.json"
     done = script(["bench/pipefusion_patch_cost.py", "--patches", "2", "--repeats", "2",
