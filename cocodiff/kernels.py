@@ -342,6 +342,33 @@ DISPATCHED_OPS: dict[str, dict[str, DispatchCount]] = {
 }
 
 
+# A pipelined PipeFusion step runs each patch through the stage's blocks with the
+# runtime's processors and its K/V buffer (cocodiff.runtime.pipefusion.PatchBackend: the
+# buffer's write, the patch's index selects and scatter, and with Ulysses inside the stage
+# the patch's exchanges): ATen ops per block call, ``(stage of one rank, stage of a
+# Ulysses group)``. Counted on tiny-flux with 2 blocks of each kind, 4 ranks as 4 stages
+# and as 2 stages x Ulysses 2, warm-up 1 (no guards); the same on every rank and patch.
+# tests/runtime/test_runtime_pipefusion.py re-counts them. FLUX only: SD3's last block
+# (text stream pre-only) counts differently from the others, and PixArt is not in the
+# table above; their pipelined layers keep the Ulysses count.
+PIPELINE_DISPATCHED_OPS: dict[str, dict[str, tuple[float, float]]] = {
+    "flux": {"double": (158, 209), "single": (108, 159)},
+}
+
+
+def pipeline_dispatched_ops_per_layer(spec: ModelSpec, ulysses: int) -> float | None:
+    """ATen ops an (average) layer of ``spec`` dispatches eager per patch in a pipelined
+    PipeFusion step, on a stage of ``ulysses`` ranks; None where not counted."""
+    table = PIPELINE_DISPATCHED_OPS.get(spec.family)
+    if table is None:
+        return None
+    column = 0 if ulysses == 1 else 1
+    if "double" in table:  # FLUX's block kinds mixed as the kernel counts are
+        share = _flux_double_share(spec)
+        return share * table["double"][column] + (1 - share) * table["single"][column]
+    return next(iter(table.values()))[column]
+
+
 def _per_layer(spec: ModelSpec, count: Callable[[DispatchCount], float]) -> float | None:
     table = DISPATCHED_OPS.get(spec.family)
     if table is None:

@@ -170,6 +170,40 @@ def test_a_plan_charges_every_layout_the_ops_its_rank_dispatches(model, layout):
     assert kn.dispatched_ops_per_layer(spec, 1, 4) > kn.dispatched_ops_per_layer(spec, 4, 1)
 
 
+@pytest.mark.parametrize("model", ["flux1-dev", "sd35-large"])
+@pytest.mark.parametrize("stages,ulysses", [(4, 1), (2, 2)])
+def test_a_pipelined_patch_layer_charges_what_a_pipeline_stage_dispatches(model, stages,
+                                                                           ulysses):
+    # A patch through a stage's block runs the runtime's processors and the K/V buffer's
+    # work (kn.PIPELINE_DISPATCHED_OPS); the warm-up's synchronous layers keep the count
+    # of the stage's Ulysses split. SD3 has no pipelined count: the Ulysses one stays.
+    from cocodiff.layout import PipelineLayout
+    from cocodiff.plan.steps import Compute
+    from cocodiff.runtime.model_names import model_spec
+    from cocodiff.schedules import RankGrid
+    from cocodiff.schedules.pipefusion import plan_pipefusion
+
+    spec = model_spec(model)
+    grid = RankGrid((1, stages * ulysses, 1), tuple(range(stages * ulysses)))
+
+    def charged(patches: int) -> float:
+        plan = plan_pipefusion(spec, grid, (4096, 512), PipelineLayout(stages, ulysses,
+                                                                       patches, 1),
+                               patches=patches, ring_from=0)
+        layer = next(layer for layer in plan.program(0).layers
+                     if any(isinstance(step, Compute) for step in layer.steps))
+        return sum(kn.host_ops(k, "eager") for step in layer.steps
+                   if isinstance(step, Compute) for k in step.cost.kernels)
+
+    ulysses_count = kn.dispatched_ops_per_layer(spec, ulysses)
+    assert charged(1) == pytest.approx(ulysses_count)
+    pipelined = kn.pipeline_dispatched_ops_per_layer(spec, ulysses)
+    assert charged(stages) == pytest.approx(ulysses_count if pipelined is None else pipelined)
+    assert (pipelined is None) == (model != "flux1-dev")
+    if pipelined is not None:
+        assert pipelined > ulysses_count  # no pipeline is cheaper for being counted less
+
+
 def test_the_host_term_in_closed_form():
     g = kn.gemm(64, 64, 64, 2, launches=2).with_host_ops(3.0)  # 6 dispatched ops
     e = kn.elementwise(128.0, 4, 2, 3, 1).with_host_ops(3.0)  # 9

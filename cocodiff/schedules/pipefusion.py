@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from cocodiff import kernels as kn
-from cocodiff.cost import Cost
+from cocodiff.cost import Cost, scale_host_ops
 from cocodiff.layout import PipelineLayout
 from cocodiff.models import ModelSpec
 from cocodiff.plan.gather import image_stream
@@ -111,8 +111,10 @@ def patch_attention(base: Compute, q_tokens: int, kv_tokens: int, heads: int, he
     ``q == S`` it is :func:`cocodiff.cost.op_cost`'s attention."""
     flops = 4.0 * q_tokens * kv_tokens * head_dim * heads * batch
     memory = 2.0 * (q_tokens + kv_tokens) * heads * head_dim * dtype_bytes * batch
+    # The patch's kernel keeps the host ops the base charged its launch.
     kernels = tuple(
-        kn.attention(q_tokens, kv_tokens, heads, head_dim, dtype_bytes).times(batch)
+        replace(kn.attention(q_tokens, kv_tokens, heads, head_dim, dtype_bytes).times(batch),
+                host_ops=kernel.host_ops)
         if kernel.kind == "attention" else kernel for kernel in base.cost.kernels)
     return Compute("attention", Cost(flops, memory, kernels))
 
@@ -132,6 +134,7 @@ def _stage_layer(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
     sub = get_schedule(inner).plan(one, local, streams, options)
     split = sub.head_split
     kv_tokens = buffer_tokens(spec, stream_tokens, pipeline, patches)
+    host_scale = pipelined_host_scale(spec, u)
     layers = []
     for index in range(u):
         layer = sub.program(index).layers[0]
@@ -145,8 +148,30 @@ def _stage_layer(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
                 continue  # one rank holds every head: nothing to exchange
             else:
                 steps.append(step)
-        layers.append(relabel_layer(replace(layer, attention=tuple(steps)), members.ranks))
+        layer = replace(layer, attention=tuple(steps))
+        if patches > 1 and host_scale != 1.0:
+            layer = _scale_host_ops(layer, host_scale)
+        layers.append(relabel_layer(layer, members.ranks))
     return tuple(layers)
+
+
+def pipelined_host_scale(spec: ModelSpec, ulysses: int) -> float:
+    """A pipelined step's patch layer's dispatched ops over what its stage's Ulysses plan
+    charges (diffusers' blocks on a one-rank stage, the runtime's processors on a Ulysses
+    group): every layout pays the ops its rank dispatches (:func:`cocodiff.cost.
+    host_ops_per_launch`); 1 where the family's pipelined ops are not counted."""
+    pipelined = kn.pipeline_dispatched_ops_per_layer(spec, ulysses)
+    charged = kn.dispatched_ops_per_layer(spec, ulysses=ulysses)
+    return pipelined / charged if pipelined and charged else 1.0
+
+
+def _scale_host_ops(layer: LayerPlan, factor: float) -> LayerPlan:
+    def scaled(step: Compute) -> Compute:
+        return replace(step, cost=scale_host_ops(step.cost, factor))
+    return replace(layer, before=tuple(map(scaled, layer.before)),
+                   attention=tuple(scaled(step) if isinstance(step, Compute) else step
+                                   for step in layer.attention),
+                   after=tuple(map(scaled, layer.after)))
 
 
 def plan_pipefusion(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],

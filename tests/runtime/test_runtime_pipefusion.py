@@ -42,6 +42,28 @@ CASES = "4,2,4w1,2w1"
 
 
 @pytest.mark.multiprocess
+@needs_torchrun
+def test_a_pipelined_stage_dispatches_the_tabled_ops(tmp_path):
+    # cocodiff.kernels.PIPELINE_DISPATCHED_OPS, re-counted so the table cannot rot: every
+    # rank's blocks per patch, 4 stages of one rank and 2 stages of Ulysses 2.
+    from cocodiff import kernels as kn
+
+    cmd = launcher_prefix("torchrun", 4) + [str(WORKERS / "pipefusion_ops.py"), "torch", "line",
+                                            "4w1,2w1", "tiny-flux:2"]
+    result = run_job(cmd, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    counted: dict[tuple[str, str], set[float]] = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("ops "):
+            _, case, _, kind, count = line.split()
+            counted.setdefault((case, kind), set()).add(float(count))
+    table = kn.PIPELINE_DISPATCHED_OPS["flux"]
+    assert counted == {(case, kind): {table[kind][column]}
+                       for case, column in (("4w1", 0), ("2w1", 1))
+                       for kind in ("double", "single")}
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("launcher", "transport"),
     [
