@@ -1,12 +1,15 @@
 """What one PipeFusion patch costs on this machine, beside what the simulator charges for it.
 
 Each block of a tiny FLUX model is timed (one process, one thread) on the image tokens of one
-patch out of M, with the whole joint text, as a pipelined step calls it; beside it, the FLOPs
-of the plan's patch layer (``cocodiff.schedules.pipefusion``), which is what the compute model
-charges in proportion to (the blocks' effective rate). Both are printed as ratios to M = 1:
-a measured ratio near 1 where the FLOPs' is about 1/M means a patch costs nearly a whole
-layer here (per-op dispatch dominates a tiny model on a CPU), which the simulator does not
-charge (docs/pipefusion.md, "In validate"). A microbenchmark: nothing is fitted to it.
+patch out of M, with the whole joint text, as a pipelined step calls it, except that its
+attention stays within the patch (a pipelined step attends to the whole sequence's K/V:
+``bench/pipefusion_attention.py`` times that); beside it, the FLOPs of the plan's patch
+layer (``cocodiff.schedules.pipefusion``, attention against the whole sequence included),
+which is what the compute model charges in proportion to (the blocks' effective rate).
+Both are printed as ratios to M = 1: a measured ratio near 1 where the FLOPs' is about 1/M
+means a patch costs nearly a whole layer here (per-op dispatch dominates a tiny model on a
+CPU), which the simulator does not charge (docs/pipefusion.md, "In validate"). A
+microbenchmark: nothing is fitted to it.
 
     python bench/pipefusion_patch_cost.py --json results/pipefusion_patch_cost.json
 """
