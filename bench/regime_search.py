@@ -309,14 +309,13 @@ def main(argv: list[str] | None = None) -> int:
         return write_report(args, calibrations, rows, families_markdown(rows, args.top),
                             summary, {"predicted_ahead_at_target": ahead}, began)
     winners = [row for row in rows if row["best_gain"] >= GAIN_TARGET]
-    table = markdown(rows, args.top)
+    median_gain = statistics.median(row["best_gain"] for row in rows)
     summary = (f"{len(rows)} configurations evaluated in {time.monotonic() - began:.0f} s; "
                f"{len(winners)} predicted with a CoCoDiff schedule >= {GAIN_TARGET:.2f}x over "
-               f"flat; median best gain "
-               f"{statistics.median(row['best_gain'] for row in rows):.2f}x")
-    return write_report(args, calibrations, rows, table, summary, {
-        "predicted_at_target": len(winners),
-        "median_best_gain": statistics.median(row["best_gain"] for row in rows)}, began)
+               f"flat; median best gain {median_gain:.2f}x")
+    return write_report(args, calibrations, rows, markdown(rows, args.top), summary,
+                        {"predicted_at_target": len(winners), "median_best_gain": median_gain},
+                        began)
 
 
 def write_report(args, calibrations: list[Calibration], rows: list[dict[str, Any]],

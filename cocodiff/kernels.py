@@ -38,9 +38,9 @@ model's dtype (a float32 intermediate counts two).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from cocodiff.models import ModelSpec
@@ -359,18 +359,14 @@ PIPELINE_DISPATCHED_OPS: dict[str, dict[str, tuple[float, float]]] = {
 def pipeline_dispatched_ops_per_layer(spec: ModelSpec, ulysses: int) -> float | None:
     """ATen ops an (average) layer of ``spec`` dispatches eager per patch in a pipelined
     PipeFusion step, on a stage of ``ulysses`` ranks; None where not counted."""
-    table = PIPELINE_DISPATCHED_OPS.get(spec.family)
-    if table is None:
-        return None
     column = 0 if ulysses == 1 else 1
-    if "double" in table:  # FLUX's block kinds mixed as the kernel counts are
-        share = _flux_double_share(spec)
-        return share * table["double"][column] + (1 - share) * table["single"][column]
-    return next(iter(table.values()))[column]
+    return _per_layer(spec, lambda pair: pair[column], PIPELINE_DISPATCHED_OPS)
 
 
-def _per_layer(spec: ModelSpec, count: Callable[[DispatchCount], float]) -> float | None:
-    table = DISPATCHED_OPS.get(spec.family)
+def _per_layer(spec: ModelSpec, count: Callable[[Any], float],
+               tables: Mapping[str, Mapping[str, Any]] = DISPATCHED_OPS) -> float | None:
+    """``count`` of ``spec``'s family's entry in ``tables`` per (average) layer."""
+    table = tables.get(spec.family)
     if table is None:
         return None
     if spec.family == "flux":

@@ -161,24 +161,35 @@ def ring_attention(attention: Compute, kv_pass: Exchange, ring: int,
     return ((kv_pass, first, wait) + (kv_pass, later, wait) * (ring - 2) + (later,))
 
 
+def scale_layer_host_ops(layer: LayerPlan, factor: float) -> LayerPlan:
+    """``layer`` with every compute step's counted host ops multiplied by ``factor``
+    (:func:`cocodiff.cost.scale_host_ops`): a rank whose code dispatches more ops than its
+    layer's shape is counted at."""
+    if factor == 1.0:
+        return layer
+
+    def scaled(step: Compute) -> Compute:
+        return replace(step, cost=scale_host_ops(step.cost, factor))
+
+    return replace(layer, before=tuple(map(scaled, layer.before)),
+                   attention=tuple(scaled(step) if isinstance(step, Compute) else step
+                                   for step in layer.attention),
+                   after=tuple(map(scaled, layer.after)))
+
+
 def splice_ring(layer: LayerPlan, kv_pass: Exchange, ring: int,
                 dtype_bytes: int = 2, host: RingHostOps | None = None) -> LayerPlan:
     """``layer`` with its attention step made the Ring's blocks (:func:`ring_attention`);
     with ``host``, every compute step's host ops scaled by ``host.layer_scale`` (a Ring
     rank runs the runtime's processors even where its Ulysses group is one rank)."""
-    scale = 1.0 if host is None else host.layer_scale
-
-    def scaled(step: Compute) -> Compute:
-        return step if scale == 1.0 else replace(step, cost=scale_host_ops(step.cost, scale))
-
+    layer = scale_layer_host_ops(layer, 1.0 if host is None else host.layer_scale)
     attention: list[Step] = []
     for step in layer.attention:
         if isinstance(step, Compute) and step.op == "attention":
-            attention += ring_attention(scaled(step), kv_pass, ring, dtype_bytes, host)
+            attention += ring_attention(step, kv_pass, ring, dtype_bytes, host)
         else:
-            attention.append(scaled(step) if isinstance(step, Compute) else step)
-    return replace(layer, before=tuple(map(scaled, layer.before)), attention=tuple(attention),
-                   after=tuple(map(scaled, layer.after)))
+            attention.append(step)
+    return replace(layer, attention=tuple(attention))
 
 
 def plan_hybrid(name: str, spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from cocodiff import kernels as kn
-from cocodiff.cost import Cost, scale_host_ops
+from cocodiff.cost import Cost
 from cocodiff.layout import PipelineLayout
 from cocodiff.models import ModelSpec
 from cocodiff.plan.gather import image_stream
@@ -64,7 +64,7 @@ from cocodiff.plan.steps import (
     transfer,
 )
 from cocodiff.schedules.grid import RankGrid
-from cocodiff.schedules.hybrid import group_grid, relabel_layer
+from cocodiff.schedules.hybrid import group_grid, relabel_layer, scale_layer_host_ops
 from cocodiff.schedules.options import DEFAULT_OPTIONS, PlanOptions
 from cocodiff.schedules.registry import get_schedule
 from cocodiff.schedules.ulysses import head_split
@@ -149,8 +149,8 @@ def _stage_layer(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
             else:
                 steps.append(step)
         layer = replace(layer, attention=tuple(steps))
-        if patches > 1 and host_scale != 1.0:
-            layer = _scale_host_ops(layer, host_scale)
+        if patches > 1:  # a pipelined step's patch (a warm-up layer keeps its split's count)
+            layer = scale_layer_host_ops(layer, host_scale)
         layers.append(relabel_layer(layer, members.ranks))
     return tuple(layers)
 
@@ -164,14 +164,6 @@ def pipelined_host_scale(spec: ModelSpec, ulysses: int) -> float:
     charged = kn.dispatched_ops_per_layer(spec, ulysses=ulysses)
     return pipelined / charged if pipelined and charged else 1.0
 
-
-def _scale_host_ops(layer: LayerPlan, factor: float) -> LayerPlan:
-    def scaled(step: Compute) -> Compute:
-        return replace(step, cost=scale_host_ops(step.cost, factor))
-    return replace(layer, before=tuple(map(scaled, layer.before)),
-                   attention=tuple(scaled(step) if isinstance(step, Compute) else step
-                                   for step in layer.attention),
-                   after=tuple(map(scaled, layer.after)))
 
 
 def plan_pipefusion(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
