@@ -24,11 +24,13 @@ report's measurements without running the cluster again.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +59,28 @@ def replaced_topology(calibrated: Path, changes: dict[str, float], path: Path) -
     return path
 
 
-def refit_call_wait(config: dict[str, Any], calibrated: Path
+def forward_pieces(model_dir: Path, resolution: int, world: int) -> tuple[float, ...]:
+    """The CPU before each exchange of the forward of ``model_dir`` as rank 1 of ``world``
+    runs it here (:func:`cocodiff.calibration.loaded.model_work`): the loops' pieces, for
+    a report whose calibration did not record them (before 2026-11-29). Only their shares
+    are used, and those hold across machines far better than the milliseconds do."""
+    from cocodiff.calibration.blocks import build_transformer, standin_forward
+    from cocodiff.calibration.loaded import model_work
+    from cocodiff.calibration.model_shapes import model_tokens, tiny_transformer_config
+
+    _spec, tokens, image = model_tokens(str(model_dir), None, str(resolution))
+    forward, standin = standin_forward(build_transformer(tiny_transformer_config(
+        str(model_dir))), (image, tokens - image), world, min(1, world - 1))
+    return model_work(forward, standin).piece_cpu_s
+
+
+def refit_call_wait(config: dict[str, Any], calibrated: Path,
+                    pieces: Callable[[], tuple[float, ...]] = tuple
                     ) -> tuple[float, list[float]] | None:
     """The call wait calibrate fits now on ``config``'s measured loops, and each loop's
     simulated error with it; None when its calibration ran no loops (a busy-polling
-    transport's loops record only why they were not fitted)."""
+    transport's loops record only why they were not fitted). The loops' pieces are the
+    calibration's, else ``pieces()`` (:func:`forward_pieces`)."""
     from cocodiff.calibration.loaded import LoadedPoint
     from cocodiff.calibration.result import Loops
     from topology.toml_format import load_topology
@@ -75,7 +94,8 @@ def refit_call_wait(config: dict[str, Any], calibrated: Path
     loops = Loops(load_topology(calibrated),
                   tuple(LoadedPoint(**point) for point in loaded["points"]),
                   loaded["burst_cpu_s"], measured["num_nodes"], measured["ranks_per_node"],
-                  CollectiveModel.from_json(collective) if collective else None)
+                  CollectiveModel.from_json(collective) if collective else None,
+                  tuple(loaded.get("piece_cpu_s") or pieces()))
     wait_us = loops.fitted_call_wait_us()
     return wait_us, [simulated / point.wall_s - 1 for point, simulated in
                      zip(loops.points, loops.simulated_s(wait_us), strict=True)]
@@ -163,7 +183,10 @@ def _resimulate(args: argparse.Namespace, report: dict[str, Any], changes: dict[
         calibrated.write_text(config["calibration"]["topology"])
         config_changes = dict(changes)
         loops = None
-        refit = refit_call_wait(config, calibrated) if args.refit_call_wait else None
+        world = config["config"]["nodes"] * config["config"]["ranks_per_node"]
+        refit = (refit_call_wait(config, calibrated, functools.partial(
+            forward_pieces, models[key], shape["resolution"], world))
+            if args.refit_call_wait else None)
         if refit is not None:
             config_changes["call_wait_us"], errors_now = refit
             before = [row["error"] for row in config["calibration"]["measured"]["loops_check"]]

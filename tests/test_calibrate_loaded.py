@@ -222,6 +222,27 @@ def test_a_loop_in_pieces_charges_the_same_cpu_with_the_calls_between_them() -> 
     assert loop.to_json()["pieces"] == 9
 
 
+def test_a_place_the_plan_reaches_from_the_call_before_does_not_wait() -> None:
+    # 4 ranks spinning on 2 cores, calls that wait 1 ms on busy cores, free wires: 4 ms of
+    # CPU a rank is 8 ms over the cores; in equal pieces every one of the 4 places waits,
+    # in the forward's pieces a place with no compute before it (flat's K and V after Q)
+    # makes its calls straight after the place before and does not.
+    from cocodiff.calibration.loaded import predict_loop_s
+    from topology import HostSpec, build_topology
+    from topology.presets import cluster
+
+    spec = cluster(num_nodes=1, ranks_per_node=4, intra_gbps=1e8, intra_latency_us=0.0,
+                   inter_gbps=1e8, inter_latency_us=0.0, tile_tflops=1.0,
+                   tile_memory_gbps=1e8)
+    topology = build_topology(dataclasses.replace(
+        spec, name="pieces", host=HostSpec(cores=2, busy_poll=True, call_wait_us=1000.0)))
+    loop = LoadedPoint("world", 2048, 4, 24, 24 * 2048, 0.0, 0.0, pieces=4)
+    for pieces, waits in (((), 4), ((1.0, 1.0, 1.0, 1.0), 4), ((3.0, 0.0, 0.0, 1.0), 2),
+                          ((4.0, 0.0, 0.0, 0.0), 1)):
+        assert predict_loop_s(topology, loop, 4e-3, 1, 4, None, pieces) == pytest.approx(
+            8e-3 + waits * 1e-3, rel=1e-6)
+
+
 def test_model_work_makes_the_calls_at_each_of_the_forwards_exchanges() -> None:
     # A tiny FLUX over the stand-in: the work counts the forward's exchanges (4 per layer
     # and the output's gather) and makes the loop's calls exactly there.
@@ -244,6 +265,30 @@ def test_model_work_makes_the_calls_at_each_of_the_forwards_exchanges() -> None:
     calls = []
     work.run(lambda: calls.append(1))
     assert len(calls) == work.pieces and standin.on_exchange is None
+    # Its pieces: the CPU before each exchange, none before K and V (flat's plan makes
+    # them straight after Q), some before Q, the attention's output and the gather.
+    assert len(work.piece_cpu_s) == work.pieces
+    empty = [place for place, cpu in enumerate(work.piece_cpu_s) if cpu == 0]
+    assert empty == [1, 2, 5, 6] and min(work.piece_cpu_s[place] for place in (0, 3, 4, 7, 8)) > 0
+
+
+def test_calls_after_compute_follows_the_plan() -> None:
+    # Flat's layer computes, then Q, K, V back to back, attention, out: compute before Q
+    # and out only; the places past the plan's exchanges are the output's gathers.
+    from cocodiff.calibration.loaded import calls_after_compute
+    from cocodiff.cost import Cost
+    from cocodiff.plan.steps import Compute, Exchange, LayerPlan, RankProgram, Wait
+
+    def exchange(name):
+        return (Exchange(name, (0, 1), (1, 1), (1, 1), 4, "scatter_heads"), Wait(name))
+
+    layer = LayerPlan((Compute("norm", Cost(1.0, 0.0)),),
+                      (*exchange("q"), *exchange("k"), *exchange("v"),
+                       Compute("attention", Cost(1.0, 0.0)), *exchange("out")),
+                      (Compute("mlp", Cost(1.0, 0.0)),))
+    program = RankProgram(0, (layer, layer))
+    assert calls_after_compute(program, 9) == (True, False, False, True) * 2 + (True,)
+    assert calls_after_compute(program, 7) is None
 
 
 def test_call_wait_is_what_the_loops_leave_once_the_cpu_is_charged() -> None:

@@ -145,7 +145,7 @@ def standin_forward(transformer, stream_tokens: Sequence[int], world: int, rank:
     dtype = getattr(torch, dtype_name)
     transformer.to(device=device, dtype=dtype)
     standin = StandInTransport(rank, world)
-    parallelize(transformer, standin, "flat")
+    standin.runtime = parallelize(transformer, standin, "flat")
     image, text = stream_tokens
     inputs = {name: value.to(device) if isinstance(value, torch.Tensor) else value
               for name, value in build_inputs(transformer.config, image, text, dtype).items()}

@@ -116,11 +116,15 @@ class LoopWork:
         run: runs one iteration, calling its argument at each of the places.
         pieces: how many places an iteration has.
         source: what the compute is, in words (for the calibration's record).
+        piece_cpu_s: the CPU an iteration spends before each place (:func:`model_work`),
+            0 at a place the step's plan reaches straight from the call before; empty:
+            equal pieces.
     """
 
     run: Callable[[Callable[[], None]], None]
     pieces: int
     source: str
+    piece_cpu_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +144,8 @@ class CallCpuFit:
         diffusers_call_cpu_us: CPU per exchange call made as diffusers makes it
             (:func:`diffusers_call_cpu_us`); None: not measured.
         diffusers_points: the world loops with diffusers' call (not fitted).
+        piece_cpu_s: the compute's CPU before each place of the calls
+            (:attr:`LoopWork.piece_cpu_s`); empty: equal pieces.
     """
 
     call_cpu_us: float
@@ -152,6 +158,7 @@ class CallCpuFit:
     compute: str = ""
     diffusers_call_cpu_us: float | None = None
     diffusers_points: tuple[LoadedPoint, ...] = ()
+    piece_cpu_s: tuple[float, ...] = ()
 
     def cpu_s(self, calls: int, messages: int, num_bytes: float) -> float:
         """CPU seconds of ``calls`` calls moving ``messages`` messages of ``num_bytes``."""
@@ -165,7 +172,8 @@ class CallCpuFit:
                 "compute": self.compute,
                 "points": [p.to_json() for p in self.points],
                 "diffusers_call_cpu_us": self.diffusers_call_cpu_us,
-                "diffusers_points": [p.to_json() for p in self.diffusers_points]}
+                "diffusers_points": [p.to_json() for p in self.diffusers_points],
+                "piece_cpu_s": list(self.piece_cpu_s)}
 
 
 def shape_groups(name: str, num_nodes: int, per_node: int) -> list[list[tuple[int, ...]]]:
@@ -215,13 +223,16 @@ def call_shapes(transport, node_of: Sequence[int]) -> list[CallShape]:
 
 
 def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: int,
-                   per_node: int, collective=None) -> float:
+                   per_node: int, collective=None, piece_cpu_s: Sequence[float] = ()
+                   ) -> float:
     """The simulator's time for one iteration of ``point``'s loop on ``topology`` (a
     calibrated one, with its ``[host]``): every rank computes the burst (its CPU seconds
-    at one core) in ``point.pieces`` equal pieces, each followed by the shape's calls one
-    after the other. What calibrate reports beside each loop, so a reader sees whether the
-    host model reproduces the very microbenchmarks it was fitted on before trusting it on
-    a step."""
+    at one core) in ``point.pieces`` pieces, each followed by the shape's calls one
+    after the other. The pieces are in the shares of ``piece_cpu_s`` where it has one
+    per place (a place with none makes its calls straight after the place before, as a
+    step's plan makes them: :func:`calls_after_compute`), else equal. What calibrate
+    reports beside each loop, so a reader sees whether the host model reproduces the very
+    microbenchmarks it was fitted on before trusting it on a step."""
     from cocodiff.cost import Cost, compute_seconds
     from cocodiff.plan.steps import (
         Compute,
@@ -241,7 +252,10 @@ def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: 
     # since 2026-11-27; at the tile's roofline rate there a burst was simulated 29x too
     # short and the call wait fitted to make up for it).
     seconds_per_tflop = compute_seconds(Cost(1e12, 0.0), topology.spec)
-    flops = burst_cpu_s / seconds_per_tflop * 1e12 / point.pieces
+    flops = burst_cpu_s / seconds_per_tflop * 1e12
+    shares = ([cpu / sum(piece_cpu_s) for cpu in piece_cpu_s]
+              if len(piece_cpu_s) == point.pieces and sum(piece_cpu_s) > 0
+              else [1.0 / point.pieces] * point.pieces)
     tensors = ("q", "k", "v", "out")
     programs = []
     for rank in range(world):
@@ -252,8 +266,10 @@ def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: 
             tensor = tensors[call % len(tensors)]
             steps += [Exchange(tensor, group, splits, splits, ROW_BYTES, "scatter_heads"),
                       Wait(tensor)]
-        piece = LayerPlan((Compute("mlp", Cost(flops, 0.0)),), tuple(steps), ())
-        programs.append(RankProgram(rank, (piece,) * point.pieces))
+        pieces = tuple(
+            LayerPlan((Compute("mlp", Cost(flops * share, 0.0)),) if share > 0 else (),
+                      tuple(steps), ()) for share in shares)
+        programs.append(RankProgram(rank, pieces))
     plan = Plan("flat", "calibration-loop", HeadSplit(world, world, (1,) * world, 8),
                 tuple(programs), shift_period=None)
     return simulate_plan(plan, topology, fold=False, collective=collective,
@@ -289,16 +305,26 @@ def compute_burst(transport, shapes: LayerShapes, dtype: str, target_s: float) -
     return LoopWork(run, 1, f"{repeats} x one layer's Q/K/V projection, then the calls")
 
 
+# Forwards timed for the CPU between a forward's exchanges (the median piece by piece).
+PIECE_TIMINGS = 5
+
+
 def model_work(forward: Callable[[], Any], standin) -> LoopWork:
     """The model's forward as the runtime runs it over ``standin`` (a
     :class:`~cocodiff.calibration.standin.StandInTransport`), the loop's calls made at
-    each of its exchanges: the calls among the real blocks, as in a step."""
+    each of its exchanges: the calls among the real blocks, as in a step. Its pieces are
+    the CPU the forward spends before each exchange (what follows the last one is spent
+    before the next iteration's first), where the plan the stand-in's runtime runs puts
+    compute before the exchange; an exchange the plan makes straight after the one
+    before (flat's K and V after Q) gets none, its bit of packing counted in the piece
+    before, so that the loops are simulated with the calls a step's plan makes back to
+    back (which the simulator does not make wait to be scheduled again: transports.sim)."""
     import torch
 
-    places = [0]
+    marks: list[float] = []
 
-    def count() -> None:
-        places[0] += 1
+    def mark() -> None:
+        marks.append(time.process_time())
 
     def run(calls: Callable[[], None]) -> None:
         standin.on_exchange = calls
@@ -308,10 +334,58 @@ def model_work(forward: Callable[[], Any], standin) -> LoopWork:
         finally:
             standin.on_exchange = None
 
-    run(count)  # warm-up, counting the forward's exchanges
-    return LoopWork(run, max(1, places[0]),
+    run(mark)  # warm-up, counting the forward's exchanges
+    places = len(marks)
+    timings = []
+    for _ in range(PIECE_TIMINGS):
+        marks.clear()
+        began = time.process_time()
+        run(mark)
+        ended = time.process_time()
+        if len(marks) == places and places:
+            bounds = [began, *marks, ended]
+            cpu = [after - before for before, after in zip(bounds, bounds[1:], strict=False)]
+            timings.append([cpu[0] + cpu[-1], *cpu[1:-1]])  # the tail is the next head
+    pieces: tuple[float, ...] = ()
+    runtime = standin.runtime
+    after_compute = (calls_after_compute(runtime.plan.program(standin.rank), places)
+                     if runtime is not None and runtime.plan is not None else None)
+    if timings and after_compute is not None:
+        medians = [statistics.median(column) for column in zip(*timings, strict=True)]
+        merged: list[float] = []
+        last = 0  # the place of the latest piece the plan computes
+        for cpu, computed in zip(medians, after_compute, strict=True):
+            if computed or not merged:
+                last = len(merged)
+                merged.append(cpu)
+            else:
+                merged[last] += cpu
+                merged.append(0.0)
+        pieces = tuple(merged)
+    return LoopWork(run, max(1, places),
                     f"the model's forward over the stand-in transport, the calls at each "
-                    f"of its {places[0]} exchanges")
+                    f"of its {places} exchanges", pieces)
+
+
+def calls_after_compute(program, places: int) -> tuple[bool, ...] | None:
+    """For each of a forward's ``places`` exchange calls in order, whether ``program``
+    (one rank's flat plan of a step) computes anything between the call before and this
+    one; the calls past the plan's exchanges are the output's gathers, which follow the
+    last layer's compute. None when the plan has more exchanges than the forward made."""
+    from cocodiff.plan.steps import Compute, Exchange, Wait
+
+    computed, flags = True, []
+    for layer in program.layers:
+        for step in layer.steps:
+            if isinstance(step, Compute):
+                computed = True
+            elif isinstance(step, Exchange):
+                flags.append(computed)
+            elif isinstance(step, Wait):
+                computed = False
+    if len(flags) > places:
+        return None
+    return (*flags, *[True] * (places - len(flags)))
 
 
 def measure_loaded(transport, shapes_of_calls: Sequence[CallShape], sizes_bytes: Sequence[int],
@@ -392,12 +466,13 @@ BUSY_POLL_NOTE = ("CPU not priced: waits spin, the spinning is the calls' cost; 
 
 
 def unpriced_loops(points: Sequence[LoadedPoint], burst_cpu_s: float, burst_wall_s: float,
-                   compute: str) -> CallCpuFit:
+                   compute: str, piece_cpu_s: tuple[float, ...] = ()) -> CallCpuFit:
     """The loops of a busy-polling transport: no CPU per call or message (its waiting
     rank spins, and the host model charges that spinning, not a price), the points kept
     so that the wait per call is fitted on them and the host model checked against them
     as for any transport (``max_error`` 0: nothing was fitted)."""
-    return CallCpuFit(0.0, 0.0, None, burst_cpu_s, burst_wall_s, tuple(points), 0.0, compute)
+    return CallCpuFit(0.0, 0.0, None, burst_cpu_s, burst_wall_s, tuple(points), 0.0, compute,
+                      piece_cpu_s=piece_cpu_s)
 
 
 def diffusers_call_cpu_us(points: Sequence[LoadedPoint], call_cpu_us: float) -> float | None:
@@ -416,7 +491,7 @@ def diffusers_call_cpu_us(points: Sequence[LoadedPoint], call_cpu_us: float) -> 
 
 def fit_call_cpu(points: Sequence[LoadedPoint], copy_gbps: float | None,
                  burst_cpu_s: float = 0.0, burst_wall_s: float = 0.0,
-                 compute: str = "") -> CallCpuFit:
+                 compute: str = "", piece_cpu_s: tuple[float, ...] = ()) -> CallCpuFit:
     """Fit ``cpu - bytes / copy_gbps = calls x c + messages x m`` (both >= 0) to ``points``,
     least squares on relative error (cheap and costly loops count alike).
 
@@ -458,4 +533,4 @@ def fit_call_cpu(points: Sequence[LoadedPoint], copy_gbps: float | None,
     fitted = columns @ best[1]
     max_error = float(np.max(np.abs(fitted / target - 1.0)))
     return CallCpuFit(call_s * 1e6, message_s * 1e6, copy_gbps, burst_cpu_s, burst_wall_s,
-                      tuple(points), max_error, compute)
+                      tuple(points), max_error, compute, piece_cpu_s=piece_cpu_s)

@@ -249,9 +249,11 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
         # (`call_wait_us`, fitted on them by write_outputs) and check the host model on
         # a step-like load. Without them, 4 MPICH ranks on 2 cores were simulated 27-38%
         # short on these very loops, as short as on tiny-flux's steps (issue 38).
-        return unpriced_loops(ours, burst_cpu, burst_wall, work.source), BUSY_POLL_NOTE
+        return (unpriced_loops(ours, burst_cpu, burst_wall, work.source, work.piece_cpu_s),
+                BUSY_POLL_NOTE)
     try:
-        fit = fit_call_cpu(ours, cpu.copy_gbps, burst_cpu, burst_wall, work.source)
+        fit = fit_call_cpu(ours, cpu.copy_gbps, burst_cpu, burst_wall, work.source,
+                           work.piece_cpu_s)
     except CalibrationError as exc:
         return None, f"not fitted: {exc}"
     return dataclasses.replace(

@@ -372,6 +372,7 @@ class Loops:
     num_nodes: int
     ranks_per_node: int
     collective: CollectiveModel | None = None
+    piece_cpu_s: tuple[float, ...] = ()
 
     @staticmethod
     def of(result: Calibration) -> Loops | None:
@@ -384,7 +385,7 @@ class Loops:
         return Loops(result.topology(), tuple(host.loaded.points), host.loaded.burst_cpu_s,
                      result.num_nodes, result.ranks_per_node,
                      CollectiveModel.from_json(result.collective) if result.collective
-                     else None)
+                     else None, host.loaded.piece_cpu_s)
 
     def simulated_s(self, call_wait_us: float | None = None) -> list[float]:
         """Each loop's simulated time per iteration (with ``call_wait_us`` in place of the
@@ -397,7 +398,8 @@ class Loops:
                 spec.host, call_wait_us=call_wait_us))
         topology = build_topology(spec)
         return [predict_loop_s(topology, point, self.burst_cpu_s, self.num_nodes,
-                               self.ranks_per_node, self.collective) for point in self.points]
+                               self.ranks_per_node, self.collective, self.piece_cpu_s)
+                for point in self.points]
 
     def fitted_call_wait_us(self) -> float:
         """The wait per call (``[host] call_wait_us``) that makes the simulator's time of

@@ -29,6 +29,10 @@ class StandInTransport:
         self.rank, self.world_size = rank, world_size
         self.world = Group(tuple(range(world_size)))
         self.on_exchange: Callable[[], None] | None = None
+        # The runtime parallelised over this stand-in, when one is (``standin_forward``):
+        # its plan says which of the forward's exchanges follow one another with no
+        # compute between (``cocodiff.calibration.loaded.calls_after_compute``).
+        self.runtime: Any = None
 
     def new_group(self, ranks: Sequence[int]) -> Group:
         check_group_ranks(tuple(ranks), self.world_size)
