@@ -2,8 +2,8 @@
 configuration's calibrated topology replaced: how much of the predictions rests on one
 calibrated term (nothing is measured).
 
-    python bench/resimulate.py results/measured/validate/run30.json --set call_wait_us=0 \\
-        --json results/run30_no_call_wait.json
+    python bench/resimulate.py results/measured/validate/run31.json --set call_wait_us=0 \\
+        --json results/run31_no_call_wait.json
 
 Per configuration, the report's models are exported again from their shapes and every
 schedule is simulated twice with ``cocodiff simulate``: on the topology as calibrated (it
@@ -18,7 +18,10 @@ report's calibrations measured (microbenchmarks, never a step), and prints how t
 simulator meets those loops before and after: a change to the simulator judged on a
 report's measurements without running the cluster again.
 
-    python bench/resimulate.py results/measured/validate/run30.json --refit-call-wait
+    python bench/resimulate.py results/measured/validate/run31.json --refit-call-wait \\
+        --equal-pieces
+
+(``--equal-pieces``: the wait fitted as before 2026-11-29, every loop call after compute.)
 """
 
 from __future__ import annotations
@@ -75,12 +78,13 @@ def forward_pieces(model_dir: Path, resolution: int, world: int) -> tuple[float,
 
 
 def refit_call_wait(config: dict[str, Any], calibrated: Path,
-                    pieces: Callable[[], tuple[float, ...]] = tuple
+                    pieces: Callable[[], tuple[float, ...]] | None = tuple
                     ) -> tuple[float, list[float]] | None:
     """The call wait calibrate fits now on ``config``'s measured loops, and each loop's
     simulated error with it; None when its calibration ran no loops (a busy-polling
     transport's loops record only why they were not fitted). The loops' pieces are the
-    calibration's, else ``pieces()`` (:func:`forward_pieces`)."""
+    calibration's, else ``pieces()`` (:func:`forward_pieces`); ``pieces`` None: equal
+    pieces, every call after compute (the fit before 2026-11-29)."""
     from cocodiff.calibration.loaded import LoadedPoint
     from cocodiff.calibration.result import Loops
     from topology.toml_format import load_topology
@@ -95,7 +99,7 @@ def refit_call_wait(config: dict[str, Any], calibrated: Path,
                   tuple(LoadedPoint(**point) for point in loaded["points"]),
                   loaded["burst_cpu_s"], measured["num_nodes"], measured["ranks_per_node"],
                   CollectiveModel.from_json(collective) if collective else None,
-                  tuple(loaded.get("piece_cpu_s") or pieces()))
+                  () if pieces is None else tuple(loaded.get("piece_cpu_s") or pieces()))
     wait_us = loops.fitted_call_wait_us()
     return wait_us, [simulated / point.wall_s - 1 for point, simulated in
                      zip(loops.points, loops.simulated_s(wait_us), strict=True)]
@@ -154,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refit-call-wait", action="store_true",
                         help="fit call_wait_us again on each calibration's loops, as "
                         "calibrate would now")
+    parser.add_argument("--equal-pieces", action="store_true",
+                        help="with --refit-call-wait: fit as before 2026-11-29, the loops' "
+                        "compute in equal pieces with every call after compute")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args(argv)
     try:
@@ -184,9 +191,10 @@ def _resimulate(args: argparse.Namespace, report: dict[str, Any], changes: dict[
         config_changes = dict(changes)
         loops = None
         world = config["config"]["nodes"] * config["config"]["ranks_per_node"]
-        refit = (refit_call_wait(config, calibrated, functools.partial(
-            forward_pieces, models[key], shape["resolution"], world))
-            if args.refit_call_wait else None)
+        pieces = None if args.equal_pieces else functools.partial(
+            forward_pieces, models[key], shape["resolution"], world)
+        refit = (refit_call_wait(config, calibrated, pieces) if args.refit_call_wait
+                 else None)
         if refit is not None:
             config_changes["call_wait_us"], errors_now = refit
             before = [row["error"] for row in config["calibration"]["measured"]["loops_check"]]
