@@ -165,7 +165,6 @@ def pipelined_host_scale(spec: ModelSpec, ulysses: int) -> float:
     return pipelined / charged if pipelined and charged else 1.0
 
 
-
 def plan_pipefusion(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
                     pipeline: PipelineLayout, options: PlanOptions = DEFAULT_OPTIONS, *,
                     patches: int | None = None, ring_from: int | None = None,
