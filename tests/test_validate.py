@@ -486,6 +486,46 @@ def test_the_rounds_cap_defaults_to_ten_or_rounds_when_more():
     assert max_rounds(SimpleNamespace(rounds=3, max_rounds=3)) == 3
 
 
+def test_short_rounds_go_past_the_default_cap_until_the_time_budget():
+    # One host's rounds take seconds: with no --max-rounds, rounds past 10 are added while
+    # the rounds so far took under the budget (up to the ceiling); an explicit cap holds.
+    from cocodiff.commands.validate import (
+        DEFAULT_MAX_ROUNDS,
+        ROUND_BUDGET_S,
+        ROUND_CEILING,
+        rounds_stop,
+        within_budget,
+    )
+
+    default = SimpleNamespace(rounds=3, max_rounds=None, precision=0.03)
+    assert within_budget(default, DEFAULT_MAX_ROUNDS - 1, 10 * ROUND_BUDGET_S)
+    assert within_budget(default, DEFAULT_MAX_ROUNDS, ROUND_BUDGET_S / 2)
+    assert not within_budget(default, DEFAULT_MAX_ROUNDS, ROUND_BUDGET_S)
+    assert not within_budget(default, ROUND_CEILING, 0.0)
+    explicit = SimpleNamespace(rounds=3, max_rounds=DEFAULT_MAX_ROUNDS, precision=0.03)
+    assert not within_budget(explicit, DEFAULT_MAX_ROUNDS, 0.0)
+    rows = [{"schedule": "flat", "layout": "pure", "precision_95": 0.2, "error_resolved": False}]
+    stop = rounds_stop(default, 30, rows, elapsed_s=ROUND_BUDGET_S + 3)
+    assert stop["reason"] == "max_rounds" and stop["elapsed_s"] == ROUND_BUDGET_S + 3
+    assert f"{ROUND_BUDGET_S:.0f} s of rounds" in stop["text"] and "flat@pure" in stop["text"]
+
+
+def test_rank_zeros_clock_decides_a_round_past_the_default_cap():
+    from cocodiff.commands.validate import DEFAULT_MAX_ROUNDS, ROUND_BUDGET_S, _another_round
+
+    cases = [Case("flat"), Case("vfirst")]
+    measurements = Measurements()
+    for index in range(DEFAULT_MAX_ROUNDS):  # flat's rounds alternate: never precise
+        for case in cases:
+            step = 1.0 + 0.5 * (index % 2) if case.schedule == "flat" else 2.0
+            measurements.add(case, index, RunResult([9.0, step, step], None, None, None))
+    args = SimpleNamespace(rounds=3, max_rounds=None, precision=0.03)
+    assert _another_round(_OneRank(), args, measurements, cases, DEFAULT_MAX_ROUNDS,
+                          elapsed_s=ROUND_BUDGET_S / 2)
+    assert not _another_round(_OneRank(), args, measurements, cases, DEFAULT_MAX_ROUNDS,
+                              elapsed_s=ROUND_BUDGET_S + 1)
+
+
 def test_a_row_whose_interval_is_wider_than_its_error_says_so():
     from cocodiff.commands.validate import error_text
 

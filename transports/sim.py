@@ -588,16 +588,33 @@ class _ExchangeCpu:
         return _ExchangeCpu(before, max(0.0, total - before - after), after)
 
 
+def blocked_at_once() -> bool:
+    """:attr:`SimHandle.awaited` of an operation its rank blocks on as it starts it."""
+    return True
+
+
+def not_blocked() -> bool:
+    """:attr:`SimHandle.awaited` of an operation its rank has not begun to wait for."""
+    return False
+
+
 class SimHandle:
     """A simulated operation. A SimPy process yields ``handle.event``; ``wait()`` then
-    returns the result (it cannot block: simulated time only moves by yielding)."""
+    returns the result (it cannot block: simulated time only moves by yielding).
 
-    __slots__ = ("event", "_result", "_waited")
+    ``awaited()`` says whether the rank is blocked on the operation now, asked as its data
+    arrives: only a rank asleep in the wait has to be woken (the host's call wait). One
+    that started the call and went on computing (V-First's V) finds it done when it
+    waits. By default the rank blocks on a call as it makes it; an executor that starts
+    calls ahead sets it (:class:`cocodiff.simulator.backend.SimBackend`)."""
+
+    __slots__ = ("event", "_result", "_waited", "awaited")
 
     def __init__(self, event: simpy.Event, result: Any = None) -> None:
         self.event = event
         self._result = result
         self._waited = False
+        self.awaited: Callable[[], bool] = blocked_at_once
 
     def is_completed(self) -> bool:
         return self.event.processed
@@ -687,19 +704,23 @@ class SimTransport:
                               routing_cpu_s, wire_cpu_s)
         sequence = self._world.reserve(self._rank, group, tag)
         follows_call = self._last_call_done_s == self.simulation.env.now
+        made: list[SimHandle] = []  # the call's handle, once made: its rank may wait on it
         process = self.simulation.env.process(
-            self._with_cpu(group, send_bytes, tag, sequence, cpu, follows_call))
-        return SimHandle(process, received)
+            self._with_cpu(group, send_bytes, tag, sequence, cpu, follows_call, made))
+        made.append(SimHandle(process, received))
+        return made[0]
 
     def _with_cpu(self, group: Group, send_bytes: tuple[int, ...], tag: Hashable,
-                  sequence: int, cpu: _ExchangeCpu, follows_call: bool):
+                  sequence: int, cpu: _ExchangeCpu, follows_call: bool,
+                  made: list[SimHandle]):
         """An exchange on a host, its CPU work on the rank's host's cores as LogGP lays a
         message train out: the call and the first message's sending before any byte
         leaves; the other messages' sending and receiving while the bytes are on the wire
         (the exchange ends when both are done); the last message's receiving after the
         bytes arrived. Before that last part, when the host's cores are all taken as the
-        data arrives, the call waits to be scheduled again, unless it was made the moment
-        the rank's previous call finished (``follows_call``)."""
+        data arrives and the rank is blocked on the call (its handle's ``awaited()``), the call
+        waits for the rank to be scheduled again, unless it was made the moment the
+        rank's previous call finished (``follows_call``)."""
         host = self.simulation.host
         env = self.simulation.env
         yield self.simulation.cpu_task(self._rank, cpu.before_s)
@@ -709,7 +730,7 @@ class SimTransport:
         else:
             yield wire
         if (host is not None and host.call_wait_us > 0 and not follows_call
-                and self.simulation.host_busy(self._rank)):
+                and made[0].awaited() and self.simulation.host_busy(self._rank)):
             # Its data arrived while every core of the host was taken: the rank waits to be
             # scheduled again before it can finish the call (no CPU spent). A call made
             # straight after another (TAPA's second phase) does not: its members have

@@ -9,8 +9,9 @@ plans that ran and prints, per row, the measured step (the median over rounds of
 run's median step, the first step left out; min-max over rounds), the predicted step
 and the error (predicted / measured - 1), then the planner's pick against the measured
 best, with the rounds' 95% intervals; after ``--rounds`` it adds rounds (up to
-``--max-rounds``, default 10) while a row's interval neither resolves its error nor is
-within ``--precision``, or the pick's interval against the best straddles 5%, says why it
+``--max-rounds``; by default 10, and past 10 while the rounds have taken under
+:data:`ROUND_BUDGET_S`) while a row's interval neither resolves its error nor is within
+``--precision``, or the pick's interval against the best straddles 5%, says why it
 stopped, and marks a row whose interval is wider than its error. The logic is
 :mod:`cocodiff.validation`.
 
@@ -24,6 +25,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +34,16 @@ from cocodiff.commands.run import MAX_TIMEOUT_S, run_on_every_rank
 from cocodiff.util.errors import CocodiffError
 
 DEFAULT_SCHEDULES = "flat,tapa,vfirst,cocodiff,diffusers"
-# Rounds at most by default: on tiny-flux, 4 ranks on 2 cores, a round of the four MPI
-# schedules takes ~10 s, so the cap keeps the README's command near 2 minutes.
+# Rounds at most by default, unless rounds are short: then more, while the rounds so far
+# took under ROUND_BUDGET_S, up to ROUND_CEILING. On the emulated cluster a round of the
+# enlarged model takes minutes and 10 rounds are the cap. On one host (tiny-flux, 4 ranks
+# on 2 cores under torchrun) a round of the five schedules takes ~5 s, and 10 rounds of 3
+# measured steps left the pick's verdict unresolved in 3 of 4 runs (flat and TAPA, one
+# plan there, measured 8% apart); 40 rounds narrow its interval from about +-28% to +-6%
+# (2026-11-29, docs/validate.md).
 DEFAULT_MAX_ROUNDS = 10
+ROUND_BUDGET_S = 180.0
+ROUND_CEILING = 100
 DTYPES = ("float32", "bfloat16")
 
 
@@ -62,8 +71,9 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int) -> Non
                         "row's 95%% interval neither resolves its error (the prediction "
                         "outside it) nor is within --precision, or the planner's pick "
                         "against the measured best straddles 5%% (default "
-                        f"{DEFAULT_MAX_ROUNDS}, or --rounds if more; equal to --rounds: no "
-                        "extra round)")
+                        f"{DEFAULT_MAX_ROUNDS}, or --rounds if more, and past that, up to "
+                        f"{ROUND_CEILING}, while the rounds have taken under "
+                        f"{ROUND_BUDGET_S:.0f} s; equal to --rounds: no extra round)")
     parser.add_argument("--precision", type=float, default=0.03,
                         help="a row whose 95%% interval is this narrow, as a fraction of its "
                         "step, needs no more rounds whatever its error (default 0.03: "
@@ -249,9 +259,10 @@ def _validate(args: argparse.Namespace, launch) -> int:
                 if step_fault is not None:  # counts the steps of every run
                     step_fault.after_step(steps_done)
 
-            rounds = 0
+            rounds, began = 0, time.perf_counter()
             while rounds == 0 or _another_round(transport, args, measurements, cases, rounds,
-                                                predicted if is_root else None):
+                                                predicted if is_root else None,
+                                                time.perf_counter() - began):
                 if rounds >= args.rounds:
                     progress.grow(len(cases) * args.steps)
                 for case in round_order(cases, rounds):
@@ -265,13 +276,15 @@ def _validate(args: argparse.Namespace, launch) -> int:
                     for _ in range(args.steps):
                         show_step()
                 rounds += 1
+        rounds_s = time.perf_counter() - began
         foreign = foreign_share(transport, rounds_began)
         machine.append(blocks_layer_s(args.model, args.resolution, args.dtype, transport))
         if is_root:
             report = _report(args, cases, measurements, topology, checked, grid, spec,
                              (width, height, frames), transport.name, reference, notes,
-                             rounds, {**machine_drift(machine, _calibrated_layer_s(args.topology)),
-                                      "foreign_share": foreign},
+                             (rounds, rounds_s),
+                             {**machine_drift(machine, _calibrated_layer_s(args.topology)),
+                              "foreign_share": foreign},
                              predictions)
             _print(report)
             if args.json is not None:
@@ -286,39 +299,54 @@ def _validate(args: argparse.Namespace, launch) -> int:
 
 def max_rounds(args: argparse.Namespace) -> int:
     """The rounds cap: ``--max-rounds``, by default :data:`DEFAULT_MAX_ROUNDS` (or
-    ``--rounds`` when more)."""
+    ``--rounds`` when more); past it by default only while rounds are short
+    (:func:`within_budget`)."""
     return args.max_rounds if args.max_rounds is not None else max(args.rounds,
                                                                    DEFAULT_MAX_ROUNDS)
 
 
+def within_budget(args: argparse.Namespace, rounds: int, elapsed_s: float) -> bool:
+    """Whether round ``rounds + 1`` is within the cap: below :func:`max_rounds`, or, with
+    no ``--max-rounds`` given, below :data:`ROUND_CEILING` while the rounds so far took
+    under :data:`ROUND_BUDGET_S` (short steps, whose rounds cost seconds)."""
+    if rounds < max_rounds(args):
+        return True
+    return (args.max_rounds is None and rounds < ROUND_CEILING
+            and elapsed_s < ROUND_BUDGET_S)
+
+
 def _another_round(transport, args: argparse.Namespace, measurements, cases,
-                   rounds: int, predicted=None) -> bool:
-    """Whether the ranks run round ``rounds + 1``: always up to ``--rounds``; then, up to
-    :func:`max_rounds`, while one of rank 0's rows can still gain from a round
-    (:func:`cocodiff.validation.rows_to_resolve`; ``predicted(case)``: its predicted step,
-    on rank 0; without it, only the rows' spread against ``--precision`` counts). Rank 0
-    decides, as it reports; every rank takes its word."""
+                   rounds: int, predicted=None, elapsed_s: float = 0.0) -> bool:
+    """Whether the ranks run round ``rounds + 1``: always up to ``--rounds``; then, within
+    the cap (:func:`within_budget`, ``elapsed_s`` the rounds' seconds so far), while one of
+    rank 0's rows can still gain from a round (:func:`cocodiff.validation.rows_to_resolve`;
+    ``predicted(case)``: its predicted step, on rank 0; without it, only the rows' spread
+    against ``--precision`` counts). Rank 0 decides, as it reports; every rank takes its
+    word (its clock decides the budget too: the ranks' clocks differ)."""
     if rounds < args.rounds:
         return True
-    if rounds >= max_rounds(args):
+    if not within_budget(args, rounds, 0.0):  # the same on every rank: no collective
         return False
     import torch
 
     from cocodiff.runtime.exchange import all_gather_rows
     from cocodiff.validation import rows_to_resolve
 
-    wanted = bool(rows_to_resolve(measurements, cases, predicted or (lambda case: None),
-                                  args.precision))
+    wanted = (within_budget(args, rounds, elapsed_s)
+              and bool(rows_to_resolve(measurements, cases, predicted or (lambda case: None),
+                                       args.precision)))
     mine = torch.tensor([int(wanted)], dtype=torch.int64)
     return bool(all_gather_rows(transport, mine)[0].item())
 
 
 def rounds_stop(args: argparse.Namespace, rounds: int, rows: list[dict[str, Any]],
-                pick_resolved: bool = True) -> dict[str, Any]:
+                pick_resolved: bool = True, elapsed_s: float | None = None
+                ) -> dict[str, Any]:
     """Why the rounds stopped: ``reason`` (``resolved``: no row needs another;
     ``max_rounds``: the cap, with rows unresolved; ``no_extra_rounds``: the cap was
     ``--rounds``), the rows left unresolved (and the planner's pick, when its interval
-    against the measured best straddles 5%: ``pick_resolved`` false) and a sentence."""
+    against the measured best straddles 5%: ``pick_resolved`` false), the rounds'
+    seconds (``elapsed_s``, when given) and a sentence."""
     from cocodiff.validation import PICK
 
     unresolved = [f"{row['schedule']}@{row['layout']}" for row in rows
@@ -333,11 +361,16 @@ def rounds_stop(args: argparse.Namespace, rounds: int, rows: list[dict[str, Any]
     elif cap <= args.rounds:
         reason, text = "no_extra_rounds", (f"--max-rounds {cap} asked for no round past "
                                            f"--rounds; unresolved: {', '.join(unresolved)}")
+    elif args.max_rounds is None and elapsed_s is not None:
+        reason, text = "max_rounds", (
+            f"the default cap, {cap} rounds and past that {ROUND_BUDGET_S:.0f} s of rounds "
+            f"(up to {ROUND_CEILING}; these took {elapsed_s:.0f} s), with "
+            f"{', '.join(unresolved)} unresolved; --max-rounds N runs up to N")
     else:
         reason, text = "max_rounds", (f"the cap, --max-rounds {cap}, with "
                                       f"{', '.join(unresolved)} unresolved")
     return {"reason": reason, "rounds": rounds, "max_rounds": cap, "unresolved": unresolved,
-            "text": text}
+            "text": text, **({} if elapsed_s is None else {"elapsed_s": elapsed_s})}
 
 
 def _calibrated_layer_s(topology: str | None) -> float | None:
@@ -368,13 +401,14 @@ def _calibration_verdict(topology: str | None) -> str | None:
 
 
 def _report(args, cases, measurements, topology, checked, grid, spec, size, transport_name,
-            reference, notes, rounds, machine, predictions=None) -> dict[str, Any]:
+            reference, notes, rounds_run, machine, predictions=None) -> dict[str, Any]:
     from dataclasses import asdict
 
     from cocodiff.validation import EXACT_ATOL, layouts_json, summarise
     from topology import dump_topology
     from transports.sim import collective_model_for
 
+    rounds, elapsed_s = rounds_run
     collective, source = checked["collective"]
     used = collective or collective_model_for(topology.spec.name)
     summary = summarise(cases, measurements, topology, used, reference, predictions)
@@ -400,7 +434,7 @@ def _report(args, cases, measurements, topology, checked, grid, spec, size, tran
         "max_rounds": max_rounds(args),
         "precision_target": args.precision,
         "rounds_stop": rounds_stop(args, rounds, summary["rows"],
-                                   summary.get("pick_resolved", True)),
+                                   summary.get("pick_resolved", True), elapsed_s),
         "layouts": layouts_json(cases),
         "calibration": {"topology": args.topology or "cluster (preset, uncalibrated)",
                         "topology_toml": dump_topology(topology.spec),

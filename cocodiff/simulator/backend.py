@@ -19,7 +19,13 @@ from cocodiff.plan.phasing import ChunkPipeline, Posting, chunk_member_bytes
 from cocodiff.plan.steps import Compute, Exchange, Phase
 from sim import Simulation
 from transports.base import VirtualBuffer
-from transports.sim import IdentityMemo, SimHandle, SimTransport
+from transports.sim import (
+    IdentityMemo,
+    SimHandle,
+    SimTransport,
+    blocked_at_once,
+    not_blocked,
+)
 
 if TYPE_CHECKING:
     import simpy
@@ -120,6 +126,7 @@ class SimBackend:
     def blocked_on(self, handle: SimHandle) -> simpy.Event:
         """What the rank's process yields to wait for ``handle``: its event, or, on a host
         that busy-polls, a process that spins on a core until an exchange completes."""
+        handle.awaited = blocked_at_once  # from now the rank sleeps until it completes
         flight = self._flights.pop(id(handle), None)
         if flight is not None:
             self._drive(flight)
@@ -154,6 +161,7 @@ class SimBackend:
             tag = "p2p" if step.direction == "p2p" else step.tensor
             handle = self.transport.all_to_all(send, step.send_rows, step.recv_rows,
                                                self._group(step.group), tag=tag)
+            handle.awaited = not_blocked  # until blocked_on: the rank may go on computing
             if step.direction == "p2p" and step.tensor == "send":
                 # An eager send (xDiT's pipeline_isend is never waited for): the sender
                 # goes on at once; the bytes leave when the receiver has posted its side.
@@ -194,6 +202,9 @@ class SimBackend:
             VirtualBuffer(sum(send), 1), send, recv, self._group(phase.group),
             tag=(step.tensor, chunk, p), routing_cpu_s=encode_s, wire_cpu_s=self._phase_s(),
         )
+        # The rank sleeps on a phase's call once it waits for the exchange (or for one
+        # started after it); before that it is computing and finds the phase arrived.
+        handle.awaited = lambda: flight.driven
         yield handle.event
         handle.wait()
         flight.arrived.append((chunk, p))

@@ -192,6 +192,26 @@ def test_a_call_made_as_the_previous_one_finishes_does_not_wait_again() -> None:
     assert step_s(apart, host) == pytest.approx(12e-3, rel=1e-3)
 
 
+def test_a_call_that_arrives_while_its_rank_computes_does_not_wait() -> None:
+    # Ranks 1 and 2 start a call, compute 1 ms, then wait for it (as V-First starts V's
+    # exchange and computes Q/K's norm and RoPE); rank 0 computes 10 ms; one core. The
+    # data arrives while ranks 1 and 2 are computing, not asleep in the wait: nobody has
+    # to be woken, so nothing waits 15 ms and the step is the 12 ms of CPU on the core.
+    # Over a wire of 5 ms the data arrives after they have begun to wait, while rank 0
+    # holds the core: then they wait to be scheduled, 5 + 15 ms.
+    host = HostSpec(cores=1, call_wait_us=15000.0)
+    short = Compute("mlp", Cost(flops=1e-3 * TFLOPS * 1e12, memory_bytes=0.0))
+    pair = Exchange("v", (1, 2), (0, 1), (0, 1), 8, "scatter_heads")
+    peer = Exchange("v", (1, 2), (1, 0), (1, 0), 8, "scatter_heads")
+    plan = plan_of([(compute(),), (pair, short, Wait("v")), (peer, short, Wait("v"))])
+    assert step_s(plan, host) == pytest.approx(12e-3, rel=1e-6)
+    slow = cluster(num_nodes=1, ranks_per_node=3, intra_gbps=1e8, intra_latency_us=5000.0,
+                   tile_tflops=TFLOPS, tile_memory_gbps=1e8)
+    topology = build_topology(dataclasses.replace(slow, name="host-test", host=host))
+    assert simulate_plan(plan, topology, fold=False).step_time_s == pytest.approx(
+        20e-3, rel=1e-3)
+
+
 def test_an_exchange_handles_its_messages_while_its_bytes_are_on_the_wire() -> None:
     # Four ranks, a core each, one all-to-all: three messages out and three in per rank.
     # As LogGP lays a message train out, the call and the first message sent are paid
