@@ -2,8 +2,8 @@
 configuration's calibrated topology replaced: how much of the predictions rests on one
 calibrated term (nothing is measured).
 
-    python bench/resimulate.py results/measured/validate/run31.json --set call_wait_us=0 \\
-        --json results/run31_no_call_wait.json
+    python bench/resimulate.py results/measured/validate/run32.json --set call_wait_us=0 \\
+        --json results/run32_no_call_wait.json
 
 Per configuration, the report's models are exported again from their shapes and every
 schedule is simulated twice with ``cocodiff simulate``: on the topology as calibrated (it
@@ -18,7 +18,7 @@ report's calibrations measured (microbenchmarks, never a step), and prints how t
 simulator meets those loops before and after: a change to the simulator judged on a
 report's measurements without running the cluster again.
 
-    python bench/resimulate.py results/measured/validate/run31.json --refit-call-wait \\
+    python bench/resimulate.py results/measured/validate/run32.json --refit-call-wait \\
         --equal-pieces
 
 (``--equal-pieces``: the wait fitted as before 2026-11-29, every loop call after compute.)
