@@ -2,8 +2,8 @@
 configuration's calibrated topology replaced: how much of the predictions rests on one
 calibrated term (nothing is measured).
 
-    python bench/resimulate.py results/measured/validate/run32.json --set call_wait_us=0 \\
-        --json results/run32_no_call_wait.json
+    python bench/resimulate.py results/measured/validate/run33.json --set call_wait_us=0 \\
+        --json results/run33_no_call_wait.json
 
 Per configuration, the report's models are exported again from their shapes and every
 schedule is simulated twice with ``cocodiff simulate``: on the topology as calibrated (it
@@ -18,7 +18,7 @@ report's calibrations measured (microbenchmarks, never a step), and prints how t
 simulator meets those loops before and after: a change to the simulator judged on a
 report's measurements without running the cluster again.
 
-    python bench/resimulate.py results/measured/validate/run32.json --refit-call-wait \\
+    python bench/resimulate.py results/measured/validate/run33.json --refit-call-wait \\
         --equal-pieces
 
 (``--equal-pieces``: the wait fitted as before 2026-11-29, every loop call after compute.)
@@ -79,9 +79,10 @@ def forward_pieces(model_dir: Path, resolution: int, world: int) -> tuple[float,
 
 def refit_call_wait(config: dict[str, Any], calibrated: Path,
                     pieces: Callable[[], tuple[float, ...]] | None = tuple
-                    ) -> tuple[float, list[float]] | None:
-    """The call wait calibrate fits now on ``config``'s measured loops, and each loop's
-    simulated error with it; None when its calibration ran no loops (a busy-polling
+                    ) -> tuple[dict[str, float], list[float]] | None:
+    """The waits calibrate fits now on ``config``'s measured loops (``call_wait_us`` and
+    ``follow_wait_us``, 0 for a report without spaced loops), and each loop's simulated
+    error with them; None when its calibration ran no loops (a busy-polling
     transport's loops record only why they were not fitted). The loops' pieces are the
     calibration's, else ``pieces()`` (:func:`forward_pieces`); ``pieces`` None: equal
     pieces, every call after compute (the fit before 2026-11-29)."""
@@ -100,9 +101,10 @@ def refit_call_wait(config: dict[str, Any], calibrated: Path,
                   loaded["burst_cpu_s"], measured["num_nodes"], measured["ranks_per_node"],
                   CollectiveModel.from_json(collective) if collective else None,
                   () if pieces is None else tuple(loaded.get("piece_cpu_s") or pieces()))
-    wait_us = loops.fitted_call_wait_us()
-    return wait_us, [simulated / point.wall_s - 1 for point, simulated in
-                     zip(loops.points, loops.simulated_s(wait_us), strict=True)]
+    call_wait, follow_wait = loops.fitted_waits_us()
+    return ({"call_wait_us": call_wait, "follow_wait_us": follow_wait},
+            [simulated / point.wall_s - 1 for point, simulated in
+             zip(loops.points, loops.simulated_s(call_wait, follow_wait), strict=True)])
 
 
 def simulate(topology: Path, model_dir: Path, resolution: int, steps: int,
@@ -196,13 +198,14 @@ def _resimulate(args: argparse.Namespace, report: dict[str, Any], changes: dict[
         refit = (refit_call_wait(config, calibrated, pieces) if args.refit_call_wait
                  else None)
         if refit is not None:
-            config_changes["call_wait_us"], errors_now = refit
+            waits, errors_now = refit
+            config_changes.update(waits)
             before = [row["error"] for row in config["calibration"]["measured"]["loops_check"]]
-            loops = {"call_wait_us": config_changes["call_wait_us"],
-                     "loops_error_report": before, "loops_error_now": errors_now}
+            loops = {**waits, "loops_error_report": before, "loops_error_now": errors_now}
             print(f"| {config['label']} | loops | | call wait "
                   f"{config['calibration']['measured']['host']['call_wait_us']:.0f} -> "
-                  f"{config_changes['call_wait_us']:.0f} us; loops "
+                  f"{waits['call_wait_us']:.0f} us, after a call "
+                  f"{waits['follow_wait_us']:.0f} us; loops "
                   f"{' '.join(f'{e:+.0%}' for e in before)} -> "
                   f"{' '.join(f'{e:+.0%}' for e in errors_now)} |")
         elif args.refit_call_wait:

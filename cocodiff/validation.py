@@ -530,8 +530,10 @@ def topology_of(schedule: str, topology):
     host = topology.spec.host
     if schedule != "diffusers" or host is None or host.diffusers_call_cpu_us is None:
         return topology
+    # The wake-up is a part of a call's price, whoever makes the call.
     return build_topology(dataclasses.replace(topology.spec, host=dataclasses.replace(
-        host, call_cpu_us=host.diffusers_call_cpu_us)))
+        host, call_cpu_us=host.diffusers_call_cpu_us,
+        wake_cpu_us=min(host.wake_cpu_us, host.diffusers_call_cpu_us))))
 
 
 def predict_step_s(run_plan, topology, collective) -> dict[str, Any]:

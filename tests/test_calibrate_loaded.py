@@ -222,11 +222,13 @@ def test_a_loop_in_pieces_charges_the_same_cpu_with_the_calls_between_them() -> 
     assert loop.to_json()["pieces"] == 9
 
 
-def test_a_place_the_plan_reaches_from_the_call_before_does_not_wait() -> None:
+@pytest.mark.parametrize("follow_wait_us", [0.0, 400.0])
+def test_a_place_the_plan_reaches_from_the_call_before_waits_the_follow_wait(
+        follow_wait_us: float) -> None:
     # 4 ranks spinning on 2 cores, calls that wait 1 ms on busy cores, free wires: 4 ms of
     # CPU a rank is 8 ms over the cores; in equal pieces every one of the 4 places waits,
     # in the forward's pieces a place with no compute before it (flat's K and V after Q)
-    # makes its calls straight after the place before and does not.
+    # makes its calls straight after the place before and waits the follow wait instead.
     from cocodiff.calibration.loaded import predict_loop_s
     from topology import HostSpec, build_topology
     from topology.presets import cluster
@@ -235,12 +237,96 @@ def test_a_place_the_plan_reaches_from_the_call_before_does_not_wait() -> None:
                    inter_gbps=1e8, inter_latency_us=0.0, tile_tflops=1.0,
                    tile_memory_gbps=1e8)
     topology = build_topology(dataclasses.replace(
-        spec, name="pieces", host=HostSpec(cores=2, busy_poll=True, call_wait_us=1000.0)))
+        spec, name="pieces", host=HostSpec(cores=2, busy_poll=True, call_wait_us=1000.0,
+                                           follow_wait_us=follow_wait_us)))
     loop = LoadedPoint("world", 2048, 4, 24, 24 * 2048, 0.0, 0.0, pieces=4)
     for pieces, waits in (((), 4), ((1.0, 1.0, 1.0, 1.0), 4), ((3.0, 0.0, 0.0, 1.0), 2),
                           ((4.0, 0.0, 0.0, 0.0), 1)):
         assert predict_loop_s(topology, loop, 4e-3, 1, 4, None, pieces) == pytest.approx(
-            8e-3 + waits * 1e-3, rel=1e-6)
+            8e-3 + waits * 1e-3 + (4 - waits) * follow_wait_us * 1e-6, rel=1e-6)
+    # Spaced: the calls only at the places with compute before them, none following.
+    spaced = dataclasses.replace(loop, calls=2, pieces=2, spaced=True)
+    assert predict_loop_s(topology, spaced, 4e-3, 1, 4, None, (3.0, 0.0, 0.0, 1.0)) == (
+        pytest.approx(8e-3 + 2e-3, rel=1e-6))
+
+
+def test_the_two_waits_are_fitted_apart_on_spaced_and_full_loops() -> None:
+    # Loops "measured" on a host whose calls wait 700 us after compute and 300 us straight
+    # after another call: the spaced loops (calls only after compute) give the first, the
+    # others (flat's K and V following Q) the second.
+    from cocodiff.calibration.loaded import predict_loop_s
+    from cocodiff.calibration.result import Loops
+    from topology import HostSpec, build_topology
+    from topology.presets import cluster
+
+    spec = cluster(num_nodes=1, ranks_per_node=4, intra_gbps=1e8, intra_latency_us=0.0,
+                   inter_gbps=1e8, inter_latency_us=0.0, tile_tflops=1.0,
+                   tile_memory_gbps=1e8)
+    host = HostSpec(cores=2, busy_poll=True, call_wait_us=700.0, follow_wait_us=300.0)
+    pieces = (3e-3, 0.0, 0.0, 1e-3)
+    truth = build_topology(dataclasses.replace(spec, name="waits", host=host))
+    points = tuple(dataclasses.replace(p, wall_s=predict_loop_s(truth, p, 4e-3, 1, 4, None,
+                                                                pieces))
+                   for p in (LoadedPoint("world", size, 4, 24, 0, 0.0, 0.0, 4)
+                             for size in (2048, 16384)))
+    points += tuple(dataclasses.replace(p, calls=2, pieces=2, spaced=True, wall_s=0.0)
+                    for p in points)
+    points = points[:2] + tuple(
+        dataclasses.replace(p, wall_s=predict_loop_s(truth, p, 4e-3, 1, 4, None, pieces))
+        for p in points[2:])
+    unfitted = dataclasses.replace(spec, name="fresh", host=HostSpec(cores=2, busy_poll=True))
+    loops = Loops(unfitted, points, 4e-3, 1, 4, None, pieces)
+    call_wait, follow_wait = loops.fitted_waits_us()
+    assert call_wait == pytest.approx(700.0, abs=2.0)
+    assert follow_wait == pytest.approx(300.0, abs=2.0)
+
+
+def test_a_loop_with_calls_started_ahead_spends_no_wake_up_on_them() -> None:
+    # 4 ranks on 4 cores, free wires, 1 ms of CPU per call; 4 ms of compute in the
+    # forward's pieces (3 ms before the first place, 1 ms before the second). The ahead
+    # loop makes its call at each place and starts V at the first, waited for at the
+    # second: 3 ms, the call's 1 ms, then V's 1 ms beside the 1 ms of compute on the
+    # rank's core (2 ms), the call's 1 ms: 7 ms. With the whole call price a wake-up, V
+    # (its data in while its rank computes) costs nothing: 6 ms, as the spaced loop.
+    from cocodiff.calibration.loaded import predict_loop_s
+    from topology import HostSpec, build_topology
+    from topology.presets import cluster
+
+    spec = cluster(num_nodes=1, ranks_per_node=4, intra_gbps=1e8, intra_latency_us=0.0,
+                   inter_gbps=1e8, inter_latency_us=0.0, tile_tflops=1.0,
+                   tile_memory_gbps=1e8)
+    pieces = (3e-3, 0.0, 0.0, 1e-3)
+    spaced = LoadedPoint("world", 2048, 2, 12, 12 * 2048, 0.0, 0.0, 2, spaced=True)
+    ahead = dataclasses.replace(spaced, calls=3, messages=18, bytes=18 * 2048, ahead=True)
+
+    def loop_s(point: LoadedPoint, wake_cpu_us: float) -> float:
+        host = HostSpec(cores=4, call_cpu_us=1000.0, wake_cpu_us=wake_cpu_us)
+        topology = build_topology(dataclasses.replace(spec, name="ahead", host=host))
+        return predict_loop_s(topology, point, 4e-3, 1, 4, None, pieces)
+
+    assert loop_s(spaced, 0.0) == pytest.approx(6e-3, rel=1e-6)
+    assert loop_s(ahead, 0.0) == pytest.approx(7e-3, rel=1e-6)
+    assert loop_s(ahead, 1000.0) == pytest.approx(6e-3, rel=1e-6)
+
+
+def test_the_wake_up_is_what_a_call_started_ahead_saves_of_its_price() -> None:
+    # A world call of 4 ranks (6 messages) priced 500 + 6 x 50 us. The ahead loop makes
+    # the spaced loop's 5 calls and starts 4 more; what those 4 cost below their price is
+    # the wake-up, at most the call's own 500 us, at least 0.
+    from cocodiff.calibration.loaded import CallCpuFit, wake_cpu_from_loops
+
+    fit = CallCpuFit(500.0, 50.0, None, 0.0, 0.0, (), 0.0)
+    price_s = 800e-6
+    spaced = LoadedPoint("world", 2048, 5, 30, 30 * 2048, 5 * price_s, 0.0, 5, spaced=True)
+
+    def ahead(started_cpu_s: float) -> LoadedPoint:
+        return dataclasses.replace(spaced, calls=9, messages=54, bytes=54 * 2048,
+                                   cpu_s=spaced.cpu_s + 4 * started_cpu_s, ahead=True)
+
+    assert wake_cpu_from_loops([spaced, ahead(price_s - 200e-6)], fit) == pytest.approx(200.0)
+    assert wake_cpu_from_loops([spaced, ahead(0.0)], fit) == 500.0
+    assert wake_cpu_from_loops([spaced, ahead(price_s + 100e-6)], fit) == 0.0
+    assert wake_cpu_from_loops([spaced], fit) == 0.0
 
 
 def test_model_work_makes_the_calls_at_each_of_the_forwards_exchanges() -> None:
@@ -306,19 +392,19 @@ def test_call_wait_is_what_the_loops_leave_once_the_cpu_is_charged() -> None:
                 for p in fit.points]
     loaded = dataclasses.replace(fit, points=tuple(measured))
     fresh = _calibration(HostMeasurement(2.0, None, cpu, loaded))
-    assert Loops.of(fresh).fitted_call_wait_us() == pytest.approx(700.0, abs=2.0)
+    assert Loops.of(fresh).fitted_waits_us() == (pytest.approx(700.0, abs=2.0), 0.0)
     assert waited.topology().host.call_wait_us == 700.0
     unwaited = [dataclasses.replace(p, wall_s=p.wall_s / 2) for p in measured]
     fast = _calibration(HostMeasurement(2.0, None, cpu, dataclasses.replace(
         fit, points=tuple(unwaited))))
-    assert Loops.of(fast).fitted_call_wait_us() == 0.0
+    assert Loops.of(fast).fitted_waits_us() == (0.0, 0.0)
     # As many cores as ranks: no call of the loops completes on busy cores, so no wait
     # moves them; loops slower than simulated then measure something else, not a wait
     # (the fit used to return its 20 ms cap, charged to every step's call that did).
     roomy = _calibration(HostMeasurement(4.0, None, cpu, dataclasses.replace(
         fit, points=tuple(dataclasses.replace(p, wall_s=2 * p.wall_s) for p in measured))))
     assert Loops.of(roomy).simulated_s(0.0) == Loops.of(roomy).simulated_s(20_000.0)
-    assert Loops.of(roomy).fitted_call_wait_us() == 0.0
+    assert Loops.of(roomy).fitted_waits_us() == (0.0, 0.0)
 
 
 def test_simulate_and_plan_say_what_a_call_costs_on_the_host() -> None:
@@ -333,6 +419,12 @@ def test_simulate_and_plan_say_what_a_call_costs_on_the_host() -> None:
     note = host_call_note(spec)
     assert note is not None and "408 us of CPU + 58 us per message" in note
     assert "652 us of waiting" in note and "each TAPA phase and chunk is a call" in note
+    assert "straight after another 0 us" in note and "less for a call done" not in note
+    waking = dataclasses.replace(spec, host=dataclasses.replace(
+        spec.host, follow_wait_us=120.0, wake_cpu_us=300.0))
+    note = host_call_note(waking)
+    assert note is not None and "408 us of CPU (300 us less for a call done before" in note
+    assert "straight after another 120 us" in note
 
 
 def test_calibrate_warns_when_the_machines_speed_moved_during_it() -> None:

@@ -382,6 +382,11 @@ def test_diffusers_is_simulated_with_its_own_call_price_where_calibrate_measured
     assert topology_of("diffusers", unpriced) is unpriced
     bare = build_topology(get_preset("cluster"))
     assert topology_of("diffusers", bare) is bare
+    # A wake-up above diffusers' cheaper call is no more than that call.
+    waking = dataclasses.replace(host, call_cpu_us=800.0, wake_cpu_us=700.0)
+    cheaper = topology_of("diffusers", build_topology(dataclasses.replace(
+        get_preset("cluster"), host=waking)))
+    assert (cheaper.spec.host.call_cpu_us, cheaper.spec.host.wake_cpu_us) == (650.0, 650.0)
 
 
 @pytest.mark.parametrize("num_steps", [2, 7])

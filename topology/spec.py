@@ -39,7 +39,7 @@ PHYSICAL_RANGE: dict[str, tuple[float, float, str, str]] = {
 
 HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "call_cpu_us", "message_cpu_us",
                "copy_gbps", "busy_poll", "call_wait_us", "codec_cpu_us", "phase_cpu_us",
-               "diffusers_call_cpu_us")
+               "diffusers_call_cpu_us", "follow_wait_us", "wake_cpu_us")
 
 
 def exchange_cpu_s(calls: int, num_messages: int, num_bytes: float, *, call_cpu_us: float,
@@ -82,6 +82,17 @@ class HostSpec:
         call_wait_us: wall time a call waits, spending no CPU, when its data arrives
             while every core of its host is taken: on shared cores the members of a call
             are time-sliced, and a call completes only once each has been scheduled again.
+        follow_wait_us: wall time a call made the moment the rank's previous call
+            finished (flat's K and V after Q) waits, busy cores or not, when its rank is
+            blocked on it: its members were just woken by the call before, but the rank
+            still sleeps in this one and is handed it back by the transport's thread
+            (calibrate's loops with and without such calls;
+            ``cocodiff.calibration.result.Loops.fitted_waits_us``).
+        wake_cpu_us: the part of ``call_cpu_us`` spent only when the rank is blocked on the
+            call as its data arrives (putting the rank to sleep and waking it): a call
+            started ahead and done by the time its rank waits for it (V-First's V) does
+            not spend it (calibrate's loops with calls started one piece of compute
+            ahead; ``cocodiff.calibration.loaded.wake_cpu_from_loops``).
         codec_cpu_us: CPU time of V-Major's codec per message of a selective phase, at
             each end: the sender choosing and packing the blocks that changed most, the
             receiver unpacking them into its copy (``cocodiff.runtime.vmajor``).
@@ -107,6 +118,8 @@ class HostSpec:
     codec_cpu_us: float = 0.0
     phase_cpu_us: float = 0.0
     diffusers_call_cpu_us: float | None = None
+    follow_wait_us: float = 0.0
+    wake_cpu_us: float = 0.0
 
     def host_of(self, rank: int) -> int:
         """The host of global ``rank``."""
@@ -122,7 +135,7 @@ class HostSpec:
     def charges_exchanges(self) -> bool:
         """Whether an exchange costs anything on the host (its cores, or a call's wait)."""
         return (self.call_cpu_us > 0 or self.message_cpu_us > 0 or self.copy_gbps is not None
-                or self.call_wait_us > 0)
+                or self.call_wait_us > 0 or self.follow_wait_us > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +418,14 @@ def _check_host(host: object, where) -> None:
     _check_number(host.message_cpu_us, "CPU time per message", "us",
                   where("host.message_cpu_us"))
     _check_number(host.call_wait_us, "wait per exchange call", "us", where("host.call_wait_us"))
+    _check_number(host.follow_wait_us, "wait per exchange call made straight after another",
+                  "us", where("host.follow_wait_us"))
+    _check_number(host.wake_cpu_us, "CPU time per exchange call its rank is woken from",
+                  "us", where("host.wake_cpu_us"))
+    if host.wake_cpu_us > host.call_cpu_us:
+        raise TopologyError(f"wake_cpu_us {host.wake_cpu_us} us exceeds call_cpu_us "
+                            f"{host.call_cpu_us} us, of which it is a part, in "
+                            f"{where('host.wake_cpu_us')}")
     _check_number(host.codec_cpu_us, "V-Major codec CPU time per message", "us",
                   where("host.codec_cpu_us"))
     _check_number(host.phase_cpu_us, "TAPA phase routing CPU time", "us",

@@ -62,6 +62,8 @@ A file describes one node and how many of them there are; every node is identica
     compute_core_demand = 1.0  # cores a rank's compute occupies: 1 CPU ranks, 0 accelerators
     call_cpu_us = 300.0        # CPU per exchange call (each TAPA phase is one; default 0)
     call_wait_us = 500.0       # a call done while every core is busy waits this (no CPU; default 0)
+    follow_wait_us = 100.0     # a call made straight after another waits this (no CPU; default 0)
+    wake_cpu_us = 150.0        # of call_cpu_us, spent only waking a rank blocked on it (default 0)
     codec_cpu_us = 80.0        # CPU of V-Major's codec per selective message, each end (default 0)
     phase_cpu_us = 100.0       # CPU per TAPA phase beyond its call's price (default 0)
     diffusers_call_cpu_us = 450.0  # CPU per call of diffusers' baseline (default: call_cpu_us)
@@ -251,6 +253,10 @@ def _host_lines(host: HostSpec) -> list[str]:
         lines.append(f"call_cpu_us = {_toml_float(host.call_cpu_us)}")
     if host.call_wait_us:
         lines.append(f"call_wait_us = {_toml_float(host.call_wait_us)}")
+    if host.follow_wait_us:
+        lines.append(f"follow_wait_us = {_toml_float(host.follow_wait_us)}")
+    if host.wake_cpu_us:
+        lines.append(f"wake_cpu_us = {_toml_float(host.wake_cpu_us)}")
     if host.codec_cpu_us:
         lines.append(f"codec_cpu_us = {_toml_float(host.codec_cpu_us)}")
     if host.phase_cpu_us:
@@ -469,6 +475,8 @@ class _Loader:
                                             base.compute_core_demand),
             call_cpu_us=self.number(table, "host", "call_cpu_us", base.call_cpu_us),
             call_wait_us=self.number(table, "host", "call_wait_us", base.call_wait_us),
+            follow_wait_us=self.number(table, "host", "follow_wait_us", base.follow_wait_us),
+            wake_cpu_us=self.number(table, "host", "wake_cpu_us", base.wake_cpu_us),
             codec_cpu_us=self.number(table, "host", "codec_cpu_us", base.codec_cpu_us),
             phase_cpu_us=self.number(table, "host", "phase_cpu_us", base.phase_cpu_us),
             diffusers_call_cpu_us=diffusers_call,

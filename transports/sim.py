@@ -566,11 +566,14 @@ def _messages(bytes_per_member: Sequence[int], me: int) -> tuple[int, int]:
 @dataclass(frozen=True, slots=True)
 class _ExchangeCpu:
     """One rank's CPU for one exchange call (core-seconds), split where it falls: before
-    the first byte leaves, while the bytes are on the wire, after the last arrives."""
+    the first byte leaves, while the bytes are on the wire, after the last arrives; and
+    the wake-up (``[host] wake_cpu_us``), after the last arrives too, spent only when the
+    rank is blocked on the call then."""
 
     before_s: float
     during_s: float
     after_s: float
+    wake_s: float = 0.0
 
     @staticmethod
     def of(host: HostSpec, sent: tuple[int, int], received: tuple[int, int],
@@ -585,7 +588,8 @@ class _ExchangeCpu:
         before = routing_s + host.exchange_cpu_s(min(sent[0], 1), sent[1] / max(sent[0], 1),
                                                  calls=1)
         after = host.exchange_cpu_s(min(received[0], 1), received[1] / max(received[0], 1))
-        return _ExchangeCpu(before, max(0.0, total - before - after), after)
+        wake = min(host.wake_cpu_us * 1e-6, before)  # a part of the call's own price
+        return _ExchangeCpu(before - wake, max(0.0, total - before - after), after, wake)
 
 
 def blocked_at_once() -> bool:
@@ -718,9 +722,11 @@ class SimTransport:
         leaves; the other messages' sending and receiving while the bytes are on the wire
         (the exchange ends when both are done); the last message's receiving after the
         bytes arrived. Before that last part, when the host's cores are all taken as the
-        data arrives and the rank is blocked on the call (its handle's ``awaited()``), the call
-        waits for the rank to be scheduled again, unless it was made the moment the
-        rank's previous call finished (``follows_call``)."""
+        data arrives and the rank is blocked on the call (its handle's ``awaited()``), the
+        call waits for the rank to be scheduled again (``[host] call_wait_us``). A call made the
+        moment the rank's previous call finished (``follows_call``) waits
+        ``follow_wait_us`` whenever its rank is blocked on it, busy cores or not. Only a
+        call its rank is blocked on spends the wake-up's CPU (``cpu.wake_s``)."""
         host = self.simulation.host
         env = self.simulation.env
         yield self.simulation.cpu_task(self._rank, cpu.before_s)
@@ -729,16 +735,24 @@ class SimTransport:
             yield env.all_of([wire, self.simulation.cpu_task(self._rank, cpu.during_s)])
         else:
             yield wire
-        if (host is not None and host.call_wait_us > 0 and not follows_call
-                and made[0].awaited() and self.simulation.host_busy(self._rank)):
+        blocked = made[0].awaited()  # is its rank asleep in the call as its data arrives?
+        if (host is not None and host.call_wait_us > 0 and not follows_call and blocked
+                and self.simulation.host_busy(self._rank)):
             # Its data arrived while every core of the host was taken: the rank waits to be
-            # scheduled again before it can finish the call (no CPU spent). A call made
-            # straight after another (TAPA's second phase) does not: its members have
-            # just been woken by the call before. Calibrate's loops of TAPA's two phases,
-            # 4 ranks on 2 cores, took as long as the world's one call, and were simulated
-            # 27-58% slow when each phase waited (docs/changelog.md, 2026-11-25, night).
+            # scheduled again before it can finish the call (no CPU spent).
             yield env.timeout(host.call_wait_us * 1e-6)
-        yield self.simulation.cpu_task(self._rank, cpu.after_s)
+        elif host is not None and host.follow_wait_us > 0 and follows_call and blocked:
+            # A call made straight after another (flat's K and V after Q, TAPA's second
+            # phase) finds its members just woken by the call before: it does not wait for
+            # the cores its peers compute on (calibrate's loops of TAPA's two phases, 4
+            # ranks on 2 cores, were simulated 27-58% slow when each phase waited that:
+            # docs/changelog.md, 2026-11-25, night). Its rank still sleeps in it and is
+            # woken when the data is in: under gloo a hand-off from the transport's thread,
+            # fitted as a wait of its own on calibrate's loops with and without such calls
+            # (result.Loops.fitted_waits_us), whatever the simulated cores are doing. A
+            # call started ahead (V-First's V) has no one to wake.
+            yield env.timeout(host.follow_wait_us * 1e-6)
+        yield self.simulation.cpu_task(self._rank, cpu.after_s + (cpu.wake_s if blocked else 0.0))
         self._last_call_done_s = env.now
 
     def barrier(self) -> None:

@@ -64,11 +64,19 @@ class CallShape:
         groups: per call, the group this rank exchanges over (transport groups).
         via: who makes each call: ``transport`` (the runtime's ``all_to_all``) or
             ``diffusers`` (its Ulysses attention's exchange, torch.distributed only).
+        spaced: the calls are made only at the places the step's plan computes before
+            (:attr:`LoopWork.after_compute`), none straight after another.
+        ahead: (spaced too) at each place but the last one more call over the first
+            group is started after the shape's calls and waited for after the next
+            place's, as V-First starts V's exchange, computes and makes Q's before it
+            waits for V's: a call its rank is not blocked on as it completes.
     """
 
     name: str
     groups: tuple[Any, ...]
     via: str = "transport"
+    spaced: bool = False
+    ahead: bool = False
 
     def messages(self) -> int:
         """Messages this rank sends and receives per iteration (one per other member and
@@ -90,6 +98,10 @@ class LoadedPoint:
         wall_s: wall time per iteration, compute included (the slowest rank).
         pieces: places per iteration where the shape's calls are made, the compute cut
             in as many pieces before them (the forward's exchanges; 1 for a burst).
+        spaced: calls only at the places the step's plan computes before
+            (:attr:`CallShape.spaced`; ``pieces`` counts those).
+        ahead: a call started at each place but the last, waited for at the next
+            (:attr:`CallShape.ahead`; ``calls`` and ``messages`` count them too).
     """
 
     shape: str
@@ -100,11 +112,14 @@ class LoadedPoint:
     cpu_s: float
     wall_s: float
     pieces: int = 1
+    spaced: bool = False
+    ahead: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"shape": self.shape, "bytes_per_peer": self.bytes_per_peer, "calls": self.calls,
                 "messages": self.messages, "bytes": self.bytes, "cpu_s": self.cpu_s,
-                "wall_s": self.wall_s, "pieces": self.pieces}
+                "wall_s": self.wall_s, "pieces": self.pieces, "spaced": self.spaced,
+                "ahead": self.ahead}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +141,22 @@ class LoopWork:
     source: str
     piece_cpu_s: tuple[float, ...] = ()
 
+    @property
+    def after_compute(self) -> tuple[bool, ...]:
+        """Per place, whether the plan computes before it (every place without pieces)."""
+        return tuple(cpu > 0 for cpu in self.piece_cpu_s) or (True,) * self.pieces
+
+    def spaced_run(self, calls: Callable[[], None]) -> None:
+        """One iteration making ``calls`` only at the places the plan computes before."""
+        flags, place = self.after_compute, [0]
+
+        def at_place() -> None:
+            if flags[place[0] % len(flags)]:
+                calls()
+            place[0] += 1
+
+        self.run(at_place)
+
 
 @dataclass(frozen=True, slots=True)
 class CallCpuFit:
@@ -146,6 +177,8 @@ class CallCpuFit:
         diffusers_points: the world loops with diffusers' call (not fitted).
         piece_cpu_s: the compute's CPU before each place of the calls
             (:attr:`LoopWork.piece_cpu_s`); empty: equal pieces.
+        wake_cpu_us: the part of a call's CPU a call started ahead does not spend
+            (:func:`wake_cpu_from_loops`); 0: not measured.
     """
 
     call_cpu_us: float
@@ -159,6 +192,7 @@ class CallCpuFit:
     diffusers_call_cpu_us: float | None = None
     diffusers_points: tuple[LoadedPoint, ...] = ()
     piece_cpu_s: tuple[float, ...] = ()
+    wake_cpu_us: float = 0.0
 
     def cpu_s(self, calls: int, messages: int, num_bytes: float) -> float:
         """CPU seconds of ``calls`` calls moving ``messages`` messages of ``num_bytes``."""
@@ -173,7 +207,7 @@ class CallCpuFit:
                 "points": [p.to_json() for p in self.points],
                 "diffusers_call_cpu_us": self.diffusers_call_cpu_us,
                 "diffusers_points": [p.to_json() for p in self.diffusers_points],
-                "piece_cpu_s": list(self.piece_cpu_s)}
+                "piece_cpu_s": list(self.piece_cpu_s), "wake_cpu_us": self.wake_cpu_us}
 
 
 def shape_groups(name: str, num_nodes: int, per_node: int) -> list[list[tuple[int, ...]]]:
@@ -253,6 +287,8 @@ def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: 
     # short and the call wait fitted to make up for it).
     seconds_per_tflop = compute_seconds(Cost(1e12, 0.0), topology.spec)
     flops = burst_cpu_s / seconds_per_tflop * 1e12
+    if point.spaced:  # its calls only where compute comes before: the other pieces' CPU
+        piece_cpu_s = [cpu for cpu in piece_cpu_s if cpu > 0]
     shares = ([cpu / sum(piece_cpu_s) for cpu in piece_cpu_s]
               if len(piece_cpu_s) == point.pieces and sum(piece_cpu_s) > 0
               else [1.0 / point.pieces] * point.pieces)
@@ -266,9 +302,22 @@ def predict_loop_s(topology, point: LoadedPoint, burst_cpu_s: float, num_nodes: 
             tensor = tensors[call % len(tensors)]
             steps += [Exchange(tensor, group, splits, splits, ROW_BYTES, "scatter_heads"),
                       Wait(tensor)]
+        layers = [list(steps) for _ in shares]
+        if point.ahead:  # at each place but the last, V started after the shape's calls,
+            # waited for after the next place's (loaded._AtPlace)
+            group = next(g for g in shape_groups(point.shape, num_nodes, per_node)[0]
+                         if rank in g)
+            splits = tuple(0 if member == rank else rows for member in group)
+            for place, layer_steps in enumerate(layers):
+                if place > 0:
+                    layer_steps.append(Wait(f"v{place - 1}"))
+                if place < len(layers) - 1:
+                    layer_steps.append(Exchange(f"v{place}", group, splits, splits, ROW_BYTES,
+                                                "scatter_heads"))
         pieces = tuple(
             LayerPlan((Compute("mlp", Cost(flops * share, 0.0)),) if share > 0 else (),
-                      tuple(steps), ()) for share in shares)
+                      tuple(layer_steps), ()) for share, layer_steps in zip(shares, layers,
+                                                                           strict=True))
         programs.append(RankProgram(rank, pieces))
     plan = Plan("flat", "calibration-loop", HeadSplit(world, world, (1,) * world, 8),
                 tuple(programs), shift_period=None)
@@ -400,46 +449,77 @@ def measure_loaded(transport, shapes_of_calls: Sequence[CallShape], sizes_bytes:
     """
     import torch
 
-    loops: list[tuple[str, int, CallShape | None]] = [("burst", 0, None)] + [
-        (shape.name, n, shape) for shape, n in itertools.product(shapes_of_calls, sizes_bytes)]
-    samples: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    loops: list[tuple[int, CallShape | None]] = [(0, None)] + [
+        (n, shape) for shape, n in itertools.product(shapes_of_calls, sizes_bytes)]
+    samples: list[list[tuple[float, float]]] = [[] for _ in loops]
     for _ in range(rounds):
         round_values: list[float] = []
-        for _name, num_bytes, shape in loops:
+        for num_bytes, shape in loops:
             calls = [] if shape is None else [_call(transport, g, num_bytes, torch, shape.via)
                                               for g in shape.groups]
+            make_calls = _AtPlace(calls, sum(work.after_compute),
+                                  _start(transport, shape.groups[0], num_bytes, torch)
+                                  if shape is not None and shape.ahead else None)
 
-            def make_calls(calls=calls) -> None:
-                for call in calls:
-                    call()
-
+            run = work.spaced_run if shape is not None and shape.spaced else work.run
             make_calls()  # warm-up: connections and buffers
+            make_calls.settle()
             transport.barrier()
             cpu_began, began = time.process_time(), time.perf_counter()
             for _ in range(iterations):
-                work.run(make_calls)
+                run(make_calls)
             wall_s = time.perf_counter() - began
             cpu_s = time.process_time() - cpu_began
             round_values += [cpu_s / iterations, wall_s / iterations]
         transport.barrier()
         rows = gather_floats(transport, round_values)
-        for index, (name, num_bytes, _shape) in enumerate(loops):
+        for index in range(len(loops)):
             cpus = [row[2 * index] for row in rows]
             walls = [row[2 * index + 1] for row in rows]
-            samples.setdefault((name, num_bytes), []).append(
-                (statistics.mean(cpus), max(walls)))
-    burst_cpu = statistics.median(c for c, _ in samples[("burst", 0)])
-    burst_wall = statistics.median(w for _, w in samples[("burst", 0)])
+            samples[index].append((statistics.mean(cpus), max(walls)))
+    burst_cpu = statistics.median(c for c, _ in samples[0])
+    burst_wall = statistics.median(w for _, w in samples[0])
     points = []
-    for _name, num_bytes, shape in loops[1:]:
+    for (num_bytes, shape), values in zip(loops[1:], samples[1:], strict=True):
         assert shape is not None
-        values = samples[(shape.name, num_bytes)]
-        messages = work.pieces * shape.messages()
+        places = sum(work.after_compute) if shape.spaced else work.pieces
+        started = places - 1 if shape.ahead else 0  # the calls started ahead
+        messages = places * shape.messages() + started * 2 * (shape.groups[0].size - 1)
         points.append(LoadedPoint(
-            shape.name, num_bytes, work.pieces * len(shape.groups), messages,
+            shape.name, num_bytes, places * len(shape.groups) + started, messages,
             messages * num_bytes, max(0.0, statistics.median(c for c, _ in values) - burst_cpu),
-            statistics.median(w for _, w in values), work.pieces))
+            statistics.median(w for _, w in values), places, shape.spaced, shape.ahead))
     return burst_cpu, burst_wall, points
+
+
+class _AtPlace:
+    """What a loop does at each place of its calls: the calls, one after the other; with
+    ``start_ahead``, then waits for the call it started at the place before and starts
+    one more (but at the last of an iteration's ``places``), as V-First starts V's
+    exchange, computes, makes Q's and waits for V's: a call its rank is not blocked on
+    as it completes."""
+
+    def __init__(self, calls: Sequence[Callable[[], None]], places: int,
+                 start_ahead: Callable[[], Any] | None) -> None:
+        self.calls, self.places, self.start_ahead = calls, places, start_ahead
+        self.place, self.pending = 0, None
+
+    def __call__(self) -> None:
+        for call in self.calls:
+            call()
+        if self.start_ahead is None:
+            return
+        if self.pending is not None:
+            self.pending.wait()
+        last = self.place % self.places == self.places - 1
+        self.pending = None if last else self.start_ahead()
+        self.place += 1
+
+    def settle(self) -> None:
+        """Waits for a call still started ahead; the next call is an iteration's first."""
+        if self.pending is not None:
+            self.pending.wait()
+        self.place, self.pending = 0, None
 
 
 def _call(transport, group, num_bytes: int, torch, via: str = "transport"
@@ -455,10 +535,18 @@ def _call(transport, group, num_bytes: int, torch, via: str = "transport"
         blocks = torch.empty((group.size * rows, ROW_BYTES), dtype=torch.uint8)
         process_group = group.handle if group.handle is not None else dist.group.WORLD
         return lambda: _all_to_all_single(blocks, process_group)
+    start = _start(transport, group, num_bytes, torch)
+    return lambda: start().wait()
+
+
+def _start(transport, group, num_bytes: int, torch) -> Callable[[], Any]:
+    """Starts one transport all-to-all over ``group`` sending ``num_bytes`` to every other
+    member; returns its handle."""
+    rows = max(1, num_bytes // ROW_BYTES)
     me = group.group_rank(transport.rank)
     splits = [0 if member == me else rows for member in range(group.size)]
     send = torch.empty((sum(splits), ROW_BYTES), dtype=torch.uint8)
-    return lambda: transport.all_to_all(send, splits, splits, group).wait()
+    return lambda: transport.all_to_all(send, splits, splits, group)
 
 
 BUSY_POLL_NOTE = ("CPU not priced: waits spin, the spinning is the calls' cost; the loops are "
@@ -489,6 +577,34 @@ def diffusers_call_cpu_us(points: Sequence[LoadedPoint], call_cpu_us: float) -> 
     return max(0.0, call_cpu_us + statistics.median(extra_us))
 
 
+def wake_cpu_from_loops(points: Sequence[LoadedPoint], fit: CallCpuFit) -> float:
+    """The part of ``fit``'s call price (``call_cpu_us``) that a call started ahead and
+    done before its rank waits for it does not spend: its price less what the ``ahead``
+    loop costs beyond the spaced loop of the same size (the same compute, places and
+    blocking calls, and a call started at each place but the last, waited for at the
+    next), the median over sizes, between 0 and ``call_cpu_us``. A blocking call puts its
+    rank to sleep and the transport's thread wakes it; a call done before its rank waits
+    for it does neither (``bench/call_ahead.py`` times flat's calls and V-First's one by
+    one: under gloo V started ahead costs less CPU than made after K's and does not
+    wait, and the simulator, which charged both the same, predicted V-First's 5-9% gain
+    over flat as a 1% loss). 0 without such a pair of loops."""
+    spaced = {p.bytes_per_peer: p for p in points if p.spaced and not p.ahead
+              and p.shape == "world"}
+    saved_us = []
+    for point in points:
+        blocking = spaced.get(point.bytes_per_peer)
+        started = point.calls - blocking.calls if blocking is not None else 0
+        if not point.ahead or started <= 0:
+            continue
+        cpu_us = (point.cpu_s - blocking.cpu_s) / started * 1e6
+        price_us = fit.cpu_s(1, (point.messages - blocking.messages) // started,
+                             (point.bytes - blocking.bytes) / started) * 1e6
+        saved_us.append(price_us - cpu_us)
+    if not saved_us:
+        return 0.0
+    return min(fit.call_cpu_us, max(0.0, statistics.median(saved_us)))
+
+
 def fit_call_cpu(points: Sequence[LoadedPoint], copy_gbps: float | None,
                  burst_cpu_s: float = 0.0, burst_wall_s: float = 0.0,
                  compute: str = "", piece_cpu_s: tuple[float, ...] = ()) -> CallCpuFit:
@@ -508,7 +624,8 @@ def fit_call_cpu(points: Sequence[LoadedPoint], copy_gbps: float | None,
     def beyond_bytes(point: LoadedPoint) -> float:
         return point.cpu_s - (0.0 if copy_gbps is None else point.bytes / (copy_gbps * 1e9))
 
-    usable = [p for p in points if beyond_bytes(p) > 0]
+    # A loop with calls started ahead spends less than their price (wake_cpu_us): not fitted.
+    usable = [p for p in points if not p.ahead and beyond_bytes(p) > 0]
     if len(usable) < 2:
         raise CalibrationError(f"need at least two loaded exchange loops that cost CPU, got "
                                f"{len(usable)}")

@@ -37,6 +37,7 @@ from cocodiff.calibration.loaded import (
     measure_loaded,
     model_work,
     unpriced_loops,
+    wake_cpu_from_loops,
 )
 from cocodiff.calibration.model_shapes import LayerShapes, layer_shapes
 from cocodiff.calibration.options import (
@@ -238,6 +239,16 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
     else:
         work = compute_burst(transport, shapes, options.dtype, _compute_per_exchange_s(compute))
     shapes_of_calls = call_shapes(transport, node_of)
+    if not all(work.after_compute):
+        # The world's calls only where the step's plan computes first: the wait of a call
+        # made after compute apart from that of one made straight after another
+        # (result.Loops.fitted_waits_us).
+        shapes_of_calls.append(CallShape("world", (transport.world,), spaced=True))
+        # And with a call started before each and waited for after it, as V-First
+        # makes V's: what a call its rank is not blocked on saves of its CPU
+        # (loaded.wake_cpu_from_loops).
+        shapes_of_calls.append(CallShape("world", (transport.world,), spaced=True,
+                                         ahead=True))
     if transport.name == "torch":  # the diffusers baseline runs over torch.distributed only
         shapes_of_calls.append(CallShape(DIFFUSERS_WORLD, (transport.world,), via="diffusers"))
     burst_cpu, burst_wall, points = measure_loaded(
@@ -258,7 +269,8 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
         return None, f"not fitted: {exc}"
     return dataclasses.replace(
         fit, diffusers_call_cpu_us=diffusers_call_cpu_us(points, fit.call_cpu_us),
-        diffusers_points=tuple(p for p in points if p.shape == DIFFUSERS_WORLD)), ""
+        diffusers_points=tuple(p for p in points if p.shape == DIFFUSERS_WORLD),
+        wake_cpu_us=wake_cpu_from_loops(ours, fit)), ""
 
 
 # The reference work: this many products of two 128 x 128 float32 matrices (a few ms).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,8 @@ class HostMeasurement:
         loaded_note: why ``loaded`` is None, or what it leaves out (a busy-polling
             transport's loops: timed, not priced).
         call_wait_us: the wall time a call waits to be scheduled when it completes on a
-            busy host (:meth:`Loops.fitted_call_wait_us`, from the same loops).
+            busy host (:meth:`Loops.fitted_waits_us`, from the same loops).
+        follow_wait_us: the same for a call made straight after the rank's previous one.
         codec_cpu_us: CPU of V-Major's codec per selective message at one end
             (:mod:`cocodiff.calibration.codec`).
         phase_cpu_us: CPU per TAPA phase posting beyond its call's price: the routing
@@ -56,6 +58,7 @@ class HostMeasurement:
     codec_cpu_us: float = 0.0
     phase_cpu_us: float = 0.0
     compute_core_demand: float = 1.0
+    follow_wait_us: float = 0.0
 
     def spec(self):
         """The ``[host]`` of the topology: its ranks' compute (on a core or on their
@@ -67,13 +70,14 @@ class HostMeasurement:
         mine = {"cores": self.cores, "ranks_per_host": self.ranks_per_host,
                 "codec_cpu_us": self.codec_cpu_us, "phase_cpu_us": self.phase_cpu_us,
                 "compute_core_demand": self.compute_core_demand}
-        if cpu is None or cpu.busy_poll:  # the wait per call: fitted on the loops, if timed
-            return HostSpec(**mine, busy_poll=cpu is not None, call_wait_us=self.call_wait_us)
+        waits = {"call_wait_us": self.call_wait_us, "follow_wait_us": self.follow_wait_us}
+        if cpu is None or cpu.busy_poll:  # the waits per call: fitted on the loops, if timed
+            return HostSpec(**mine, busy_poll=cpu is not None, **waits)
         if self.loaded is not None:
             return HostSpec(**mine, call_cpu_us=self.loaded.call_cpu_us,
                             message_cpu_us=self.loaded.message_cpu_us, copy_gbps=cpu.copy_gbps,
-                            call_wait_us=self.call_wait_us,
-                            diffusers_call_cpu_us=self.loaded.diffusers_call_cpu_us)
+                            diffusers_call_cpu_us=self.loaded.diffusers_call_cpu_us,
+                            wake_cpu_us=self.loaded.wake_cpu_us, **waits)
         return HostSpec(**mine, message_cpu_us=cpu.message_cpu_us, copy_gbps=cpu.copy_gbps)
 
     def to_json(self) -> dict[str, Any]:
@@ -81,7 +85,8 @@ class HostMeasurement:
                 "cpu": None if self.cpu is None else self.cpu.to_json(),
                 "loaded": (self.loaded.to_json() if self.loaded is not None
                            else {}) | ({"note": self.loaded_note} if self.loaded_note else {}),
-                "call_wait_us": self.call_wait_us, "codec_cpu_us": self.codec_cpu_us,
+                "call_wait_us": self.call_wait_us, "follow_wait_us": self.follow_wait_us,
+                "codec_cpu_us": self.codec_cpu_us,
                 "phase_cpu_us": self.phase_cpu_us,
                 "compute_core_demand": self.compute_core_demand}
 
@@ -326,7 +331,8 @@ def _alone_topology(result: Calibration):
 
     spec = result.topology()
     if spec.host is not None:
-        spec = dataclasses.replace(spec, host=dataclasses.replace(spec.host, call_wait_us=0.0))
+        spec = dataclasses.replace(spec, host=dataclasses.replace(
+            spec.host, call_wait_us=0.0, follow_wait_us=0.0))
 
     def topology_for(num_nodes: int):
         return build_topology(dataclasses.replace(spec, num_nodes=num_nodes))
@@ -356,7 +362,7 @@ def pattern_label(row: dict[str, Any]) -> str:
     return f"{row['pattern']} as a step issues it, {row['bytes_per_rank'] // 1024} KiB per rank"
 
 
-# The longest wait per call Loops.fitted_call_wait_us considers (a scheduler's slice is a few ms).
+# The longest wait per call Loops.fitted_waits_us considers (a scheduler's slice is a few ms).
 MAX_CALL_WAIT_US = 20_000.0
 
 
@@ -387,38 +393,63 @@ class Loops:
                      CollectiveModel.from_json(result.collective) if result.collective
                      else None, host.loaded.piece_cpu_s)
 
-    def simulated_s(self, call_wait_us: float | None = None) -> list[float]:
-        """Each loop's simulated time per iteration (with ``call_wait_us`` in place of the
-        spec's)."""
+    def simulated_s(self, call_wait_us: float | None = None,
+                    follow_wait_us: float | None = None,
+                    points: tuple[LoadedPoint, ...] | None = None) -> list[float]:
+        """Each loop's simulated time per iteration (of ``points``, default all; with the
+        waits given in place of the spec's)."""
         from topology import build_topology
 
-        spec = self.spec
+        host = self.spec.host
         if call_wait_us is not None:
-            spec = dataclasses.replace(spec, host=dataclasses.replace(
-                spec.host, call_wait_us=call_wait_us))
-        topology = build_topology(spec)
+            host = dataclasses.replace(host, call_wait_us=call_wait_us)
+        if follow_wait_us is not None:
+            host = dataclasses.replace(host, follow_wait_us=follow_wait_us)
+        topology = build_topology(dataclasses.replace(self.spec, host=host))
         return [predict_loop_s(topology, point, self.burst_cpu_s, self.num_nodes,
                                self.ranks_per_node, self.collective, self.piece_cpu_s)
-                for point in self.points]
+                for point in (self.points if points is None else points)]
 
-    def fitted_call_wait_us(self) -> float:
-        """The wait per call (``[host] call_wait_us``) that makes the simulator's time of
-        the loops right in the median: what is left of their wall time once every rank's
-        CPU and the wires are charged, because on shared cores a call's members are
-        time-sliced and a call that completes while every core is taken waits to be
-        scheduled. The loops are microbenchmarks (compute and exchange calls), never a
-        step. 0 when the simulator is already at or above the loops' median; found by
-        bisection (the loops' simulated times grow with the wait). Where no wait up to
-        :data:`MAX_CALL_WAIT_US` meets the loops, the cap if the wait moves them at all;
-        0 if it does not (no call of theirs completes on busy cores, e.g. as many ranks
-        as cores: the loops cannot measure a wait, and a cap charged to every step's
-        call that does would be a guess: V-First predicted +61% on 2 ranks, 2 cores)."""
+    def fitted_waits_us(self) -> tuple[float, float]:
+        """``(call_wait_us, follow_wait_us)``: the waits that make the simulator's time of
+        the loops right in the median, what is left of their wall time once every rank's
+        CPU and the wires are charged (on shared cores a call's members are time-sliced,
+        and a call that completes while every core is taken waits to be scheduled). The
+        loops are microbenchmarks (compute and exchange calls), never a step.
+
+        Where calibrate ran spaced loops (calls only where the plan computes first), the
+        call wait is fitted on them, and the follow wait, of a call made straight after
+        another, on the other loops with that call wait (flat's K and V, or the pairs'
+        second call, follow the call before). Without spaced loops the follow wait is 0
+        and the call wait is fitted on every loop, as before 2026-11-29."""
+        spaced = tuple(point for point in self.points if point.spaced and not point.ahead)
+        others = tuple(point for point in self.points if not point.spaced)
+        if not spaced or not others:
+            return self._fitted_wait_us(lambda wait: self.simulated_s(wait, 0.0)), 0.0
+        call_wait = self._fitted_wait_us(
+            lambda wait: self.simulated_s(wait, 0.0, spaced), spaced)
+        follow_wait = self._fitted_wait_us(
+            lambda wait: self.simulated_s(call_wait, wait, others), others)
+        return call_wait, follow_wait
+
+    def _fitted_wait_us(self, simulated_s: Callable[[float], list[float]],
+                        points: tuple[LoadedPoint, ...] | None = None) -> float:
+        """The wait that ``simulated_s(wait)`` (the times of ``points``, default all)
+        needs to meet ``points`` in the median. 0 when the simulator is already at or
+        above the loops' median; found by bisection (the loops' simulated times grow with
+        the wait). Where no wait up to :data:`MAX_CALL_WAIT_US` meets the loops, the cap
+        if the wait moves them at all; 0 if it does not (no call of theirs completes on
+        busy cores, e.g. as many ranks as cores: the loops cannot measure a wait, and a
+        cap charged to every step's call that does would be a guess: V-First predicted
+        +61% on 2 ranks, 2 cores)."""
         import statistics
+
+        points = self.points if points is None else points
 
         def median_error(wait_us: float) -> float:
             return statistics.median(
                 simulated / point.wall_s - 1
-                for point, simulated in zip(self.points, self.simulated_s(wait_us), strict=True)
+                for point, simulated in zip(points, simulated_s(wait_us), strict=True)
                 if point.wall_s > 0)
 
         unwaited = median_error(0.0)
@@ -438,7 +469,8 @@ class Loops:
         reproduces the microbenchmarks it was fitted on (the CPU) and those it was not
         (the wall time of every rank computing and exchanging at once)."""
         return [{"shape": point.shape, "bytes_per_peer": point.bytes_per_peer,
-                 "measured_s": point.wall_s, "predicted_s": predicted,
+                 "spaced": point.spaced, "ahead": point.ahead, "measured_s": point.wall_s,
+                 "predicted_s": predicted,
                  "error": predicted / point.wall_s - 1 if point.wall_s > 0 else None}
                 for point, predicted in zip(self.points, self.simulated_s(), strict=True)]
 
@@ -520,16 +552,21 @@ def summary(result: Calibration, output: Path) -> str:
             lines.append(f"  exchanges under load (every rank computing and exchanging; "
                          f"{loaded.compute or 'a compute burst, then the calls'}): the "
                          f"spinning is their CPU; a call completing on busy cores waits "
-                         f"{host.call_wait_us:.0f} us more (the loops' median): written to "
-                         "[host]")
+                         f"{host.call_wait_us:.0f} us more, {host.follow_wait_us:.0f} us "
+                         "straight after another (the loops' median): written to [host]")
         elif loaded is not None:
             lines.append(
                 f"  exchanges under load (every rank computing and exchanging; "
                 f"{loaded.compute or 'a compute burst, then the calls'}): "
                 f"{loaded.call_cpu_us:.0f} us CPU per call + {loaded.message_cpu_us:.0f} us per "
                 f"message (max fit error {loaded.max_error:.0%}); a call completing on busy "
-                f"cores waits {host.call_wait_us:.0f} us more (the loops' median): written to "
-                "[host]")
+                f"cores waits {host.call_wait_us:.0f} us more, {host.follow_wait_us:.0f} us "
+                "straight after another (the loops' median): written to [host]")
+            if any(point.ahead for point in loaded.points):
+                lines.append(f"  a call started ahead, done before its rank waits for it, "
+                             f"spends {loaded.wake_cpu_us:.0f} us of that call price less "
+                             "(the loops with a call started ahead against those without; "
+                             "its rank is never put to sleep and woken): written to [host]")
             if loaded.diffusers_call_cpu_us is not None:
                 lines.append(f"  diffusers' exchange call under load: "
                              f"{loaded.diffusers_call_cpu_us:.0f} us CPU per call (the world "
@@ -555,7 +592,10 @@ def summary(result: Calibration, output: Path) -> str:
         model = CollectiveModel.from_json(result.collective)
         lines.append(f"  collective model fitted on these: {model.describe()}")
     for row in result.loops_check or ():
-        lines.append(f"  loop of compute + {row['shape']} calls, {row['bytes_per_peer'] // 1024} "
+        spaced = (" (only after compute, one more started ahead)" if row.get("ahead") else
+                  " (only after compute)" if row.get("spaced") else "")
+        lines.append(f"  loop of compute + {row['shape']} calls{spaced}, "
+                     f"{row['bytes_per_peer'] // 1024} "
                      f"KiB per peer: measured {row['measured_s'] * 1e3:.2f} ms, simulated "
                      f"{row['predicted_s'] * 1e3:.2f} ms ({row['error']:+.0%})")
     return "\n".join(lines)
@@ -572,7 +612,9 @@ def write_outputs(result: Calibration, options: CalibrateOptions) -> None:
     check_patterns(result)
     loops = Loops.of(result)
     if loops is not None:
-        result.host = dataclasses.replace(result.host, call_wait_us=loops.fitted_call_wait_us())
+        call_wait, follow_wait = loops.fitted_waits_us()
+        result.host = dataclasses.replace(result.host, call_wait_us=call_wait,
+                                          follow_wait_us=follow_wait)
         loops = Loops.of(result)  # with the wait just fitted
     result.loops_check = loops.check() if loops is not None else []
     verdict = judge_calibration(result)

@@ -52,11 +52,14 @@ def host_call_note(spec) -> str | None:
     on shared cores every extra call the mechanisms make (each TAPA phase and chunk) has a
     fixed cost that small messages do not repay. None when calls cost nothing."""
     host = spec.host
-    if host is None or not (host.call_cpu_us or host.call_wait_us):
+    if host is None or not (host.call_cpu_us or host.call_wait_us or host.follow_wait_us):
         return None
-    return (f"this host charges every exchange call {host.call_cpu_us:.0f} us of CPU + "
-            f"{host.message_cpu_us:.0f} us per message, and a call completing on busy cores "
-            f"{host.call_wait_us:.0f} us of waiting ([host]); each TAPA phase and chunk is a "
+    started = (f" ({host.wake_cpu_us:.0f} us less for a call done before its rank waits "
+               "for it)" if host.wake_cpu_us else "")
+    return (f"this host charges every exchange call {host.call_cpu_us:.0f} us of CPU"
+            f"{started} + {host.message_cpu_us:.0f} us per message, a call completing on "
+            f"busy cores {host.call_wait_us:.0f} us of waiting and one made straight after "
+            f"another {host.follow_wait_us:.0f} us ([host]); each TAPA phase and chunk is a "
             "call, so the mechanisms' extra calls pay only where they save more")
 
 

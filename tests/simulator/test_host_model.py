@@ -212,6 +212,34 @@ def test_a_call_that_arrives_while_its_rank_computes_does_not_wait() -> None:
         20e-3, rel=1e-3)
 
 
+def test_only_a_call_its_rank_is_blocked_on_spends_the_wake_up() -> None:
+    # Two ranks, a core each, one all-to-all of 3 ms of CPU per call, 2 ms of it the
+    # wake-up. Blocking: 1 ms before the (free) wire, the wake-up after it: 3 ms. Started
+    # ahead of 10 ms of compute and waited for after it (V-First's V): the data arrives
+    # while the rank computes, so it is never put to sleep and woken: 1 ms of the call's
+    # CPU beside 10 of compute on the rank's core, 11 ms; 13 ms if it paid the wake-up too.
+    host = HostSpec(cores=2, call_cpu_us=3000.0, wake_cpu_us=2000.0)
+    blocking = plan_of([(exchange(2), Wait("v"))] * 2)
+    assert step_s(blocking, host) == pytest.approx(3e-3, rel=1e-6)
+    ahead = plan_of([(exchange(2), compute(), Wait("v"))] * 2)
+    assert step_s(ahead, host) == pytest.approx(11e-3, rel=1e-6)
+    no_wake = dataclasses.replace(host, wake_cpu_us=0.0)
+    assert step_s(ahead, no_wake) == pytest.approx(13e-3, rel=1e-6)
+
+
+def test_a_call_straight_after_another_waits_the_follow_wait_on_free_cores() -> None:
+    # Two ranks, a core each, Q's exchange then K's at once, V's started ahead of them.
+    # No core is busy, so Q's call does not wait; K's, made the moment Q's finished, waits
+    # the follow wait all the same (its rank asleep in it, handed it back by the
+    # transport's thread); V's, never waited on as it completes, waits nothing.
+    host = HostSpec(cores=2, call_wait_us=15000.0, follow_wait_us=500.0)
+    q, k = (dataclasses.replace(exchange(2), tensor=name) for name in ("q", "k"))
+    flat = plan_of([(q, Wait("q"), k, Wait("k"))] * 2)
+    assert step_s(flat, host) == pytest.approx(0.5e-3, rel=1e-3)
+    first = plan_of([(exchange(2), compute(), q, Wait("q"), k, Wait("k"), Wait("v"))] * 2)
+    assert step_s(first, host) == pytest.approx(COMPUTE_S + 0.5e-3, rel=1e-3)
+
+
 def test_an_exchange_handles_its_messages_while_its_bytes_are_on_the_wire() -> None:
     # Four ranks, a core each, one all-to-all: three messages out and three in per rank.
     # As LogGP lays a message train out, the call and the first message sent are paid

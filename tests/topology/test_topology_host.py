@@ -33,10 +33,11 @@ def test_host_table_defaults(tmp_path: Path) -> None:
 def test_host_table_every_key_round_trips(tmp_path: Path) -> None:
     text = BASE + ("ranks_per_host = 4\ncompute_core_demand = 0.5\nmessage_cpu_us = 30\n"
                    "copy_gbps = 2.5\nbusy_poll = true\ncall_cpu_us = 400\ncall_wait_us = 900\n"
-                   "diffusers_call_cpu_us = 550\n")
+                   "diffusers_call_cpu_us = 550\nfollow_wait_us = 300\nwake_cpu_us = 150\n")
     spec = load_topology(write(tmp_path, text))
     assert spec.host == HostSpec(2.0, 4, 0.5, 30.0, 2.5, True, call_cpu_us=400.0,
-                                 call_wait_us=900.0, diffusers_call_cpu_us=550.0)
+                                 call_wait_us=900.0, diffusers_call_cpu_us=550.0,
+                                 follow_wait_us=300.0, wake_cpu_us=150.0)
     assert spec.host.host_of(3) == 0 and spec.host.host_of(4) == 1
     again = tmp_path / "again.toml"
     again.write_text(dump_topology(spec))
@@ -78,6 +79,18 @@ BAD_HOST = {
                            r"negative CPU time per exchange call -1\.0 us in host\.call_cpu_us"),
     "negative call wait": ("call_wait_us = -2",
                            r"negative wait per exchange call -2\.0 us in host\.call_wait_us"),
+    "negative follow wait": (
+        "follow_wait_us = -1",
+        r"negative wait per exchange call made straight after another -1\.0 us in "
+        r"host\.follow_wait_us"),
+    "negative wake-up": (
+        "wake_cpu_us = -1",
+        r"negative CPU time per exchange call its rank is woken from -1\.0 us in "
+        r"host\.wake_cpu_us"),
+    "wake-up above the call's price": (
+        "call_cpu_us = 100\nwake_cpu_us = 150",
+        r"wake_cpu_us 150\.0 us exceeds call_cpu_us 100\.0 us, of which it is a part, in "
+        r"host\.wake_cpu_us"),
     "negative diffusers call cost": (
         "diffusers_call_cpu_us = -4",
         r"negative CPU time per diffusers exchange call -4\.0 us in host\.diffusers_call_cpu_us"),
