@@ -91,8 +91,8 @@ class HostSpec:
         wake_cpu_us: the part of ``call_cpu_us`` spent only when the rank is blocked on the
             call as its data arrives (putting the rank to sleep and waking it): a call
             started ahead and done by the time its rank waits for it (V-First's V) does
-            not spend it (calibrate's loops with calls started one piece of compute
-            ahead; ``cocodiff.calibration.loaded.wake_cpu_from_loops``).
+            not spend it (calibrate's loops with one more call started at each place and
+            waited for at the next; ``cocodiff.calibration.loaded.wake_cpu_from_loops``).
         codec_cpu_us: CPU time of V-Major's codec per message of a selective phase, at
             each end: the sender choosing and packing the blocks that changed most, the
             receiver unpacking them into its copy (``cocodiff.runtime.vmajor``).

@@ -244,8 +244,8 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
         # made after compute apart from that of one made straight after another
         # (result.Loops.fitted_waits_us).
         shapes_of_calls.append(CallShape("world", (transport.world,), spaced=True))
-        # And with a call started before each and waited for after it, as V-First
-        # makes V's: what a call its rank is not blocked on saves of its CPU
+        # And with one more call started at each place, waited for at the next, as
+        # V-First makes V's: what a call its rank is not blocked on saves of its CPU
         # (loaded.wake_cpu_from_loops).
         shapes_of_calls.append(CallShape("world", (transport.world,), spaced=True,
                                          ahead=True))

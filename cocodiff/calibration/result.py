@@ -209,8 +209,10 @@ class Calibration:
                    else "none measured" if cpu is None else
                    "process CPU time of loops of compute (the model's forward where it "
                    "runs here) and exchange calls, every rank at once, fitted as calls x "
-                   "call_cpu_us + messages x message_cpu_us; bytes / copy_gbps from the "
-                   "pair exchanges" if self.host.loaded is not None else
+                   "call_cpu_us + messages x message_cpu_us, of which wake_cpu_us is what a "
+                   "call started ahead saves (the same loops with one started ahead); "
+                   "bytes / copy_gbps from the pair exchanges" if self.host.loaded is not None
+                   else
                    "process CPU time per pair exchange, fitted as messages x message_cpu_us "
                    "+ bytes / copy_gbps")
         return [
