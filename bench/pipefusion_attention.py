@@ -3,8 +3,9 @@ calls them, on this machine's CPU.
 
 A pipelined step attends each patch's queries (its image rows and the whole text) against
 the K/V of the whole sequence over all heads; a rank of Ulysses degree U attends all the
-queries over 1/U of the heads. At U = M the two do the same FLOPs, and the kernel model
-prices both at the rate calibrate times with as many queries as keys. Each is timed (one
+queries over 1/U of the heads. At U = M the two do the same FLOPs; calibrate times the
+patch's whole attention step against the Ulysses call for the kernel model's query factor
+(``attention_query_factor``, docs/compute-model.md). Each is timed (one
 thread, process CPU) through diffusers' ``dispatch_attention_fn`` on (batch, tokens, heads,
 head size) tensors, as ``cocodiff.runtime`` calls it, and as a contiguous
 ``scaled_dot_product_attention``, as calibrate times attention. A microbenchmark: nothing

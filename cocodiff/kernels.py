@@ -16,6 +16,10 @@ Kernel classes and their closed forms (``R`` = the device's rates, :func:`kernel
   the FlashAttention tables by sequence length and ``waves = ceil(c / sm) / (c / sm)`` for
   ``c = ceil(q / 128) h`` thread blocks (one per 128-query tile and head, as FlashAttention-2
   partitions the work): a problem of fewer blocks than the device has SMs leaves SMs idle.
+  With fewer queries than keys (a PipeFusion patch against its K/V buffer) the time is
+  further multiplied by ``R.attention_query_factor(q)``, where calibrate timed it (the
+  patch's attention step as the runtime runs it, buffer copies included, per FLOP over
+  the Ulysses call's: on this CPU about 1.5x at a quarter of the keys); the presets have none.
 - ``elementwise`` (norms, modulation, RoPE, gates, residuals, casts, copies, the Ring's
   merges): ``bytes / R.memory``; eager PyTorch runs each op as its own kernel over the
   whole tensor, ``torch.compile`` fuses a chain between two matrix products into one kernel
@@ -406,13 +410,27 @@ def check_mode(mode: str) -> str:
 def attention_tflops(rates: DeviceRates, kv_tokens: int) -> float:
     """The FlashAttention table's rate at ``kv_tokens``, interpolated on log2 of the length
     and held flat past the table's ends."""
-    table = rates.attention_tflops
-    if kv_tokens <= table[0][0]:
+    return log_interpolated(rates.attention_tflops, kv_tokens)
+
+
+def attention_query_factor(rates: DeviceRates, q_tokens: int, kv_tokens: int) -> float:
+    """The time factor of ``q_tokens`` queries against more keys
+    (``rates.attention_query_factor``, interpolated on log2 of the queries, held flat past
+    the table's ends); 1 without a table or with as many queries as keys."""
+    table = rates.attention_query_factor
+    if not table or q_tokens >= kv_tokens:
+        return 1.0
+    return log_interpolated(table, q_tokens)
+
+
+def log_interpolated(table: tuple[tuple[int, float], ...], x: float) -> float:
+    """``table``'s value at ``x``, linear in log2 of the key, flat past the ends."""
+    if x <= table[0][0]:
         return table[0][1]
-    for (s0, r0), (s1, r1) in zip(table, table[1:], strict=False):
-        if kv_tokens <= s1:
-            t = (math.log2(kv_tokens) - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
-            return r0 + t * (r1 - r0)
+    for (x0, y0), (x1, y1) in zip(table, table[1:], strict=False):
+        if x <= x1:
+            t = (math.log2(x) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
+            return y0 + t * (y1 - y0)
     return table[-1][1]
 
 
@@ -435,7 +453,8 @@ def kernel_seconds(kernel: Kernel, rates: DeviceRates, mode: str) -> float:
         if kernel.flops == 0:
             return 0.0
         rate = attention_tflops(rates, kernel.kv_tokens) * 1e12
-        return kernel.flops / rate * attention_waves(rates, kernel)
+        return (kernel.flops / rate * attention_waves(rates, kernel)
+                * attention_query_factor(rates, kernel.q_tokens, kernel.kv_tokens))
     nbytes = kernel.fused_bytes if mode == "compiled" else kernel.memory_bytes
     return nbytes / memory
 

@@ -36,7 +36,8 @@ from topology.presets import DEVICES, PRESETS
 TRUE = DeviceRates(name="synthetic", gemm_tflops=0.25, gemm_fixed_us=3.0,
                    attention_tflops=((64, 0.02), (256, 0.05), (1024, 0.08)), memory_gbps=12.0,
                    sm_count=4, launch_us=2.0, host_us=7.0, compiled_launch_us=2.0,
-                   compiled_host_us=7.0)
+                   compiled_host_us=7.0,
+                   attention_query_factor=((128, 1.3), (512, 1.1), (1024, 1.0)))
 
 
 def _times(rates: DeviceRates) -> tuple[list, list, list]:
@@ -52,6 +53,9 @@ def _times(rates: DeviceRates) -> tuple[list, list, list]:
              for m in (64, 128, 256) for k, n in ((256, 256), (256, 1024), (1024, 256))]
     attention = [AttentionPoint(s, s, 3, 64, seconds(kernels.attention(s, s, 3, 64, 4)))
                  for s in (64, 256, 1024)]
+    # A patch's shape: fewer queries against the longest length's keys.
+    attention += [AttentionPoint(q, 1024, 3, 64, seconds(kernels.attention(q, 1024, 3, 64, 4)))
+                  for q in (128, 512)]
     return elementwise, gemms, attention
 
 
@@ -74,6 +78,13 @@ def test_the_fits_give_back_the_rates_that_made_the_times():
     assert [s for s, _ in got.attention_tflops] == [64, 256, 1024]
     for (_, rate), (_, true) in zip(got.attention_tflops, TRUE.attention_tflops, strict=True):
         assert rate == pytest.approx(true, rel=1e-9)
+    # The query factors at the query counts timed, closed by 1 at the keys they faced.
+    assert [q for q, _ in got.attention_query_factor] == [128, 512, 1024]
+    assert [f for _, f in got.attention_query_factor] == pytest.approx([1.3, 1.1, 1.0],
+                                                                      rel=1e-9)
+    square_only = fit_device_rates("synthetic", elementwise, gemms, attention[:3], sm_count=4,
+                                   host_us=7.0, on_host=False).rates
+    assert square_only.attention_query_factor == ()
     # On the CPU the core that issues an op runs it: no host term, the launch is the cost.
     on_cpu = fit_device_rates("cpu", elementwise, gemms, attention, 1, host_us=7.0,
                               on_host=True).rates
@@ -112,6 +123,12 @@ def test_a_topology_carries_device_rates_and_a_preset_takes_them_key_by_key(tmp_
     for text, message in (
             ('preset = "cluster"\n[device]\ngemm_tflops = 1.0\n', "missing key gemm_fixed_us"),
             ('preset = "dgx-h100"\n[device]\nattention_tflops = [[1]]\n', "attention_tflops"),
+            ('preset = "dgx-h100"\n[device]\nattention_query_factor = [[128]]\n',
+             r"expected \[\[query tokens, factor\], \.\.\.\] for device\.attention_query_factor"),
+            ('preset = "dgx-h100"\n[device]\nattention_query_factor = [[512, 1.1], [128, 1.3]]\n',
+             "ascending query tokens"),
+            ('preset = "dgx-h100"\n[device]\nattention_query_factor = [[128, 0.0]]\n',
+             r"zero time factor 0.0 x in attention_query_factor\[128\]"),
             ('preset = "dgx-h100"\n[device]\nspeed = 1\n', "unknown key 'speed'"),
             ('preset = "dgx-h100"\n[tile]\ndevice = "roofline"\n[device]\nsm_count = 2\n',
              "keep one")):
@@ -219,13 +236,19 @@ def test_the_microbenchmarks_time_every_class_and_price_a_layer():
     points = time_kernels(shapes, "float32", "cpu", rounds=1, round_s=0.001)
     assert {p.op for p in points.elementwise} == {"mul", "layer_norm", "gelu"}
     assert {(p.k, p.n) for p in points.gemms} == {(64, 64), (64, 256), (256, 64)}
-    assert [p.kv_tokens for p in points.attention] == [20, 40, 80, 160]
+    # S = 80: as many queries as keys at S/4 .. 2S over the rank's 2 heads, then S/8 ..
+    # S/2 queries against S keys over all 4 heads (a one-rank pipeline stage's patch).
+    assert [(p.q_tokens, p.kv_tokens, p.heads) for p in points.attention] == [
+        (20, 20, 2), (40, 40, 2), (80, 80, 2), (160, 160, 2), (10, 80, 4), (20, 80, 4),
+        (40, 80, 4)]
     assert all(p.seconds > 0 for p in (*points.elementwise, *points.gemms, *points.attention))
     # The host's time per op as model code issues them: a stack of module calls, counted.
     assert points.host_op_us > 0 and points.host_stack_ops > 20
     fit = fit_points(points, "cpu")
     assert fit.rates.sm_count == 1 and fit.rates.host_us == 0.0
     assert fit.rates.launch_us == pytest.approx(points.host_op_us)  # per dispatched op
+    assert [q for q, _ in fit.rates.attention_query_factor] == [10, 20, 40, 80]
+    assert fit.rates.attention_query_factor[-1] == (80, 1.0)
     from cocodiff.runtime.model_names import model_spec
     from cocodiff.schedules.ulysses import head_split, layer_shape
 

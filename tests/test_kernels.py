@@ -35,6 +35,41 @@ def test_attention_follows_the_table_and_pays_a_partial_wave():
     assert kn.attention_tflops(H100, 100) == 309.0 and kn.attention_tflops(H100, 1 << 20) == 370.0
 
 
+def test_fewer_queries_than_keys_pay_the_query_factor_read_on_log2_of_the_queries():
+    rates = dataclasses.replace(H100, attention_query_factor=((128, 1.4), (512, 1.2),
+                                                              (2048, 1.0)))
+    square = kn.attention(4096, 4096, 24, 128, 2)
+    assert kn.kernel_seconds(square, rates, "eager") == kn.kernel_seconds(square, H100, "eager")
+    # 256 queries: halfway between 128 and 512 on log2, so 1.3; the same FLOPs'
+    # time at the key length's rate and the partial wave (2 tiles x 24 heads on 132 SMs).
+    patch = kn.attention(256, 4096, 24, 128, 2)
+    waves = math.ceil(48 / 132) / (48 / 132)
+    assert kn.kernel_seconds(patch, rates, "eager") == pytest.approx(
+        patch.flops / 368e12 * waves * 1.3)
+    assert kn.kernel_seconds(patch, H100, "eager") == pytest.approx(patch.flops / 368e12 * waves)
+    # Flat past the ends: below the fewest queries timed, and from the last up to the keys.
+    assert kn.attention_query_factor(rates, 16, 4096) == 1.4
+    assert kn.attention_query_factor(rates, 3000, 4096) == 1.0
+    assert kn.attention_query_factor(rates, 5000, 4096) == 1.0
+
+
+def test_a_pipelined_patch_pays_the_query_factor_and_a_ulysses_layer_does_not():
+    from cocodiff.plan.steps import Compute
+    from cocodiff.schedules.pipefusion import patch_attention
+
+    spec = load_model_spec("flux1-dev")
+    ulysses = op_cost(spec, "attention", LayerShape(1152, 4608, 6))
+    patch = patch_attention(Compute("attention", ulysses), 1152, 4608, 24, 128, 2, 1).cost
+    plain = dataclasses.replace(get_preset("dgx-h100"), device=H100)
+    factored = dataclasses.replace(plain, device=dataclasses.replace(
+        H100, attention_query_factor=((1152, 1.5), (4608, 1.0))))
+    assert compute_seconds(ulysses, factored) == compute_seconds(ulysses, plain)
+    attention = [k for k in patch.kernels if k.kind == "attention"]
+    extra = 0.5 * kn.kernel_seconds(attention[0], H100, "eager")
+    assert compute_seconds(patch, factored) == pytest.approx(
+        compute_seconds(patch, plain) + extra)
+
+
 def test_eager_and_compiled_differ_only_in_elementwise_bytes_and_launches():
     e = kn.elementwise(1000.0, 10, 4, 6, 2)
     assert kn.kernel_seconds(e, H100, "eager") == pytest.approx(10_000 / (H100.memory_gbps * 1e9))

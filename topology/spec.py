@@ -35,6 +35,7 @@ PHYSICAL_RANGE: dict[str, tuple[float, float, str, str]] = {
     "us": (0.0, 1e6, "0", "1 s"),
     "cores": (1e-3, 1e6, "a thousandth of a core", "a million cores"),
     "GB": (1e-6, 1e6, "1 kB", "1 PB"),
+    "x": (1e-3, 1e3, "a thousandth", "a thousand times"),
 }
 
 HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "call_cpu_us", "message_cpu_us",
@@ -155,6 +156,13 @@ class DeviceRates:
         host_us: host CPU time to issue one eager PyTorch op, us.
         compiled_launch_us: the same as ``launch_us`` under ``torch.compile``.
         compiled_host_us: the same as ``host_us`` under ``torch.compile``.
+        attention_query_factor: ``(query tokens, time factor)``, ascending: attention with
+            fewer queries than keys (a PipeFusion patch against its K/V buffer) takes this
+            factor times what ``attention_tflops`` at its key length gives, read at its
+            query count (held flat past the table's ends; 1 with as many queries as keys).
+            Timed by calibrate at the model's length (the patch's attention step as the
+            runtime runs it); empty (the presets): the length table and the partial wave
+            alone.
     """
 
     name: str
@@ -167,6 +175,7 @@ class DeviceRates:
     host_us: float
     compiled_launch_us: float
     compiled_host_us: float
+    attention_query_factor: tuple[tuple[int, float], ...] = ()
 
 
 COMPUTE_MODES = ("eager", "compiled")
@@ -187,14 +196,24 @@ def check_device_rates(rates: DeviceRates, where: str) -> None:
     if not _is_int(rates.sm_count) or rates.sm_count < 1:
         raise TopologyError(f"sm_count of {where} must be a positive integer, got "
                             f"{rates.sm_count!r}")
-    table = rates.attention_tflops
-    if not table or any(not _is_int(s) or s < 1 for s, _ in table) \
-            or [s for s, _ in table] != sorted({s for s, _ in table}):
+    if not rates.attention_tflops:
         raise TopologyError(f"attention_tflops of {where} must be (length, TF/s) pairs in "
-                            f"ascending length, got {table!r}")
-    for length, rate in table:
-        _check_number(rate, "compute rate", "TF/s", f"attention_tflops[{length}] of {where}",
-                      positive=True)
+                            "ascending length, got ()")
+    _check_pairs(rates.attention_tflops, "attention_tflops", ("length", "TF/s"),
+                 ("compute rate", "TF/s"), where)
+    _check_pairs(rates.attention_query_factor, "attention_query_factor",
+                 ("query tokens", "factor"), ("time factor", "x"), where)
+
+
+def _check_pairs(table: tuple[tuple[int, float], ...], key: str, names: tuple[str, str],
+                 value: tuple[str, str], where: str) -> None:
+    """``table``'s keys positive ints in ascending order, its values positive numbers."""
+    if any(not _is_int(k) or k < 1 for k, _ in table) \
+            or [k for k, _ in table] != sorted({k for k, _ in table}):
+        raise TopologyError(f"{key} of {where} must be ({names[0]}, {names[1]}) pairs in "
+                            f"ascending {names[0]}, got {table!r}")
+    for k, number in table:
+        _check_number(number, value[0], value[1], f"{key}[{k}] of {where}", positive=True)
 
 
 @dataclass(frozen=True, slots=True)

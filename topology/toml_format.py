@@ -32,6 +32,8 @@ A file describes one node and how many of them there are; every node is identica
     gemm_tflops = 0.1          # matrix products' achieved TFLOP/s (slope of t = F / R + t0)
     gemm_fixed_us = 2.6        # a matrix product's fixed time t0, us
     attention_tflops = [[20, 0.0056], [80, 0.029]]  # (sequence length, TFLOP/s), ascending
+    attention_query_factor = [[10, 1.2], [80, 1.0]]  # optional: (query tokens, time factor)
+                               # of attention with fewer queries than keys (default: none)
     memory_gbps = 6.9          # elementwise kernels' GB/s
     sm_count = 1               # units thread blocks spread over (SMs; 1 on a CPU)
     launch_us = 1.5            # device time per kernel launch, us
@@ -117,7 +119,8 @@ _GPU_LINK_KEYS = (*_LINK_KEYS, "fabric")
 _FABRIC_KEYS = ("latency_us",)
 _DEVICE_NUMBERS = ("gemm_tflops", "gemm_fixed_us", "memory_gbps", "launch_us", "host_us",
                    "compiled_launch_us", "compiled_host_us")
-_DEVICE_KEYS = ("name", *_DEVICE_NUMBERS, "sm_count", "attention_tflops")
+_DEVICE_KEYS = ("name", *_DEVICE_NUMBERS, "sm_count", "attention_tflops",
+                "attention_query_factor")
 
 # Spec field -> (TOML table, key or None for a whole link table).
 _FIELD_KEYS: dict[str, tuple[str, str | None]] = {
@@ -237,11 +240,15 @@ def dump_topology(spec: TopologySpec) -> str:
 
 def device_lines(rates: DeviceRates) -> list[str]:
     """The ``[device]`` table of ``rates`` (every key: it loads without a base device)."""
-    table = ", ".join(f"[{length}, {_toml_float(rate)}]" for length, rate in
-                      rates.attention_tflops)
-    return ["", "[device]", f"name = {_toml_string(rates.name)}",
-            *(f"{key} = {_toml_float(getattr(rates, key))}" for key in _DEVICE_NUMBERS),
-            f"sm_count = {rates.sm_count}", f"attention_tflops = [{table}]"]
+    def pairs(table: tuple[tuple[int, float], ...]) -> str:
+        return "[" + ", ".join(f"[{key}, {_toml_float(value)}]" for key, value in table) + "]"
+
+    lines = ["", "[device]", f"name = {_toml_string(rates.name)}",
+             *(f"{key} = {_toml_float(getattr(rates, key))}" for key in _DEVICE_NUMBERS),
+             f"sm_count = {rates.sm_count}", f"attention_tflops = {pairs(rates.attention_tflops)}"]
+    if rates.attention_query_factor:
+        lines.append(f"attention_query_factor = {pairs(rates.attention_query_factor)}")
+    return lines
 
 
 def _host_lines(host: HostSpec) -> list[str]:
@@ -433,19 +440,27 @@ class _Loader:
                 raise TopologyError(f"missing key attention_tflops in {where}")
             values["attention_tflops"] = base.attention_tflops
         else:
-            pairs = []
-            for pair in attention if isinstance(attention, list) else [None]:
-                if (not isinstance(pair, list) or len(pair) != 2
-                        or isinstance(pair[0], bool) or not isinstance(pair[0], int)
-                        or isinstance(pair[1], bool) or not isinstance(pair[1], (int, float))):
-                    raise TopologyError(
-                        f"expected [[length, TFLOP/s], ...] for "
-                        f"{self.where('device', 'attention_tflops')}, got {_describe(attention)}")
-                pairs.append((pair[0], float(pair[1])))
-            values["attention_tflops"] = tuple(pairs)
+            values["attention_tflops"] = self.pairs(attention, "attention_tflops",
+                                                    "[[length, TFLOP/s], ...]")
+        factors = table.get("attention_query_factor")
+        values["attention_query_factor"] = (
+            (base.attention_query_factor if base else ()) if factors is None else
+            self.pairs(factors, "attention_query_factor", "[[query tokens, factor], ...]"))
         rates = DeviceRates(**values)
         check_device_rates(rates, where)
         return rates
+
+    def pairs(self, value: object, key: str, shape: str) -> tuple[tuple[int, float], ...]:
+        """``[[int, number], ...]`` of ``[device] key`` as a tuple of pairs."""
+        pairs = []
+        for pair in value if isinstance(value, list) else [None]:
+            if (not isinstance(pair, list) or len(pair) != 2
+                    or isinstance(pair[0], bool) or not isinstance(pair[0], int)
+                    or isinstance(pair[1], bool) or not isinstance(pair[1], (int, float))):
+                raise TopologyError(f"expected {shape} for {self.where('device', key)}, got "
+                                    f"{_describe(value)}")
+            pairs.append((pair[0], float(pair[1])))
+        return tuple(pairs)
 
     def host(self, default: HostSpec | None) -> HostSpec | None:
         """The ``[host]`` table over the preset's host (if any); None without either."""

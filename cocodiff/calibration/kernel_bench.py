@@ -8,7 +8,10 @@ What is timed, at the model's shapes on one rank of this world (``LayerShapes``)
 - matrix products ``(m x k) @ (k x n)`` at the layer's ``(k, n)`` (projections, MLP up and
   down) and ``m`` = the rank's tokens x 1, 2, 4 (the spread the line needs);
 - attention (``scaled_dot_product_attention``) over the rank's heads of the model's head
-  size at sequence lengths around the model's (``S/4`` .. ``2S``);
+  size at sequence lengths around the model's (``S/4`` .. ``2S``), and with ``S/8`` ..
+  ``S/2`` queries over every head against the model's ``S`` keys, as the runtime runs a
+  PipeFusion patch's attention step against its K/V buffer (the query factor,
+  :func:`patch_attention_points`);
 - elementwise work (a multiply, a layer norm, a tanh GELU) at the rank's rows x 1 .. 64,
   by the bytes each reads and writes;
 - a one-element op: on the CPU the per-launch cost itself, on an accelerator the host's
@@ -47,6 +50,8 @@ from cocodiff.calibration.options import CalibrationError
 
 GEMM_ROW_FACTORS = (1, 2, 4)
 ATTENTION_LENGTH_FACTORS = (0.25, 0.5, 1.0, 2.0)
+# Queries (of the model's S) timed against S keys: a pipelined patch's attention, M = 2..8.
+ATTENTION_QUERY_FACTORS = (0.125, 0.25, 0.5)
 ELEMENTWISE_ROW_FACTORS = (1, 2, 4, 8, 16, 64)
 # The host microbenchmark's rounds at least (about 0.5 s in all).
 HOST_ROUNDS, HOST_ROUND_S = 5, 0.1
@@ -144,6 +149,7 @@ def time_kernels(shapes: LayerShapes, dtype_name: str = "float32", device: Any =
             seconds = timed(lambda q=query, k=key, v=value:
                             F.scaled_dot_product_attention(q, k, v))
             attention.append(AttentionPoint(length, length, heads, head_dim, seconds))
+        attention += patch_attention_points(shapes, rand, timed, attention)
         stack, inputs = host_stack(dtype, device)
         stack_ops = count_ops(lambda: stack(*inputs))
         # The host's own time (process CPU) on either device: what issuing costs it.
@@ -153,6 +159,56 @@ def time_kernels(shapes: LayerShapes, dtype_name: str = "float32", device: Any =
                                          max(round_s, HOST_ROUND_S), lineup, sync=sync), "cpu_s")
     return KernelPoints(tuple(elementwise), tuple(gemms), tuple(attention), tiny_cpu_s * 1e6,
                         stack_s / stack_ops * 1e6, stack_ops)
+
+
+def patch_attention_points(shapes: LayerShapes, rand: Callable[..., Any],
+                           timed: Callable[[Callable[[], object]], float],
+                           square: list[AttentionPoint]) -> list[AttentionPoint]:
+    """A pipelined patch's attention step: ``S/8 .. S/2`` queries over every head of the
+    model (a one-rank stage) against ``S`` keys, run as the runtime runs it
+    (``cocodiff.runtime.pipefusion.PatchBackend``: the patch's K and V written into the
+    layer's buffer, the keys and values concatenated, attention on ``(B, tokens, heads,
+    head size)`` tensors, its output scattered back), each time put in the contiguous
+    table's terms by the ratio of ``square``'s point at ``S`` to the Ulysses rank's call
+    at ``S`` in the runtime's layout (its own layout copies are priced apart): the query
+    factor fitted on them then prices a patch's attention step against the Ulysses call
+    the blocks were timed with. On a CPU a patch's interleaved heads, short query blocks
+    and buffer copies cost more per FLOP (docs/pipefusion.md)."""
+    import torch
+    import torch.nn.functional as F
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                              v.transpose(1, 2)).transpose(1, 2)
+
+    def ulysses_call(heads: int) -> float:
+        q, k, v = (rand(1, s, heads, shapes.head_dim) for _ in range(3))
+        return timed(lambda: attend(q, k, v))
+
+    def patch_step(queries: int, heads: int) -> float:
+        fresh = [rand(1, queries, heads, shapes.head_dim) for _ in range(3)]  # Q, K, V
+        buffers = [rand(1, s, heads, shapes.head_dim) for _ in range(2)]
+        rows = torch.arange(queries)
+
+        def step() -> None:
+            for buffer, new in zip(buffers, fresh[1:], strict=True):
+                buffer[:, rows] = new.index_select(1, rows)
+            # The text's K/V ahead of the buffer's: a copy of the whole sequence's.
+            keys, values = (torch.cat((b[:, :1], b[:, 1:]), dim=1) for b in buffers)
+            result = fresh[0].new_zeros(fresh[0].shape)
+            result[:, rows] = attend(fresh[0].index_select(1, rows), keys, values)
+        return timed(step)
+
+    s = shapes.total_tokens
+    at_s = [p.seconds for p in square if p.kv_tokens == s]
+    if not at_s:
+        return []
+    to_table = at_s[0] / ulysses_call(shapes.local_heads)
+    heads = max(1, shapes.hidden_size // shapes.head_dim)
+    return [AttentionPoint(queries, s, heads, shapes.head_dim,
+                           patch_step(queries, heads) * to_table)
+            for queries in sorted({q for q in (max(MIN_ATTENTION_TOKENS, round(f * s))
+                                               for f in ATTENTION_QUERY_FACTORS) if q < s})]
 
 
 def sm_count_of(device: Any) -> int:
@@ -296,6 +352,9 @@ class KernelCalibration:
         """What calibrate prints of the kernel model."""
         r = self.fit.rates
         table = ", ".join(f"{length}: {rate * 1e3:.3g}" for length, rate in r.attention_tflops)
+        if r.attention_query_factor:
+            table += "; x time with fewer queries: " + ", ".join(
+                f"{queries}: {factor:.2f}" for queries, factor in r.attention_query_factor)
         lines = [f"  kernel model (microbenchmarks only): GEMM {r.gemm_tflops * 1e3:.3g} GFLOP/s "
                  f"+ {r.gemm_fixed_us:.2f} us (max fit error {self.fit.gemm_error:.0%}); "
                  f"attention GFLOP/s by length {{{table}}}; elementwise "

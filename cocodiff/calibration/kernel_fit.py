@@ -129,26 +129,48 @@ def attention_waves(point: AttentionPoint, sm_count: int) -> float:
 
 
 def fit_attention(points: Sequence[AttentionPoint], launch_us: float, sm_count: int
-                  ) -> tuple[tuple[int, float], ...]:
-    """The attention table ``((kv length, TFLOP/s), ...)``: at each length timed, the
-    rate at which :func:`cocodiff.kernels.kernel_seconds` (``F / rate x waves``) plus a
-    launch gives the time measured (the median over points of that length).
+                  ) -> tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]:
+    """``(attention_tflops, attention_query_factor)``. The table ``((kv length, TFLOP/s),
+    ...)`` from the points with as many queries as keys: at each length timed, the rate at
+    which :func:`cocodiff.kernels.kernel_seconds` (``F / rate x waves``) plus a launch gives
+    the time measured (the median over points of that length). The query factors
+    ``((q, factor), ...)`` from the points with fewer queries than keys: each one's time
+    over what that table prices it at (the median per query count), closed by ``(kv, 1)``
+    at the longest key length they were timed against; empty without such points.
 
     Raises:
-        CalibrationError: no point, or a time no longer than a launch.
+        CalibrationError: no point with as many queries as keys, or a time no longer than
+            a launch.
     """
-    if not points:
-        raise CalibrationError("no attention timed")
-    by_length: dict[int, list[float]] = {}
-    for p in points:
-        work_s = p.seconds - launch_us * 1e-6
-        if work_s <= 0:
+    from cocodiff import kernels
+
+    def work_s(p: AttentionPoint) -> float:
+        seconds = p.seconds - launch_us * 1e-6
+        if seconds <= 0:
             raise CalibrationError(f"attention at {p.kv_tokens} tokens took no longer than a "
                                    "launch: no rate to fit")
+        return seconds
+
+    square = [p for p in points if p.q_tokens == p.kv_tokens]
+    if not square:
+        raise CalibrationError("no attention timed")
+    by_length: dict[int, list[float]] = {}
+    for p in square:
         by_length.setdefault(p.kv_tokens, []).append(
-            p.flops * attention_waves(p, sm_count) / work_s / 1e12)
-    return tuple((length, statistics.median(rates))
-                 for length, rates in sorted(by_length.items()))
+            p.flops * attention_waves(p, sm_count) / work_s(p) / 1e12)
+    table = tuple((length, statistics.median(rates))
+                  for length, rates in sorted(by_length.items()))
+    by_queries: dict[int, list[float]] = {}
+    short = [p for p in points if p.q_tokens < p.kv_tokens]
+    for p in short:
+        priced = (p.flops * attention_waves(p, sm_count)
+                  / (kernels.log_interpolated(table, p.kv_tokens) * 1e12))
+        by_queries.setdefault(p.q_tokens, []).append(work_s(p) / priced)
+    if not by_queries:
+        return table, ()
+    by_queries.setdefault(max(p.kv_tokens for p in short), [1.0])
+    return table, tuple((q, statistics.median(factors))
+                        for q, factors in sorted(by_queries.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +221,7 @@ def fit_device_rates(name: str, elementwise: Sequence[ElementwisePoint],
     memory_gbps, intercept_us, elementwise_error = fit_elementwise(elementwise)
     launch = intercept_us if launch_us is None else launch_us
     gemm_tflops, gemm_fixed_us, gemm_error = fit_gemm(gemms, launch)
-    table = fit_attention(attention, launch, sm_count)
+    table, query_factor = fit_attention(attention, launch, sm_count)
     if on_host:
         per_op = launch if host_op_us is None else host_op_us
         eager_launch, host, compiled_host = per_op, 0.0, 0.0
@@ -209,5 +231,5 @@ def fit_device_rates(name: str, elementwise: Sequence[ElementwisePoint],
     rates = DeviceRates(name=name, gemm_tflops=gemm_tflops, gemm_fixed_us=gemm_fixed_us,
                         attention_tflops=table, memory_gbps=memory_gbps, sm_count=sm_count,
                         launch_us=eager_launch, host_us=host, compiled_launch_us=launch,
-                        compiled_host_us=compiled_host)
+                        compiled_host_us=compiled_host, attention_query_factor=query_factor)
     return KernelFit(rates, elementwise_error, gemm_error)

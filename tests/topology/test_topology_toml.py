@@ -219,7 +219,10 @@ def device_rates(draw, number, latency) -> DeviceRates:
         name=draw(st.text(min_size=1, max_size=12)), gemm_tflops=draw(number),
         gemm_fixed_us=draw(latency), attention_tflops=tuple((n, draw(number)) for n in lengths),
         memory_gbps=draw(number), sm_count=draw(st.integers(1, 256)), launch_us=draw(latency),
-        host_us=draw(latency), compiled_launch_us=draw(latency), compiled_host_us=draw(latency))
+        host_us=draw(latency), compiled_launch_us=draw(latency), compiled_host_us=draw(latency),
+        attention_query_factor=tuple(
+            (n, draw(st.floats(0.5, 4.0))) for n in
+            sorted(draw(st.sets(st.integers(1, 1 << 20), max_size=3)))))
 
 
 @settings(max_examples=80, deadline=None)
