@@ -52,11 +52,11 @@ class Loop:
     each call's wall and CPU recorded by name."""
 
     def __init__(self, transport, kib: int, torch) -> None:
+        from cocodiff.calibration.loaded import start_all_to_all
+
         self.transport, self.torch = transport, torch
-        rows = max(1, kib * 1024 // 8)
-        world = transport.world_size
-        self.splits = [0 if peer == transport.rank else rows for peer in range(world)]
-        self.send = torch.empty((sum(self.splits), 8), dtype=torch.uint8)
+        # As calibrate's loops start theirs: kib KiB to every other rank.
+        self.start = start_all_to_all(transport, transport.world, kib * 1024, torch)
         self.matrix = torch.randn(64, 64)
         self.product_ms = self._product_ms()
         self.wall: dict[str, list[float]] = defaultdict(list)
@@ -82,9 +82,6 @@ class Loop:
             for _ in range(max(1, round(ms / self.product_ms))):
                 self.matrix @ self.matrix
         self._timed(name, work)
-
-    def start(self):
-        return self.transport.all_to_all(self.send, self.splits, self.splits)
 
     def call(self, name: str) -> None:
         self._timed(name, lambda: self.start().wait())

@@ -458,7 +458,7 @@ def measure_loaded(transport, shapes_of_calls: Sequence[CallShape], sizes_bytes:
             calls = [] if shape is None else [_call(transport, g, num_bytes, torch, shape.via)
                                               for g in shape.groups]
             make_calls = _AtPlace(calls, sum(work.after_compute),
-                                  _start(transport, shape.groups[0], num_bytes, torch)
+                                  start_all_to_all(transport, shape.groups[0], num_bytes, torch)
                                   if shape is not None and shape.ahead else None)
 
             run = work.spaced_run if shape is not None and shape.spaced else work.run
@@ -535,11 +535,11 @@ def _call(transport, group, num_bytes: int, torch, via: str = "transport"
         blocks = torch.empty((group.size * rows, ROW_BYTES), dtype=torch.uint8)
         process_group = group.handle if group.handle is not None else dist.group.WORLD
         return lambda: _all_to_all_single(blocks, process_group)
-    start = _start(transport, group, num_bytes, torch)
+    start = start_all_to_all(transport, group, num_bytes, torch)
     return lambda: start().wait()
 
 
-def _start(transport, group, num_bytes: int, torch) -> Callable[[], Any]:
+def start_all_to_all(transport, group, num_bytes: int, torch) -> Callable[[], Any]:
     """Starts one transport all-to-all over ``group`` sending ``num_bytes`` to every other
     member; returns its handle."""
     rows = max(1, num_bytes // ROW_BYTES)
