@@ -188,7 +188,7 @@ def patch_attention_points(shapes: LayerShapes, rand: Callable[..., Any],
     def patch_step(queries: int, heads: int) -> float:
         fresh = [rand(1, queries, heads, shapes.head_dim) for _ in range(3)]  # Q, K, V
         buffers = [rand(1, s, heads, shapes.head_dim) for _ in range(2)]
-        rows = torch.arange(queries)
+        rows = torch.arange(queries, device=fresh[0].device)  # the tensors' device
 
         def step() -> None:
             for buffer, new in zip(buffers, fresh[1:], strict=True):
