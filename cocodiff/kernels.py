@@ -242,8 +242,9 @@ _ZERO = Passes(0.0, 0.0, 0.0, 0.0)
 
 
 def _flux_double_share(spec: ModelSpec) -> float:
-    # FLUX.1: 19 double-stream of 57 blocks. A spec of another depth keeps the share.
-    return 19.0 / 57.0
+    # The spec's own share; FLUX.1's 19 double-stream of 57 blocks where it is not known.
+    share = spec.double_stream_share
+    return 19.0 / 57.0 if share is None else share
 
 
 def gemm_launches(spec: ModelSpec, op: str) -> float:

@@ -556,7 +556,7 @@ def predict_step_s(run_plan, topology, collective) -> dict[str, Any]:
 def pipeline_step_s(run_plan, generation_step_s: float, topology, collective) -> float:
     """A PipeFusion generation's simulated mean step over steps 2..T, what validate
     measures (the first step left out): ``(T g_T - g_1) / (T - 1)``, ``g_T`` the
-    generation's simulated step (its time over T, plus the step overhead; the simulator
+    generation's simulated step (its time over T, each step's overhead in it; the simulator
     runs a pipeline's steps back to back, not one by one) and ``g_1`` that of the
     generation's first step alone. The first step alone ends when its last stage does;
     in the generation, stage 0 (rank 0, whose steps are timed) also waits for the latents

@@ -187,9 +187,15 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     block = data["compute"]["block"]
     assert block["effective_tflops"] > 0 and data["compute"]["tflops"] > 0
     assert block["layer_s"] > 0 and len(block["per_rank_layer_s"]) == 2
-    # Each rank's work outside its blocks, charged once per step.
+    # Each rank's work outside its blocks, charged once per step: on its shard and with
+    # the whole sequence, written as the line through both (fixed + per sequence x share).
     assert block["step_overhead_s"] > 0 and len(block["per_rank_step_overhead_s"]) == 2
-    assert spec.tile_step_overhead_us == pytest.approx(block["step_overhead_s"] * 1e6)
+    assert len(block["per_rank_whole_sequence_overhead_s"]) == 2
+    assert spec.tile_step_overhead_us == pytest.approx(block["step_overhead_fixed_s"] * 1e6)
+    assert spec.tile_step_overhead_sequence_us == pytest.approx(
+        block["step_overhead_sequence_s"] * 1e6)
+    assert spec.tile_step_overhead_us + spec.tile_step_overhead_sequence_us / 2 == \
+        pytest.approx(block["step_overhead_s"] * 1e6)  # 2 ranks: half the sequence each
     assert "outside the blocks:" in done.stdout
     # The kernel model's classes, timed every rank at once, its rates fitted to them alone
     # and checked on the real blocks; written as [device] only where the check holds.

@@ -196,6 +196,25 @@ def test_step_overhead_is_written_as_measured_and_shared_by_the_simulator() -> N
     assert _calibration(None).topology().tile_step_overhead_us == 0.0
 
 
+def test_step_overhead_line_through_the_shard_and_the_whole_sequence() -> None:
+    from cocodiff.calibration.blocks import step_overhead_line
+
+    # 3 ms on a quarter of the sequence, 6 ms on all of it: 2 ms + 4 ms x the share.
+    fixed, sequence = step_overhead_line(3e-3, 6e-3, 4)
+    assert (fixed, sequence) == (pytest.approx(2e-3), pytest.approx(4e-3))
+    assert step_overhead_line(3e-3, 2.9e-3, 4) == (3e-3, 0.0)  # noise: no negative slope
+    assert step_overhead_line(3e-3, 3e-3, 1) == (3e-3, 0.0)  # one rank: one point
+
+    calibration = _with_overhead(_calibration(HostMeasurement(2.0, None, None)), 3e-3)
+    block = dict(calibration.compute.block, whole_sequence_overhead_s=6e-3,
+                 step_overhead_fixed_s=fixed, step_overhead_sequence_s=sequence)
+    calibration.compute = dataclasses.replace(calibration.compute, block=block)
+    spec = calibration.topology()
+    assert spec.tile_step_overhead_us == pytest.approx(2000.0)
+    assert spec.tile_step_overhead_sequence_us == pytest.approx(4000.0)
+    assert any("2.00 ms + 4.00 ms x the share" in line for line in calibration.notes())
+
+
 class _CountingLineup:
     """A lineup of one rank that records what :func:`timed_rounds` asks of it."""
 

@@ -181,7 +181,7 @@ def test_a_pipelined_patch_layer_charges_what_a_pipeline_stage_dispatches(model,
     from cocodiff.plan.steps import Compute
     from cocodiff.runtime.model_names import model_spec
     from cocodiff.schedules import RankGrid
-    from cocodiff.schedules.pipefusion import plan_pipefusion
+    from cocodiff.schedules.pipefusion import layer_kinds, plan_pipefusion
 
     spec = model_spec(model)
     grid = RankGrid((1, stages * ulysses, 1), tuple(range(stages * ulysses)))
@@ -195,9 +195,15 @@ def test_a_pipelined_patch_layer_charges_what_a_pipeline_stage_dispatches(model,
         return sum(kn.host_ops(k, "eager") for step in layer.steps
                    if isinstance(step, Compute) for k in step.cost.kernels)
 
-    ulysses_count = kn.dispatched_ops_per_layer(spec, ulysses)
+    # Rank 0's first layer is the model's first block: FLUX's a double-stream one, which
+    # is charged its own kind's count (layer_kinds), not the model's mean layer's.
+    kind = layer_kinds(spec)[0]
+    assert kind.double_stream_share == (1.0 if model == "flux1-dev" else None)
+    ulysses_count = kn.dispatched_ops_per_layer(kind, ulysses)
+    if model == "flux1-dev":
+        assert ulysses_count == kn.DISPATCHED_OPS["flux"]["double"].per_block(ulysses)
     assert charged(1) == pytest.approx(ulysses_count)
-    pipelined = kn.pipeline_dispatched_ops_per_layer(spec, ulysses)
+    pipelined = kn.pipeline_dispatched_ops_per_layer(kind, ulysses)
     assert charged(stages) == pytest.approx(ulysses_count if pipelined is None else pipelined)
     assert (pipelined is None) == (model != "flux1-dev")
     if pipelined is not None:

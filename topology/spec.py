@@ -266,7 +266,16 @@ class TopologySpec:
             transformer's blocks (embedders, norm_out/proj_out, the scheduler's step), once
             per step per rank, at one core on a host. A property of the model as much as
             of the tile, as ``tile_tflops`` of a calibrated topology is (the effective rate
-            of the blocks it timed); 0: not charged.
+            of the blocks it timed); 0: not charged. With
+            ``tile_step_overhead_sequence_us`` it is the part that does not grow with the
+            rank's share of the sequence.
+        tile_step_overhead_sequence_us: what the step's work outside the blocks adds per
+            whole sample's sequence the rank carries (the embedders, RoPE's positions and
+            the output projection run on the rank's own tokens): a rank charges
+            ``tile_step_overhead_us + share x this``, the share being ``1/P`` under Ulysses
+            over P ranks, ``1/u`` in a PipeFusion stage of u ranks (whose forward carries
+            u times a flat rank's tokens), doubled by two samples on a rank. 0: every rank
+            pays ``tile_step_overhead_us`` alone.
     """
 
     name: str
@@ -288,6 +297,7 @@ class TopologySpec:
     device: DeviceRates | None = None
     compute_mode: str = "eager"
     tile_memory_gb: float = 0.0
+    tile_step_overhead_sequence_us: float = 0.0
 
     @property
     def tiles_per_node(self) -> int:
@@ -365,6 +375,8 @@ def validate_spec(spec: TopologySpec, locations: Mapping[str, str] | None = None
     _check_number(spec.fabric_latency_us, "latency", "us", where("fabric_latency_us"))
     _check_number(spec.tile_step_overhead_us, "step overhead", "us",
                   where("tile_step_overhead_us"))
+    _check_number(spec.tile_step_overhead_sequence_us, "step overhead per sequence", "us",
+                  where("tile_step_overhead_sequence_us"))
     if not isinstance(spec.gpu_fabric, str) or spec.gpu_fabric not in GPU_FABRICS:
         raise TopologyError(
             f"unknown GPU fabric {spec.gpu_fabric!r} in {where('gpu_fabric')} "

@@ -18,6 +18,9 @@ A file describes one node and how many of them there are; every node is identica
     step_overhead_us = 4500.0  # compute per denoising step outside the transformer's blocks
                                # (embedders, norm_out/proj_out, scheduler), at one core on a
                                # host; once per step per rank (default 0: not charged)
+    step_overhead_sequence_us = 9000.0  # what that work adds per whole sample's sequence a
+                               # rank carries: charged x its share (1/P under Ulysses over
+                               # P ranks, 1/u in a PipeFusion stage of u; default 0)
     device = "h100-sxm"        # kernel rates of the tile (topology.DEVICES; "roofline": none,
                                # price compute by tflops and memory_gbps; default: the
                                # preset's, else none)
@@ -112,7 +115,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 _TOP_KEYS = ("preset", "name", "nodes", "tile", "links", "fabric", "host", "device")
 _NODES_KEYS = ("count", "gpus", "tiles_per_gpu", "nics")
-_TILE_KEYS = ("tflops", "memory_gbps", "step_overhead_us", "device", "memory_gb")
+_TILE_KEYS = ("tflops", "memory_gbps", "step_overhead_us", "step_overhead_sequence_us",
+              "device", "memory_gb")
 _LINK_NAMES = ("tile", "gpu", "port", "host", "nic")
 _LINK_KEYS = ("bandwidth_gbps", "latency_us")
 _GPU_LINK_KEYS = (*_LINK_KEYS, "fabric")
@@ -131,6 +135,7 @@ _FIELD_KEYS: dict[str, tuple[str, str | None]] = {
     "tile_tflops": ("tile", "tflops"),
     "tile_memory_gbps": ("tile", "memory_gbps"),
     "tile_step_overhead_us": ("tile", "step_overhead_us"),
+    "tile_step_overhead_sequence_us": ("tile", "step_overhead_sequence_us"),
     "device": ("tile", "device"),
     "tile_memory_gb": ("tile", "memory_gb"),
     "tile_link": ("links.tile", None),
@@ -203,6 +208,9 @@ def dump_topology(spec: TopologySpec) -> str:
     ]
     if spec.tile_step_overhead_us:  # 0 is the default: files without it stay as they were
         lines.append(f"step_overhead_us = {_toml_float(spec.tile_step_overhead_us)}")
+    if spec.tile_step_overhead_sequence_us:
+        lines.append("step_overhead_sequence_us = "
+                     f"{_toml_float(spec.tile_step_overhead_sequence_us)}")
     device = spec.device
     preset_device = device is not None and DEVICES.get(device.name) == device
     if device is not None and preset_device:
@@ -319,6 +327,9 @@ class _Loader:
         step_overhead_us = self.number(
             tile, "tile", "step_overhead_us", base.tile_step_overhead_us if base else 0.0
         )
+        step_overhead_sequence_us = self.number(
+            tile, "tile", "step_overhead_sequence_us",
+            base.tile_step_overhead_sequence_us if base else 0.0)
         memory_gb = self.number(tile, "tile", "memory_gb", base.tile_memory_gb if base else 0.0)
         # The tile's kernel rates (cocodiff.kernels) by device name; "roofline" drops a
         # preset's, pricing compute by tflops and memory_gbps alone.
@@ -398,6 +409,7 @@ class _Loader:
             fabric_latency_us=fabric_latency,
             host=host,
             tile_step_overhead_us=step_overhead_us,
+            tile_step_overhead_sequence_us=step_overhead_sequence_us,
             device=device,
             tile_memory_gb=memory_gb,
         )

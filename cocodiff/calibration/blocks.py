@@ -285,10 +285,19 @@ def measure_blocks(transport, options: CalibrateOptions, compute: ComputeRates,
     except UnsupportedModelError:  # the same on every rank: the runtime cannot run it here
         return None
     del transformer
+    # The same forward with the whole sequence on every rank (a one-rank world): how the
+    # work outside the blocks grows with the rank's share of the sequence, which a
+    # PipeFusion stage's rank carries u times a flat rank's of (step_overhead_line).
+    whole = (time_blocks(build_transformer(config), streams, 1, 0, options.dtype, rounds,
+                         round_s, WorldLineup(transport), device).step_overhead_s
+             if world > 1 else timing.step_overhead_s)
     rows = gather_floats(transport, [timing.layer_s, timing.step_overhead_s, timing.layer_wall_s,
-                                     timing.outside_blocks_wall_s])
-    per_rank, per_rank_overhead, per_rank_wall, per_rank_outside_wall = (
+                                     timing.outside_blocks_wall_s, whole])
+    per_rank, per_rank_overhead, per_rank_wall, per_rank_outside_wall, per_rank_whole = (
         list(column) for column in zip(*rows, strict=True))
+    overhead_s = statistics.median(per_rank_overhead)
+    fixed_s, sequence_s = step_overhead_line(overhead_s, statistics.median(per_rank_whole),
+                                             world)
     layer_s = statistics.median(per_rank)
     # The layer as a plan charges it on rank 0 (padded per-stream shards, its heads).
     cost_shape = layer_shape(head_split(spec, world, streams), 0,
@@ -309,9 +318,26 @@ def measure_blocks(transport, options: CalibrateOptions, compute: ComputeRates,
         "effective_tflops": effective,
         "effective_memory_gbps": effective_memory,
         # Each rank's forward outside its blocks plus the scheduler's step.
-        "step_overhead_s": statistics.median(per_rank_overhead),
+        "step_overhead_s": overhead_s,
         "per_rank_step_overhead_s": per_rank_overhead,
+        # The same with the whole sequence on the rank, and the line through both.
+        "whole_sequence_overhead_s": statistics.median(per_rank_whole),
+        "per_rank_whole_sequence_overhead_s": per_rank_whole,
+        "step_overhead_fixed_s": fixed_s,
+        "step_overhead_sequence_s": sequence_s,
         # The same by the wall clock, all ranks busy (not used: for comparison).
         "per_rank_layer_wall_s": per_rank_wall,
         "per_rank_outside_blocks_wall_s": per_rank_outside_wall,
     }
+
+
+def step_overhead_line(shard_s: float, whole_s: float, world: int) -> tuple[float, float]:
+    """``(fixed, per sequence)`` seconds of a step's work outside the blocks, as a line in
+    the rank's share of the sequence through ``shard_s`` at ``1/world`` and ``whole_s`` at
+    1 (the topology's ``step_overhead_us`` and ``step_overhead_sequence_us``). The slope
+    is kept at 0 or more (timing noise can put the whole sequence below the shard), and
+    one rank (``world`` 1) has no second point: all of it is fixed."""
+    if world <= 1:
+        return shard_s, 0.0
+    sequence_s = max(0.0, (whole_s - shard_s) / (1.0 - 1.0 / world))
+    return shard_s - sequence_s / world, sequence_s

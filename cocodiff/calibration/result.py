@@ -154,16 +154,24 @@ class Calibration:
         host = None if self.host is None else self.host.spec()
         device = self.kernels.rates if self.kernels is not None and self.kernels.used else None
         return dataclasses.replace(spec, name=label, host=host,
-                                   tile_step_overhead_us=self.step_overhead_us, device=device,
-                                   **unconstrained_host_links(spec))
+                                   tile_step_overhead_us=self.step_overhead_us,
+                                   tile_step_overhead_sequence_us=self.step_overhead_sequence_us,
+                                   device=device, **unconstrained_host_links(spec))
 
     @property
     def step_overhead_us(self) -> float:
-        """The topology's ``tile_step_overhead_us``: the CPU each rank spent per step
-        outside the blocks (one core's, as the tile's rates); 0 when the real blocks
-        were not timed."""
+        """The topology's ``tile_step_overhead_us``: the CPU a rank spends per step outside
+        the blocks (one core's, as the tile's rates) that does not grow with its share of
+        the sequence; all of it when only the shard was timed (a calibration written
+        before the whole sequence was); 0 when the real blocks were not timed."""
         block = self.compute.block or {}
-        return block.get("step_overhead_s", 0.0) * 1e6
+        return block.get("step_overhead_fixed_s", block.get("step_overhead_s", 0.0)) * 1e6
+
+    @property
+    def step_overhead_sequence_us(self) -> float:
+        """The topology's ``tile_step_overhead_sequence_us``: what that work adds per whole
+        sequence on the rank (:func:`~cocodiff.calibration.blocks.step_overhead_line`)."""
+        return (self.compute.block or {}).get("step_overhead_sequence_s", 0.0) * 1e6
 
     def _link(self, tier: str) -> LinkFit:
         """The fit a tier's link gets: the wire's when a host takes the CPU part."""
@@ -196,9 +204,16 @@ class Calibration:
         block = self.compute.block
         if not block or "step_overhead_s" not in block:
             return []
-        return [f"tile.step_overhead_us: each rank's forward outside its blocks (on its "
+        line = (f"tile.step_overhead_us: each rank's forward outside its blocks (on its "
                 f"shard) and a scheduler step, {block['step_overhead_s'] * 1e3:.2f} ms of CPU "
-                "with all ranks at once; charged once per denoising step."]
+                "with all ranks at once; charged once per denoising step")
+        if "step_overhead_sequence_s" not in block:
+            return [line + "."]
+        return [line + f"; with the whole sequence on each rank "
+                f"{block['whole_sequence_overhead_s'] * 1e3:.2f} ms: a line in the rank's share "
+                f"of the sequence, {block['step_overhead_fixed_s'] * 1e3:.2f} ms + "
+                f"{block['step_overhead_sequence_s'] * 1e3:.2f} ms x the share "
+                "(step_overhead_sequence_us; 1/u on a PipeFusion stage of u ranks)."]
 
     def _host_notes(self) -> list[str]:
         if self.host is None:
@@ -518,8 +533,12 @@ def summary(result: Calibration, output: Path) -> str:
         lines.append(
             f"  outside the blocks: {c.block['step_overhead_s'] * 1e3:.2f} ms "
             f"{'on the device' if on_device else 'of CPU'} per step "
-            "and rank (the forward's other modules + a scheduler step), written as "
-            "step_overhead_us")
+            "and rank (the forward's other modules + a scheduler step)"
+            + (f"; {c.block['whole_sequence_overhead_s'] * 1e3:.2f} ms with the whole "
+               f"sequence on the rank: written as {c.block['step_overhead_fixed_s'] * 1e3:.2f} "
+               f"ms + {c.block['step_overhead_sequence_s'] * 1e3:.2f} ms x its share "
+               "(step_overhead_us, step_overhead_sequence_us)"
+               if "step_overhead_sequence_s" in c.block else ", written as step_overhead_us"))
     for name, fit in (("intra", result.intra), ("inter", result.inter)):
         lines.append(f"  {name}-node: {fit.latency_us:.1f} us + bytes / {fit.bandwidth_gbps:.3f}"
                      f" GB/s ({fit.source}, max fit error {fit.max_rel_error:.0%})")

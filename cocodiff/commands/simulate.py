@@ -516,9 +516,13 @@ def _notes(results, steps, collective, topology, model, placement, layouts=None)
                  "(docs/compute-model.md)" if device is not None else
                  "compute: the roofline of [tile] tflops and memory_gbps")
     overhead_us = topology.spec.tile_step_overhead_us
-    if overhead_us:
-        notes.append(f"compute includes {overhead_us / 1e3:.3g} ms per step and rank outside the "
-                     "transformer's blocks, at one core ([tile] step_overhead_us)")
+    sequence_us = topology.spec.tile_step_overhead_sequence_us
+    if overhead_us or sequence_us:
+        per_share = (f" + {sequence_us / 1e3:.3g} ms x the rank's share of the sequence "
+                     "(step_overhead_sequence_us)" if sequence_us else "")
+        notes.append(f"compute includes {overhead_us / 1e3:.3g} ms{per_share} per step and "
+                     "rank outside the transformer's blocks, at one core ([tile] "
+                     "step_overhead_us)")
     calls = host_call_note(topology.spec)
     if calls:
         notes.append(calls)

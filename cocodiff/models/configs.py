@@ -57,6 +57,8 @@ def flux(config: Mapping[str, Any], name: str) -> ModelSpec:
         text_tokens=512,
         cross_attention_tokens=0,
         patch_size=_PACKED_PATCH,
+        double_stream_share=_positive_int(config, "num_layers") / (
+            _positive_int(config, "num_layers") + _positive_int(config, "num_single_layers")),
     )
 
 

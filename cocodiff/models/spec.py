@@ -68,6 +68,11 @@ class ModelSpec:
             (``proj_out``'s width: latent channels x the config's patch area), what the
             runtime's output gather moves; 0: not known (a spec written by hand, or read
             from a plan file older than the field), and no gather is simulated.
+        double_stream_share: the share of FLUX's blocks that are double-stream, the
+            model's first ones (the rest are single-stream; they cost differently per
+            token, and a pipeline stage holds its own); a share, not a count, so that a
+            spec shortened to a few layers keeps its mean layer; None: not FLUX, or not
+            known (the cost model then takes FLUX.1's 19 of 57).
     """
 
     name: str
@@ -84,6 +89,7 @@ class ModelSpec:
     has_qk_norm: bool = True
     has_rope: bool = True
     output_channels: int = 0
+    double_stream_share: float | None = None
 
     def __post_init__(self) -> None:
         # The family is checked where a spec comes from outside the family records
@@ -114,6 +120,12 @@ class ModelSpec:
                     f"{field_name} of {self.name!r} is {getattr(self, field_name)}, more than "
                     f"{limit}: no DiT is that large"
                 )
+        share = self.double_stream_share
+        if share is not None and not (_is_number(share) and 0 <= share <= 1):
+            raise ModelSpecError(
+                f"double_stream_share of {self.name!r} must be a number from 0 to 1, "
+                f"got {share!r}"
+            )
         if not _is_number(self.mlp_ratio) or self.mlp_ratio <= 0:
             raise ModelSpecError(
                 f"mlp_ratio of {self.name!r} must be a positive number, got {self.mlp_ratio!r}"
@@ -122,6 +134,13 @@ class ModelSpec:
             raise ModelSpecError(
                 f"mlp_ratio of {self.name!r} is {self.mlp_ratio!r}, more than {MAX_MLP_RATIO:g}"
             )
+
+    def double_stream(self, layer: int) -> bool | None:
+        """Whether layer ``layer`` (0-based) is a double-stream block; None where the
+        spec does not say."""
+        if self.double_stream_share is None:
+            return None
+        return layer < round(self.double_stream_share * self.num_layers)
 
     @property
     def hidden_size(self) -> int:

@@ -119,10 +119,23 @@ def patch_attention(base: Compute, q_tokens: int, kv_tokens: int, heads: int, he
     return Compute("attention", Cost(flops, memory, kernels))
 
 
+def layer_kinds(spec: ModelSpec) -> tuple[ModelSpec, ...]:
+    """Each layer's one-layer spec: FLUX's double- and single-stream blocks apart where
+    the spec says which is which (a stage is charged the blocks it holds, not the
+    model's mean layer: the slowest stage sets the pipeline's pace), else the mean layer
+    for every one."""
+    one = replace(spec, num_layers=1)
+    kinds: dict[bool | None, ModelSpec] = {
+        None: one, True: replace(one, double_stream_share=1.0),
+        False: replace(one, double_stream_share=0.0)}
+    return tuple(kinds[spec.double_stream(layer)] for layer in range(spec.num_layers))
+
+
 def _stage_layer(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
                  pipeline: PipelineLayout, patches: int, inner: str, options: PlanOptions,
-                 stage: int) -> tuple[LayerPlan, ...]:
-    """One layer of one patch on each rank of ``stage`` (Ulysses order)."""
+                 stage: int, one: ModelSpec) -> tuple[LayerPlan, ...]:
+    """One layer of one patch on each rank of ``stage`` (Ulysses order), costed as
+    ``one`` (:func:`layer_kinds`)."""
     image, text = split_streams(spec, stream_tokens)
     u = pipeline.ulysses
     per_patch = patch_tokens(image, patches, u)
@@ -130,11 +143,10 @@ def _stage_layer(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
     positions = pipeline.stage_group(stage)
     members = group_grid(grid, positions)
     local = RankGrid(members.shape, tuple(range(u)))
-    one = replace(spec, num_layers=1)
     sub = get_schedule(inner).plan(one, local, streams, options)
     split = sub.head_split
     kv_tokens = buffer_tokens(spec, stream_tokens, pipeline, patches)
-    host_scale = pipelined_host_scale(spec, u)
+    host_scale = pipelined_host_scale(one, u)
     layers = []
     for index in range(u):
         layer = sub.program(index).layers[0]
@@ -209,10 +221,12 @@ def plan_pipefusion(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int
     patch_local = per_patch // u
     bounds = pipeline.stage_layers(spec.num_layers)
     programs: list[RankProgram | None] = [None] * grid.num_ranks
+    kinds = layer_kinds(spec)
     for stage in range(n):
-        layers = _stage_layer(spec, grid, stream_tokens, pipeline, patches, inner, options,
-                              stage)
-        count = bounds[stage + 1] - bounds[stage]
+        # Each distinct kind of the stage's layers, planned once (by identity).
+        own = kinds[bounds[stage]:bounds[stage + 1]]
+        planned = {id(kind): _stage_layer(spec, grid, stream_tokens, pipeline, patches, inner,
+                                          options, stage, kind) for kind in own}
         for index, position in enumerate(pipeline.stage_group(stage)):
             rank = grid.ranks[position]
             prev_rank = grid.ranks[pipeline.stage_group((stage - 1) % n)[index]]
@@ -250,7 +264,7 @@ def plan_pipefusion(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int
                     # sender posts its side.
                     parts.append(_glue(Wait("recv"), *(
                         (transfer(prev_rank, rank, pending[0][0], rank),) if pending else ())))
-                parts += [layers[index]] * count
+                parts += [planned[id(kind)][index] for kind in own]
                 if sends and not sends_late:
                     parts.append(_glue(*((Wait("send"),) if m > 0 else ()),
                                        transfer(rank, next_rank, out_bytes[m], rank)))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
@@ -338,9 +338,12 @@ def _ints(value: Any, what: str) -> tuple[int, ...]:
 
 
 def _dataclass_from(cls, data: Any, what: str, **converted: Any):
-    """``cls`` from a JSON object holding exactly its fields."""
+    """``cls`` from a JSON object holding its fields: every one without a default, and no
+    other (a field added later with a default may be missing from an older file)."""
     names = {f.name for f in fields(cls)}
-    if not isinstance(data, dict) or set(data) != names:
+    required = {f.name for f in fields(cls)
+                if f.default is MISSING and f.default_factory is MISSING}
+    if not isinstance(data, dict) or not required <= set(data) <= names:
         raise PlanFileError(f"malformed plan file: {what} must hold the fields "
                             f"{', '.join(sorted(names))}")
     return cls(**{**data, **converted})

@@ -10,13 +10,14 @@ topology's links (a phased exchange chunk by chunk, phase by phase, as the runti
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from cocodiff.cost import compute_seconds
-from cocodiff.plan.executor import Execution
+from cocodiff.plan.executor import Execution, InFlight, PlanError, run_layer
 from cocodiff.plan.gather import GatherStage
 from cocodiff.plan.phasing import ChunkPipeline, Posting, chunk_member_bytes
-from cocodiff.plan.steps import Compute, Exchange, Phase
+from cocodiff.plan.steps import Compute, Exchange, LayerPlan, Phase, Plan, Wait
 from sim import Simulation
 from transports.base import VirtualBuffer
 from transports.sim import (
@@ -29,6 +30,8 @@ from transports.sim import (
 
 if TYPE_CHECKING:
     import simpy
+
+    from topology import TopologySpec
 
 
 class _InFlight:
@@ -86,18 +89,18 @@ class SimBackend:
             duration_s = self._step_s[id(step)] = compute_seconds(step.cost, self._tile_spec)
         return self._compute(duration_s, step.op)
 
-    def step_overhead(self) -> SimHandle | None:
-        """The step's compute outside the transformer's blocks (the topology's
-        ``tile_step_overhead_us``: embedders, norm_out/proj_out, the scheduler's step),
-        charged like a compute step, once per step before the first layer; None when the
-        topology has none (nothing is charged, so step times stay as they were).
+    def step_overhead(self, plan: Plan) -> SimHandle | None:
+        """The step's compute outside the transformer's blocks (:func:`step_overhead_s`:
+        embedders, norm_out/proj_out, the scheduler's step), charged like a compute step,
+        once per step before its first layer; None when the topology has none (nothing is
+        charged, so step times stay as they were).
 
         It is charged here, by the simulator's rank, rather than as a step of the plan:
         the plan says what the blocks and their exchanges do, which the runtime carries
         out step by step; this work is the unmodified pipeline's, which the runtime runs
         as it is, so it has no plan step to carry out."""
-        overhead_us = self.simulation.topology.spec.tile_step_overhead_us
-        return self._compute(overhead_us * 1e-6, "step overhead") if overhead_us else None
+        overhead_s = step_overhead_s(self.simulation.topology.spec, plan)
+        return self._compute(overhead_s, "step overhead") if overhead_s else None
 
     def _compute(self, duration_s: float, name: str) -> SimHandle:
         """``duration_s`` of compute (at one core on a host) on the rank's tile."""
@@ -320,12 +323,72 @@ class SimBackend:
             )
 
 
+def sequence_share(plan: Plan) -> float:
+    """The share of one sample's sequence a rank's forward carries, times the samples it
+    holds: ``1/P`` for Ulysses over P ranks, ``1/(U R)`` in a Ulysses x Ring layout,
+    ``1/u`` in a PipeFusion stage of u ranks (its forward runs the stage's whole shard;
+    the plan's split is one patch's), doubled by two samples on a rank."""
+    split = plan.head_split
+    ring = plan.parallel.ring if plan.parallel is not None else 1
+    return split.batch / (split.num_ranks * ring)
+
+
+def step_overhead_s(spec: TopologySpec, plan: Plan) -> float:
+    """Seconds of a rank's step outside the blocks: ``tile_step_overhead_us`` plus
+    ``tile_step_overhead_sequence_us`` times its :func:`sequence_share`."""
+    return (spec.tile_step_overhead_us
+            + spec.tile_step_overhead_sequence_us * sequence_share(plan)) * 1e-6
+
+
+def generation_execution(plans: Sequence[Plan], step_plans: Sequence[int], rank: int,
+                         backend: SimBackend) -> Execution:
+    """Rank ``rank``'s PipeFusion generation (each step's program in turn, a transfer in
+    flight from one step to the next), each step paying its overhead outside the blocks
+    where the rank's forward runs it: at the step's start, while the rank waits for its
+    first patch; on a rank of the first stage after the step's leading waits, which are
+    for the last stage's output (the scheduler step that needs it, then the embedders,
+    come before its first block)."""
+    first_stage = _starts_pipeline(plans[step_plans[0]].program(rank).layers)
+    in_flight: InFlight = {}
+    for index in step_plans:
+        plan = plans[index]
+        layers = plan.program(rank).layers
+        leading = 0
+        if first_stage:
+            while leading < len(layers) and not any(isinstance(step, Compute)
+                                                    for step in layers[leading].steps):
+                leading += 1
+        for layer in layers[:leading]:
+            yield from run_layer(layer, backend, in_flight)
+        overhead = backend.step_overhead(plan)
+        if overhead is not None:
+            yield overhead
+            overhead.wait()
+        for layer in layers[leading:]:
+            yield from run_layer(layer, backend, in_flight)
+    if in_flight:
+        raise PlanError(f"exchanges never waited for: {sorted(in_flight)}")
+
+
+def _starts_pipeline(layers: Sequence[LayerPlan]) -> bool:
+    """Whether a rank's program of a generation's first step computes before it waits
+    for anything: the first stage's (nothing comes back from the last stage yet; every
+    rank of a one-stage pipeline)."""
+    for layer in layers:
+        for step in layer.steps:
+            if isinstance(step, Compute):
+                return True
+            if isinstance(step, Wait):
+                return False
+    return True
+
+
 def rank_process(simulation: Simulation, execution: Execution, rank: int,
-                 finish_s: dict[int, float], backend: SimBackend, denoising_step: bool = True,
+                 finish_s: dict[int, float], backend: SimBackend, overhead_of: Plan | None,
                  gathers: tuple[GatherStage, ...] = ()):
-    """One rank's step: the step overhead (``denoising_step``), the plan, the output
-    gathers."""
-    overhead = backend.step_overhead() if denoising_step else None
+    """One rank's step: the step overhead of ``overhead_of`` (None: none; a PipeFusion
+    generation charges it per step in its execution), the plan, the output gathers."""
+    overhead = backend.step_overhead(overhead_of) if overhead_of is not None else None
     if overhead is not None:
         yield overhead.event
     for handle in execution:

@@ -19,6 +19,7 @@ from cocodiff.cost import compute_seconds
 from cocodiff.plan.gather import GatherStage
 from cocodiff.plan.passes import PASS_STEPS, repeated_passes
 from cocodiff.plan.steps import Compute, Exchange, LayerPlan, Plan, Step
+from cocodiff.simulator.backend import step_overhead_s
 from cocodiff.simulator.symmetry import fold_period_ranks
 from topology import Placement, Topology
 from transports.sim import CollectiveModel
@@ -190,7 +191,7 @@ def generation_floor_s(plans: Sequence[Plan], step_plans: Sequence[int], topolog
                        placement: Placement, collective: CollectiveModel) -> float:
     """A lower bound on the per-step time a PipeFusion generation simulates
     (:func:`cocodiff.simulator.simulate.simulate_generation`: the generation's time over
-    its steps, plus the topology's step overhead), with no simulation.
+    its steps, each step's overhead outside the blocks included), with no simulation.
 
     :func:`step_floor_s`'s walk over each rank's whole generation (its steps' programs
     back to back): compute at its exact time, each exchange and point-to-point transfer
@@ -205,7 +206,8 @@ def generation_floor_s(plans: Sequence[Plan], step_plans: Sequence[int], topolog
     plan = generation_plan(plans, step_plans)
     walk = _FloorWalk(plan, topology, placement, collective)
     total_s = max(walk.program_s(rank) for rank in range(plan.num_ranks))
-    return total_s / len(step_plans) + topology.spec.tile_step_overhead_us * 1e-6
+    overhead_s = sum(step_overhead_s(topology.spec, plans[index]) for index in step_plans)
+    return (total_s + overhead_s) / len(step_plans)
 
 
 class _FloorWalk:

@@ -7,16 +7,17 @@ simulated transport as flows on the topology's links.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from cocodiff.layout import ParallelLayout
 from cocodiff.memory import RankMemory, pipeline_memory, sequence_memory
 from cocodiff.models import ModelSpec
-from cocodiff.plan.executor import run_program
+from cocodiff.plan.executor import Execution, run_program
 from cocodiff.plan.gather import GatherStage
 from cocodiff.plan.lazy import exemplar_programs, with_layers
 from cocodiff.plan.passes import Finder, plan_passes, repeated_passes, with_passes
@@ -33,7 +34,7 @@ from cocodiff.schedules.activity import ActivityTrace
 from cocodiff.schedules.gather import output_gather
 from cocodiff.schedules.pipefusion import PIPELINE_SCHEDULES, generation_plan
 from cocodiff.schedules.tapa import check_chunks
-from cocodiff.simulator.backend import SimBackend, rank_process
+from cocodiff.simulator.backend import SimBackend, generation_execution, rank_process
 from cocodiff.simulator.bounds import model_bound_s, plan_bound_s
 from cocodiff.simulator.results import SimResult, busiest_links
 from cocodiff.simulator.symmetry import fold_period_nodes
@@ -62,6 +63,7 @@ def simulate_plan(
     denoising_step: bool = True,
     gathers: tuple[GatherStage, ...] = (),
     cache: FlowCache | None = None,
+    execution: Callable[[int, SimBackend], Execution] | None = None,
 ) -> SimResult:
     """Run one denoising step of ``plan`` on ``topology`` (or, ``denoising_step`` False,
     the plan alone: a microbenchmark's exchanges, without the topology's step overhead).
@@ -77,12 +79,15 @@ def simulate_plan(
             timeline (for traces and plots).
         collective: how collectives are carried out beyond the wire; by default the
             model of the topology's preset (``transports.sim.COLLECTIVE_MODELS``).
-        denoising_step: charge the topology's ``tile_step_overhead_us`` (the pipeline's
-            work outside the blocks, once per step) before the plan.
+        denoising_step: charge the step's overhead (the pipeline's work outside the
+            blocks, once per step, at the rank's share of the sequence:
+            :func:`~cocodiff.simulator.backend.step_overhead_s`) before the plan.
         gathers: the output gathers that end the step, after the plan
             (:func:`cocodiff.schedules.gather.output_gather`; ``simulate_run_plan`` passes them).
         cache: what this simulation may share with others of the same machine, placement
             and model (:class:`transports.sim.FlowCache`).
+        execution: a rank's execution given its rank and backend, in place of its
+            program's (a PipeFusion generation's, which charges each step's overhead).
     """
     wall_start = time.perf_counter()
     placement = placement or Placement.node_major(topology, plan.num_ranks)
@@ -104,9 +109,11 @@ def simulate_plan(
     for rank in world.simulated_ranks:
         backend = SimBackend(world.transport(rank), placement.tile_of(rank), record_spans)
         backends[rank] = backend
+        steps = (run_program(plan.program(rank), backend) if execution is None
+                 else execution(rank, backend))
         simulation.env.process(
-            rank_process(simulation, run_program(plan.program(rank), backend), rank, finish_s,
-                         backend, denoising_step, gathers)
+            rank_process(simulation, steps, rank, finish_s, backend,
+                         plan if denoising_step else None, gathers)
         )
     simulation.run()
     missing = [rank for rank in world.simulated_ranks if rank not in finish_s]
@@ -543,7 +550,7 @@ def simulate_generation(plans: Sequence[Plan], step_plans: Sequence[int],
     if record_spans or num_steps <= warmup + 3:
         total = _run_generation(plans, step_plans, topology, placement, collective,
                                 record_spans)
-        return _generation_per_step(total, num_steps, topology)
+        return _generation_per_step(total, num_steps)
     cache = FlowCache()  # the two generations post the same transfers and exchanges
     short, longer = (_run_generation(plans, (*step_plans[:k - 1], step_plans[-1]), topology,
                                      placement, collective, False, cache)
@@ -567,24 +574,24 @@ def simulate_generation(plans: Sequence[Plan], step_plans: Sequence[int],
         exchange_s=affine(short.exchange_s, longer.exchange_s),
         exchanges_per_step=[round(affine(short.exchanges_per_step[0],
                                          longer.exchanges_per_step[0]))])
-    return _generation_per_step(total, num_steps, topology)
+    return _generation_per_step(total, num_steps)
 
 
 def _run_generation(plans: Sequence[Plan], step_plans: Sequence[int], topology: Topology,
          placement: Placement | None, collective: CollectiveModel | None,
          record_spans: bool, cache: FlowCache | None = None) -> SimResult:
-    # The step overhead is charged per step by _per_step, not once per simulation.
+    # Each step's overhead is charged by the ranks' executions, step by step.
     return simulate_plan(generation_plan(plans, step_plans), topology, placement, fold=False,
                          record_spans=record_spans, collective=collective,
-                         denoising_step=False, cache=cache)
+                         denoising_step=False, cache=cache,
+                         execution=functools.partial(generation_execution, plans, step_plans))
 
 
-def _generation_per_step(total: SimResult, num_steps: int, topology: Topology) -> SimResult:
-    """The generation's totals as one step's: every step also pays the pipeline's work
-    outside the blocks (``tile_step_overhead_us``), as every schedule's step does."""
-    overhead_s = topology.spec.tile_step_overhead_us * 1e-6
-    step_s = total.step_time_s / num_steps + overhead_s
-    compute_s = total.compute_s / num_steps + overhead_s
+def _generation_per_step(total: SimResult, num_steps: int) -> SimResult:
+    """The generation's totals as one step's (each step's overhead outside the blocks
+    already charged in it, by :func:`~cocodiff.simulator.backend.generation_execution`)."""
+    step_s = total.step_time_s / num_steps
+    compute_s = total.compute_s / num_steps
     return replace(
         total, step_time_s=step_s, compute_s=compute_s, step_times_s=[step_s],
         comm_exposed_s=max(0.0, step_s - compute_s),

@@ -196,3 +196,64 @@ def test_overlap_moves_stage_0s_dependencies_not_its_bytes():
     # Same compute, slower: the pipeline fills and drains every step.
     assert slow.compute_s == pytest.approx(fast.compute_s, rel=1e-12)
     assert slow.step_time_s > fast.step_time_s
+
+
+@pytest.mark.parametrize(("stages", "ulysses"), [(4, 1), (2, 2)])
+def test_each_step_pays_its_overhead_once_on_the_critical_path(stages, ulysses):
+    # The step's work outside the blocks, fixed o plus s per whole sequence on the rank
+    # (a stage rank of u carries 1/u of it): stage 0 pays it once the last stage's output
+    # is back, the other stages while they wait for their first patch (hidden, o + s/u
+    # below a slot here), so every step takes o + s/u longer than without it.
+    spec = tiny_spec(num_layers=8)
+    tokens, patches, warmup, num_steps = 64, 4, 1, 5
+    layout = PipelineLayout(stages, ulysses, patches, warmup)
+    slot_s = spec.num_layers // stages * layer_s(spec, tokens // patches, tokens)
+    fixed_s, sequence_s = slot_s / 4, slot_s / 2
+    topology = free_machine(layout.num_ranks)
+    charged = build_topology(dataclasses.replace(
+        topology.spec, tile_step_overhead_us=fixed_s * 1e6,
+        tile_step_overhead_sequence_us=sequence_s * 1e6))
+    without, _, _ = simulate(spec, layout, num_steps, tokens, topology)
+    with_it, _, _ = simulate(spec, layout, num_steps, tokens, charged)
+    added_s = with_it.step_time_s - without.step_time_s
+    assert added_s == pytest.approx(fixed_s + sequence_s / ulysses, rel=1e-6)
+
+
+def test_a_stage_is_charged_the_flux_blocks_it_holds():
+    # FLUX with 2 double- and 4 single-stream blocks over 4 stages (layers 0 | 1 2 | 3 |
+    # 4 5): each stage's patch layers cost what its own blocks cost in the kernel model
+    # (a double block more than a single one), the mean layer only where the spec does
+    # not say which is which.
+    from cocodiff.cost import compute_seconds
+    from cocodiff.models import spec_from_config
+    from cocodiff.plan.steps import Compute
+    from cocodiff.schedules.pipefusion import layer_kinds
+
+    spec = spec_from_config({"_class_name": "FluxTransformer2DModel", "num_layers": 2,
+                             "num_single_layers": 4, "num_attention_heads": 4,
+                             "attention_head_dim": 16, "in_channels": 16})
+    assert spec.double_stream_share == pytest.approx(2 / 6)
+    assert [kind.double_stream_share for kind in layer_kinds(spec)] == [1, 1, 0, 0, 0, 0]
+    from topology import DEVICES
+
+    # The kernel model prices the kinds apart (a roofline prices FLOPs and bytes alike).
+    topology = build_topology(dataclasses.replace(free_machine(4).spec,
+                                                  device=DEVICES["h100-sxm"]))
+    grid = RankGrid.from_placement(topology, Placement.node_major(topology, 4))
+
+    def stage_layers_s(model):
+        plan = plan_pipefusion(model, grid, (64, 16), PipelineLayout(4, 1, 4, 1))
+        return [[sum(compute_seconds(step.cost, topology.spec) for step in layer.steps
+                     if isinstance(step, Compute))
+                 for layer in plan.program(rank).layers
+                 if any(isinstance(step, Compute) for step in layer.steps)][:2]
+                for rank in range(4)]
+
+    double_s, single_s = stage_layers_s(spec)[0][0], stage_layers_s(spec)[3][0]
+    assert double_s > single_s
+    # Stage 1 holds layers 1 (double) and 2 (single), stage 2 layer 3 (single).
+    assert stage_layers_s(spec)[1] == pytest.approx([double_s, single_s])
+    assert stage_layers_s(spec)[2][0] == pytest.approx(single_s)
+    mean = stage_layers_s(dataclasses.replace(spec, double_stream_share=None))
+    assert {round(s, 15) for layers in mean for s in layers} == {round(mean[0][0], 15)}
+    assert single_s < mean[0][0] < double_s

@@ -78,3 +78,27 @@ def test_a_real_schedule_pays_it_once_per_step() -> None:
     assert steps[0.0].step_times_s == without.step_times_s
     added = steps[OVERHEAD_S * 1e6].step_time_s - without.step_time_s
     assert added == pytest.approx(OVERHEAD_S, rel=1e-6)
+
+
+@pytest.mark.parametrize(("num_ranks", "batch", "ring", "share"), [
+    (4, 1, 1, 1 / 4),   # Ulysses over 4: a quarter of the sequence
+    (4, 2, 1, 2 / 4),   # two samples on every rank
+    (2, 1, 2, 1 / 4),   # Ulysses 2 x Ring 2: a Ulysses group holds half
+    (1, 1, 1, 1.0),
+])
+def test_the_sequence_part_is_charged_by_the_ranks_share(num_ranks, batch, ring, share):
+    # fixed + per-sequence x share, once per step, on top of the layers (accelerators:
+    # every rank its own device).
+    from cocodiff.layout import ParallelLayout
+    from cocodiff.simulator.backend import sequence_share
+
+    fixed_s, sequence_s = 0.002, 0.008
+    plan = dataclasses.replace(layers_plan(num_ranks, 2), parallel=ParallelLayout(
+        num_ranks, ring), head_split=HeadSplit(num_ranks, num_ranks, (1,) * num_ranks, 8,
+                                               batch))
+    assert sequence_share(plan) == pytest.approx(share)
+    topology = build_topology(dataclasses.replace(
+        machine(num_ranks, None, fixed_s).spec, tile_step_overhead_sequence_us=sequence_s * 1e6))
+    result = simulate_plan(plan, topology, fold=False)
+    assert result.step_time_s == pytest.approx(2 * LAYER_S + fixed_s + sequence_s * share,
+                                               rel=1e-9)

@@ -1,4 +1,5 @@
-"""``[tile] step_overhead_us``: read, written back only when set, one line when bad."""
+"""``[tile] step_overhead_us`` and ``step_overhead_sequence_us``: read, written back only
+when set, one line when bad."""
 
 from __future__ import annotations
 
@@ -24,10 +25,20 @@ def test_step_overhead_round_trips(tmp_path: Path) -> None:
     assert load_topology(again) == spec
 
 
+def test_the_sequence_part_round_trips(tmp_path: Path) -> None:
+    spec = load_topology(write(tmp_path, 'preset = "cluster"\n[tile]\nstep_overhead_us = 2000\n'
+                                         'step_overhead_sequence_us = 9000.5\n'))
+    assert (spec.tile_step_overhead_us, spec.tile_step_overhead_sequence_us) == (2000.0, 9000.5)
+    again = tmp_path / "again.toml"
+    again.write_text(dump_topology(spec))
+    assert load_topology(again) == spec
+
+
 def test_without_the_key_nothing_is_charged_or_written(tmp_path: Path) -> None:
     spec = load_topology(write(tmp_path, 'preset = "cluster"\n'))
     assert spec.tile_step_overhead_us == 0.0
-    assert "step_overhead_us" not in dump_topology(spec)
+    assert spec.tile_step_overhead_sequence_us == 0.0
+    assert "step_overhead" not in dump_topology(spec)
 
 
 BAD = {
@@ -38,6 +49,9 @@ BAD = {
     "string": ('step_overhead_us = "5 ms"',
                r"expected a number for tile\.step_overhead_us of .*string '5 ms'"),
     "nan": ("step_overhead_us = nan", r"step overhead nan us is not finite in tile\."),
+    "negative sequence": ("step_overhead_sequence_us = -5",
+                          r"negative step overhead per sequence -5\.0 us in "
+                          r"tile\.step_overhead_sequence_us of .*machine\.toml"),
 }
 
 
