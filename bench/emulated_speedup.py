@@ -328,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     add_model_arguments(parser)
     parser.add_argument("--quick-calibration", action="store_true",
                         help="calibrate with fewer sizes and repeats")
+    parser.add_argument("--fit-patterns", action="store_true",
+                        help="calibrate with --fit-patterns: the collective also fitted on a "
+                             "step's exchange patterns (what one cross-node transfer reaches)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per job, seconds")
     parser.add_argument("--json", type=Path, default=REPO / "results" / "emulated_speedup.json")
     parser.add_argument("--work", type=Path, default=None,
@@ -538,8 +541,7 @@ def _measure_config(args, config: Config, schedules: list[str], model_dir: Path,
     validated = here / "validate.json"
     with EmulatedCluster(cluster_spec) as cluster:
         started = time.monotonic()
-        calibrate_job(cluster, [*common, "--dtype", args.dtype,
-                                *(["--quick"] if args.quick_calibration else [])],
+        calibrate_job(cluster, [*common, "--dtype", args.dtype, *calibrate_flags(args)],
                       calibration, args.timeout, here, notes, config.label, config.transport)
         print(f"  calibrated in {time.monotonic() - started:.0f} s", flush=True)
         started = time.monotonic()
@@ -579,7 +581,7 @@ def _measure_single_host(args, config: Config, schedules: list[str], model_dir: 
     env = single_process_env()
     for name, command in (
         ("calibrate", [*launch, "calibrate", *common, "--dtype", args.dtype,
-                       *(["--quick"] if args.quick_calibration else []),
+                       *calibrate_flags(args),
                        "--transport", config.transport, "--output", str(calibration),
                        "--json", str(calibration.with_suffix(".json"))]),
         ("validate", [*launch, "validate", *common, "--topology", str(calibration),
@@ -684,6 +686,12 @@ def families_text(config: dict[str, Any]) -> str | None:
                          f"{side['sequence']['step_s'] * 1e3:.1f} ms ({winner} "
                          f"{max(ratio, 1 / ratio):.2f}x faster)")
     return f"{config['label']}: " + "; ".join(parts)
+
+
+def calibrate_flags(args: argparse.Namespace) -> list[str]:
+    """calibrate's flags that the command line chose."""
+    return [*(["--quick"] if args.quick_calibration else []),
+            *(["--fit-patterns"] if args.fit_patterns else [])]
 
 
 def calibrate_job(cluster, options: list[str], calibration: Path, timeout_s: float,

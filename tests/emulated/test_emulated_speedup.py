@@ -214,3 +214,14 @@ def test_the_compact_report_keeps_the_rows_and_picks_of_every_run(tmp_path):
                                  "predicted_step_s": 0.09, "error": -0.1}
     assert b["planner_pick"]["schedule"] == "vfirst" and b["pick_within_5pct"] is True
     assert "calibration" not in b and "runs" not in json.dumps(b)
+
+
+def test_calibrate_gets_the_flags_the_command_line_chose():
+    import argparse
+
+    def flags(**chosen):
+        return emulated_speedup.calibrate_flags(argparse.Namespace(
+            **{"quick_calibration": False, "fit_patterns": False, **chosen}))
+
+    assert flags() == []
+    assert flags(quick_calibration=True, fit_patterns=True) == ["--quick", "--fit-patterns"]
