@@ -62,6 +62,22 @@ def test_a_file_from_before_the_head_split_rename_still_loads():
     assert again.to_json() == run_plan.to_json()  # written again under the new key
 
 
+def test_a_file_from_before_the_double_stream_share_still_loads():
+    # A model field added later with a default may be missing; one without a default may
+    # not, nor may a field the spec does not have.
+    run_plan = build_run_plan("flat", FLUX, GRID, STREAMS, 2, PlanOptions())
+    assert run_plan.spec.double_stream_share == pytest.approx(19 / 57)
+    data = json.loads(run_plan.to_json())
+    del data["model"]["double_stream_share"]
+    assert RunPlan.from_json(json.dumps(data)).spec.double_stream_share is None
+    without_heads, with_colour = json.loads(run_plan.to_json()), json.loads(run_plan.to_json())
+    del without_heads["model"]["num_heads"]
+    with_colour["model"]["colour"] = 1
+    for broken in (without_heads, with_colour):
+        with pytest.raises(PlanFileError, match="model must hold the fields"):
+            RunPlan.from_json(json.dumps(broken))
+
+
 def test_a_pure_ulysses_layout_is_recorded_as_none_and_the_machine_is_not_hashed():
     """A plan names pure Ulysses one way, whether a layout said so or none was given,
     and where it was made for is a note beside the plan, not part of its hash."""

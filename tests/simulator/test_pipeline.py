@@ -228,14 +228,13 @@ def test_a_stage_is_charged_the_flux_blocks_it_holds():
     from cocodiff.models import spec_from_config
     from cocodiff.plan.steps import Compute
     from cocodiff.schedules.pipefusion import layer_kinds
+    from topology import DEVICES
 
     spec = spec_from_config({"_class_name": "FluxTransformer2DModel", "num_layers": 2,
                              "num_single_layers": 4, "num_attention_heads": 4,
                              "attention_head_dim": 16, "in_channels": 16})
     assert spec.double_stream_share == pytest.approx(2 / 6)
     assert [kind.double_stream_share for kind in layer_kinds(spec)] == [1, 1, 0, 0, 0, 0]
-    from topology import DEVICES
-
     # The kernel model prices the kinds apart (a roofline prices FLOPs and bytes alike).
     topology = build_topology(dataclasses.replace(free_machine(4).spec,
                                                   device=DEVICES["h100-sxm"]))
@@ -249,11 +248,12 @@ def test_a_stage_is_charged_the_flux_blocks_it_holds():
                  if any(isinstance(step, Compute) for step in layer.steps)][:2]
                 for rank in range(4)]
 
-    double_s, single_s = stage_layers_s(spec)[0][0], stage_layers_s(spec)[3][0]
+    stages = stage_layers_s(spec)
+    double_s, single_s = stages[0][0], stages[3][0]
     assert double_s > single_s
     # Stage 1 holds layers 1 (double) and 2 (single), stage 2 layer 3 (single).
-    assert stage_layers_s(spec)[1] == pytest.approx([double_s, single_s])
-    assert stage_layers_s(spec)[2][0] == pytest.approx(single_s)
+    assert stages[1] == pytest.approx([double_s, single_s])
+    assert stages[2][0] == pytest.approx(single_s)
     mean = stage_layers_s(dataclasses.replace(spec, double_stream_share=None))
     assert {round(s, 15) for layers in mean for s in layers} == {round(mean[0][0], 15)}
     assert single_s < mean[0][0] < double_s
