@@ -223,10 +223,10 @@ def plan_pipefusion(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int
     programs: list[RankProgram | None] = [None] * grid.num_ranks
     kinds = layer_kinds(spec)
     for stage in range(n):
-        # Each distinct kind of the stage's layers, planned once (by identity).
+        # Each distinct kind of the stage's layers, planned once.
         own = kinds[bounds[stage]:bounds[stage + 1]]
-        planned = {id(kind): _stage_layer(spec, grid, stream_tokens, pipeline, patches, inner,
-                                          options, stage, kind) for kind in own}
+        planned = {kind: _stage_layer(spec, grid, stream_tokens, pipeline, patches, inner,
+                                      options, stage, kind) for kind in own}
         for index, position in enumerate(pipeline.stage_group(stage)):
             rank = grid.ranks[position]
             prev_rank = grid.ranks[pipeline.stage_group((stage - 1) % n)[index]]
@@ -264,7 +264,7 @@ def plan_pipefusion(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int
                     # sender posts its side.
                     parts.append(_glue(Wait("recv"), *(
                         (transfer(prev_rank, rank, pending[0][0], rank),) if pending else ())))
-                parts += [planned[id(kind)][index] for kind in own]
+                parts += [planned[kind][index] for kind in own]
                 if sends and not sends_late:
                     parts.append(_glue(*((Wait("send"),) if m > 0 else ()),
                                        transfer(rank, next_rank, out_bytes[m], rank)))

@@ -32,7 +32,7 @@ from cocodiff.schedules import (
 )
 from cocodiff.schedules.activity import ActivityTrace
 from cocodiff.schedules.gather import output_gather
-from cocodiff.schedules.pipefusion import PIPELINE_SCHEDULES, generation_plan
+from cocodiff.schedules.pipefusion import PIPELINE_SCHEDULES
 from cocodiff.schedules.tapa import check_chunks
 from cocodiff.simulator.backend import SimBackend, generation_execution, rank_process
 from cocodiff.simulator.bounds import model_bound_s, plan_bound_s
@@ -580,10 +580,11 @@ def simulate_generation(plans: Sequence[Plan], step_plans: Sequence[int],
 def _run_generation(plans: Sequence[Plan], step_plans: Sequence[int], topology: Topology,
          placement: Placement | None, collective: CollectiveModel | None,
          record_spans: bool, cache: FlowCache | None = None) -> SimResult:
-    # Each step's overhead is charged by the ranks' executions, step by step.
-    return simulate_plan(generation_plan(plans, step_plans), topology, placement, fold=False,
-                         record_spans=record_spans, collective=collective,
-                         denoising_step=False, cache=cache,
+    # The ranks' executions run the steps' programs back to back, each step's overhead
+    # charged in them; the first step's plan only names the schedule and the ranks.
+    first = replace(plans[step_plans[0]], shift_period=None)
+    return simulate_plan(first, topology, placement, fold=False, record_spans=record_spans,
+                         collective=collective, denoising_step=False, cache=cache,
                          execution=functools.partial(generation_execution, plans, step_plans))
 
 
