@@ -254,8 +254,9 @@ class PipelineRuntime(UlyssesRuntime):
         # Each step's program as this rank runs it (see _programs).
         self._programs: dict[int, tuple[tuple[LayerPlan, ...], tuple[Step, ...]]] = {}
         # Bytes this rank sent that the plan does not carry (the simulator does not
-        # charge them): the last step's output returned to stage 0, and the output
-        # gathers inside each stage's Ulysses group.
+        # charge them): the last step's output returned to stage 0. (The output gathers
+        # inside each stage's Ulysses group are counted by tier, as the simulator
+        # charges them: cocodiff.schedules.gather.stage_gather.)
         self.unplanned_bytes = 0
 
     # -- the Ulysses runtime's hooks --------------------------------------------------
@@ -469,9 +470,6 @@ class PipelineRuntime(UlyssesRuntime):
                 self.run_glue(cross=False)  # the send of patch m
         image_out = torch.cat(images, dim=1)
         return (text_out, image_out) if joint else image_out
-
-    def count_gathered(self, group: Group, num_bytes: int) -> None:
-        self.unplanned_bytes += num_bytes * (group.size - 1)
 
     def is_last_step(self) -> bool:
         return self.num_steps is None or self.step >= self.num_steps - 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cocodiff.layout import ParallelLayout
+from cocodiff.layout import ParallelLayout, PipelineLayout
 from cocodiff.models import ModelSpec
 from cocodiff.plan.gather import GatherStage, image_stream
 from cocodiff.schedules.grid import RankGrid
@@ -16,15 +16,17 @@ from cocodiff.schedules.options import PlanOptions
 
 
 def output_gather(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
-                  parallel: ParallelLayout | None, options: PlanOptions
+                  parallel: ParallelLayout | PipelineLayout | None, options: PlanOptions
                   ) -> tuple[GatherStage, ...]:
     """The gathers a denoising step ends with, in order, for a run of ``spec`` on ``grid``
     split as ``parallel`` (None or a pure-Ulysses layout: the whole grid is one sequence
-    group) with ``options`` (dtype; ``batch``: the step's samples, every batch share's
-    together); none when the model's output width is not known
-    (``ModelSpec.output_channels`` 0)."""
+    group; a PipeFusion layout: each stage's Ulysses group, :func:`stage_gather`) with
+    ``options`` (dtype; ``batch``: the step's samples, every batch share's together);
+    none when the model's output width is not known (``ModelSpec.output_channels`` 0)."""
     if not spec.output_channels or not any(t > 0 for t in stream_tokens):
         return ()
+    if isinstance(parallel, PipelineLayout):
+        return stage_gather(spec, grid, stream_tokens, parallel, options)
     if parallel is not None and parallel.is_pure_ulysses:
         parallel = None  # as a run's plan records it (build_run_plan)
     image = image_stream(spec, stream_tokens)
@@ -58,3 +60,20 @@ def output_gather(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
     if parallel is not None and parallel.batch > 1:
         stages.append(GatherStage(groups(parallel.batch_group), image * token_bytes))
     return tuple(stages)
+
+
+def stage_gather(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
+                 pipeline: PipelineLayout, options: PlanOptions) -> tuple[GatherStage, ...]:
+    """A PipeFusion step's gather: every stage runs the model's output projection on its
+    ranks' shares of the image and gathers them in its Ulysses group, as under Ulysses
+    (the runtime's gather hook; stage 0's is the step's latents, the others' are
+    gathered all the same); none with one rank per stage, and none with overlapping steps
+    (xDiT's engine steps the scheduler on each patch where it is: no step ends with the
+    whole latents on a rank)."""
+    if pipeline.ulysses == 1 or pipeline.overlap:
+        return ()
+    image = image_stream(spec, stream_tokens)
+    token_bytes = spec.output_channels * options.dtype_bytes * options.batch
+    groups = tuple(tuple(grid.ranks[p] for p in pipeline.stage_group(stage))
+                   for stage in range(pipeline.stages))
+    return (GatherStage(groups, -(-image // pipeline.ulysses) * token_bytes),)

@@ -10,6 +10,7 @@ topology's links (a phased exchange chunk by chunk, phase by phase, as the runti
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -341,16 +342,20 @@ def step_overhead_s(spec: TopologySpec, plan: Plan) -> float:
 
 
 def generation_execution(plans: Sequence[Plan], step_plans: Sequence[int], rank: int,
-                         backend: SimBackend) -> Execution:
+                         backend: SimBackend, gathers: tuple[GatherStage, ...] = ()
+                         ) -> Execution:
     """Rank ``rank``'s PipeFusion generation (each step's program in turn, a transfer in
     flight from one step to the next), each step paying its overhead outside the blocks
-    where the rank's forward runs it: at the step's start, while the rank waits for its
-    first patch; on a rank of the first stage after the step's leading waits, which are
-    for the last stage's output (the scheduler step that needs it, then the embedders,
-    come before its first block)."""
+    and its output gather (``gathers``, the stage's: :func:`~cocodiff.schedules.gather.
+    stage_gather`) where the runtime's forward runs them: the overhead at the step's
+    start, while the rank waits for its first patch, and the gather after its last
+    block. A rank of the first stage runs both after the next step's leading waits,
+    which are for the last stage's output: the runtime takes it at the output
+    projection, before the gather, and the scheduler step that needs it and the
+    embedders come before its first block."""
     first_stage = _starts_pipeline(plans[step_plans[0]].program(rank).layers)
     in_flight: InFlight = {}
-    for index in step_plans:
+    for number, index in enumerate(step_plans):
         plan = plans[index]
         layers = plan.program(rank).layers
         leading = 0
@@ -360,12 +365,16 @@ def generation_execution(plans: Sequence[Plan], step_plans: Sequence[int], rank:
                 leading += 1
         for layer in layers[:leading]:
             yield from run_layer(layer, backend, in_flight)
+        if first_stage and number:
+            yield from output_gathers(backend, gathers)  # the step before's
         overhead = backend.step_overhead(plan)
         if overhead is not None:
             yield overhead
             overhead.wait()
         for layer in layers[leading:]:
             yield from run_layer(layer, backend, in_flight)
+        if not first_stage or number == len(step_plans) - 1:
+            yield from output_gathers(backend, gathers)
     if in_flight:
         raise PlanError(f"exchanges never waited for: {sorted(in_flight)}")
 
@@ -383,20 +392,26 @@ def _starts_pipeline(layers: Sequence[LayerPlan]) -> bool:
     return True
 
 
+def output_gathers(backend: SimBackend, gathers: tuple[GatherStage, ...]) -> Execution:
+    """The step's output gathers on the rank, one after the other (their handles, as an
+    execution yields them)."""
+    for index, stage in enumerate(gathers):
+        start = backend.simulation.now
+        yield backend.gather(stage, index)
+        backend.finish_gather(start)
+
+
 def rank_process(simulation: Simulation, execution: Execution, rank: int,
                  finish_s: dict[int, float], backend: SimBackend, overhead_of: Plan | None,
                  gathers: tuple[GatherStage, ...] = ()):
     """One rank's step: the step overhead of ``overhead_of`` (None: none; a PipeFusion
-    generation charges it per step in its execution), the plan, the output gathers."""
+    generation charges it per step in its execution, and its gathers too), the plan, the
+    output gathers."""
     overhead = backend.step_overhead(overhead_of) if overhead_of is not None else None
     if overhead is not None:
         yield overhead.event
-    for handle in execution:
+    for handle in itertools.chain(execution, output_gathers(backend, gathers)):
         yield backend.blocked_on(cast(SimHandle, handle))  # the simulated transport's handles
-    for index, stage in enumerate(gathers):
-        start = simulation.now
-        yield backend.blocked_on(backend.gather(stage, index))
-        backend.finish_gather(start)
     finish_s[rank] = simulation.now
 
 

@@ -203,7 +203,8 @@ def estimate_pipelines(spec, num_layers: int, layouts, num_steps: int) -> Estima
     ``warmup + 3`` steps, two short generations of ``warmup + 2`` and ``warmup + 3``
     steps): every rank; per step, the stage's layers' exchanges (4 a layer with Ulysses
     inside the stage) and a transfer in and out, once per synchronous step and per patch
-    of a pipelined one. An upper bound for the planner, which prunes layouts by floors.
+    of a pipelined one, and the stage's output gather. An upper bound for the planner,
+    which prunes layouts by floors.
     """
     num_ranks = spec.num_tiles
     collectives = messages = 0
@@ -216,9 +217,13 @@ def estimate_pipelines(spec, num_layers: int, layouts, num_steps: int) -> Estima
         # A stage's layers, on average over the stages (their counts differ by one).
         exchanges = EXCHANGES_PER_LAYER * num_layers / layout.stages if layout.ulysses > 1 else 0
         passes = synchronous + pipelined * layout.patches
+        # Each step ends with the stage's output gather (schedules.gather.stage_gather).
+        gathers = (synchronous + pipelined) * (layout.ulysses > 1 and not layout.overlap)
         # A generation's ends post two fewer a rank (counted against the simulator).
-        collectives += round(num_ranks * (passes * (exchanges + 2) - 2 * generations))
-        messages += round(num_ranks * passes * (exchanges * (layout.ulysses - 1) + 2))
+        collectives += round(num_ranks * (passes * (exchanges + 2) - 2 * generations
+                                          + gathers))
+        messages += round(num_ranks * (passes * (exchanges * (layout.ulysses - 1) + 2)
+                                       + gathers * (layout.ulysses - 1)))
     elements = graph_elements(spec)
     memory = BASE_BYTES + BYTES_PER_GRAPH_ELEMENT * elements
     wall_s = (SECONDS_PER_PIPELINE_COLLECTIVE * collectives + SECONDS_PER_MESSAGE * messages

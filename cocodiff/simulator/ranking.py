@@ -171,7 +171,10 @@ def _simulate(context: _Context, candidate: Candidate) -> tuple[float, float]:
     if isinstance(layout, PipelineLayout):
         plans, steps = _pipeline_plans(context, layout)
         result = simulate_generation(plans, steps, context.topology, context.placement,
-                                     context.collective)
+                                     context.collective,
+                                     gathers=output_gather(context.spec, context.grid,
+                                                           context.stream_tokens, layout,
+                                                           context.options))
     else:
         result = simulate_layers(_sequence_plan(context, candidate), context.topology,
                                  context.placement, context.collective,

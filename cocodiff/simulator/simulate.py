@@ -390,8 +390,10 @@ def simulate_run_plan(
                             f"x tiles), the machine's as {_shape(grid)}")
     if run_plan.schedule in PIPELINE_SCHEDULES:
         # The steps depend on each other: simulated back to back, not one by one.
-        result = simulate_generation(run_plan.plans, run_plan.step_plans, topology, placement,
-                                     collective, record_spans)
+        result = simulate_generation(
+            run_plan.plans, run_plan.step_plans, topology, placement, collective, record_spans,
+            output_gather(run_plan.spec, run_plan.grid, run_plan.stream_tokens,
+                          run_plan.plans[0].pipeline, run_plan.options))
         result.memory = run_plan_memory(run_plan)
         result.wall_s = time.perf_counter() - wall_start
         return result
@@ -533,7 +535,8 @@ def run_plan_memory(run_plan: RunPlan) -> RankMemory:
 def simulate_generation(plans: Sequence[Plan], step_plans: Sequence[int],
                         topology: Topology, placement: Placement | None = None,
                         collective: CollectiveModel | None = None,
-                        record_spans: bool = False) -> SimResult:
+                        record_spans: bool = False,
+                        gathers: tuple[GatherStage, ...] = ()) -> SimResult:
     """Simulate a PipeFusion generation; the result is per step (the generation's time,
     compute, bytes and exchanges over its step count), as the other schedules report.
 
@@ -542,6 +545,7 @@ def simulate_generation(plans: Sequence[Plan], step_plans: Sequence[int],
         step_plans: each step's index in ``plans``.
         topology, placement, collective: as :func:`simulate_plan`.
         record_spans: simulate every step in full and keep the timeline.
+        gathers: each step's output gather (:func:`~cocodiff.schedules.gather.stage_gather`).
     """
     num_steps = len(step_plans)
     layout = plans[step_plans[-1]].pipeline
@@ -549,11 +553,11 @@ def simulate_generation(plans: Sequence[Plan], step_plans: Sequence[int],
     warmup = min(layout.warmup, num_steps)
     if record_spans or num_steps <= warmup + 3:
         total = _run_generation(plans, step_plans, topology, placement, collective,
-                                record_spans)
+                                record_spans, gathers)
         return _generation_per_step(total, num_steps)
     cache = FlowCache()  # the two generations post the same transfers and exchanges
     short, longer = (_run_generation(plans, (*step_plans[:k - 1], step_plans[-1]), topology,
-                                     placement, collective, False, cache)
+                                     placement, collective, False, gathers, cache)
                      for k in (warmup + 2, warmup + 3))
     extra = num_steps - warmup - 2
 
@@ -579,13 +583,15 @@ def simulate_generation(plans: Sequence[Plan], step_plans: Sequence[int],
 
 def _run_generation(plans: Sequence[Plan], step_plans: Sequence[int], topology: Topology,
          placement: Placement | None, collective: CollectiveModel | None,
-         record_spans: bool, cache: FlowCache | None = None) -> SimResult:
+         record_spans: bool, gathers: tuple[GatherStage, ...] = (),
+         cache: FlowCache | None = None) -> SimResult:
     # The ranks' executions run the steps' programs back to back, each step's overhead
     # charged in them; the first step's plan only names the schedule and the ranks.
     first = replace(plans[step_plans[0]], shift_period=None)
     return simulate_plan(first, topology, placement, fold=False, record_spans=record_spans,
                          collective=collective, denoising_step=False, cache=cache,
-                         execution=functools.partial(generation_execution, plans, step_plans))
+                         execution=functools.partial(generation_execution, plans, step_plans,
+                                                     gathers=gathers))
 
 
 def _generation_per_step(total: SimResult, num_steps: int) -> SimResult:

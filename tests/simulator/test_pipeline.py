@@ -27,6 +27,7 @@ from cocodiff.layout import LayoutError, PipelineLayout
 from cocodiff.models import ModelSpec
 from cocodiff.plan.steps import Exchange
 from cocodiff.schedules import PlanOptions, RankGrid
+from cocodiff.schedules.gather import output_gather
 from cocodiff.schedules.pipefusion import pipefusion_step_plans, plan_pipefusion
 from cocodiff.simulator.simulate import simulate_generation
 from topology import Placement, build_topology
@@ -57,11 +58,15 @@ def layer_s(spec: ModelSpec, q: int, s: int) -> float:
 
 
 def simulate(spec, layout, num_steps, tokens, topology=None, **kwargs):
+    """The generation as ``simulate_run_plan`` simulates a run's: each stage's output
+    gathered every step."""
     topology = topology or free_machine(layout.num_ranks)
     placement = Placement.node_major(topology, layout.num_ranks)
     grid = RankGrid.from_placement(topology, placement)
     plans, steps = pipefusion_step_plans(spec, grid, (tokens,), layout, num_steps)
-    return simulate_generation(plans, steps, topology, placement, IDEAL, **kwargs), plans, steps
+    gathers = output_gather(spec, grid, (tokens,), layout, PlanOptions())
+    return (simulate_generation(plans, steps, topology, placement, IDEAL, gathers=gathers,
+                                **kwargs), plans, steps)
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -128,9 +133,11 @@ def test_hybrid_with_ulysses_sends_patches_across_nodes_and_kv_inside_them():
     back = (num_steps - 1) * tokens * spec.output_channels * dtype_bytes
     assert result.bytes_by_tier["inter-node"] == pytest.approx((forward + back) / num_steps)
     # Ulysses inside a stage: Q, K, V and the output of every layer, each rank sending
-    # its other member half of its tokens' rows for the member's heads.
+    # its other member half of its tokens' rows for the member's heads; and each step
+    # the stage's output gather, each rank's half of the image to the other.
     per_layer = 4 * 2 * (tokens // 2 // 2) * d * dtype_bytes  # 4 tensors x 2 ranks
-    expected_intra = spec.num_layers * per_layer  # per step, any patching
+    gather = 4 * (tokens // 2) * spec.output_channels * dtype_bytes  # 4 ranks, 1 peer each
+    expected_intra = spec.num_layers * per_layer + gather  # per step, any patching
     assert result.bytes_by_tier["intra-node"] == pytest.approx(expected_intra)
     # The compute alone bounds the step from below; the transfers across the slow link
     # make it longer.
@@ -138,6 +145,45 @@ def test_hybrid_with_ulysses_sends_patches_across_nodes_and_kv_inside_them():
     exchanges = [s for p in plans for prog in p.programs for layer in prog.layers
                  for s in layer.attention if isinstance(s, Exchange) and s.direction == "p2p"]
     assert all(len(e.group) == 2 for e in exchanges)
+
+
+def test_each_stage_gathers_its_output_every_step_stage_0_once_the_ring_is_in():
+    """The runtime gathers every stage's output in its Ulysses group after the stage's
+    last block; stage 0 gathers at the output projection, after it has taken the last
+    stage's output for the step (the ring), which the simulated generation follows."""
+    spec = tiny_spec(num_layers=4)
+    num_steps = 3
+    topology = build_topology(cluster(num_nodes=2, ranks_per_node=2))
+    result, _plans, _steps = simulate(spec, PipelineLayout(2, 2, 2, warmup=1), num_steps, 96,
+                                      topology, record_spans=True)
+    timeline = result.simulation.timeline
+
+    def spans(rank: int, name: str):
+        return [span for span in timeline.on_track(f"rank {rank}") if span.name == name]
+
+    first, last = spans(0, "output gather"), spans(2, "output gather")
+    assert len(first) == len(last) == num_steps
+    # The last stage gathers once its blocks are done; stage 0 after the ring brought
+    # that step's output (every step but the last, which sends nothing back).
+    ends = sorted(span.end_s for span in timeline.on_track("rank 2")
+                  if span.category == "compute")
+    for step in range(num_steps - 1):
+        assert first[step].start_s >= last[step].start_s
+        assert last[step].start_s in ends
+
+
+def test_stage_gathers_are_each_stages_ulysses_group_and_none_without_one():
+    spec = tiny_spec(num_layers=4)
+    topology = build_topology(cluster(num_nodes=2, ranks_per_node=2))
+    grid = RankGrid.from_placement(topology, Placement.node_major(topology, 4))
+    [stage] = output_gather(spec, grid, (96,), PipelineLayout(2, 2, 2, 1), PlanOptions())
+    assert stage.groups == ((0, 1), (2, 3))
+    assert stage.bytes_per_member == 48 * spec.output_channels * PlanOptions().dtype_bytes
+    # One rank per stage gathers nothing; nor does xDiT's engine (overlapping steps),
+    # which steps the scheduler on each patch where it is.
+    assert output_gather(spec, grid, (96,), PipelineLayout(4, 1, 4, 1), PlanOptions()) == ()
+    assert output_gather(spec, grid, (96,), PipelineLayout(2, 2, 2, 1, overlap=True),
+                         PlanOptions()) == ()
 
 
 def test_plan_layout_is_checked_in_one_line():
