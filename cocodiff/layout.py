@@ -318,6 +318,14 @@ class PipelineLayout:
         text = f"P{self.stages}xU{self.ulysses}xM{self.patches}/w{self.warmup}"
         return text + "/overlap" if self.overlap else text
 
+    @property
+    def gathers_output(self) -> bool:
+        """Whether each step ends with every stage gathering its output in its Ulysses
+        group (the runtime's gather hook): not with one rank per stage, nor with
+        overlapping steps (xDiT's engine steps the scheduler on each patch where it is:
+        no step ends with the whole latents on a rank)."""
+        return self.ulysses > 1 and not self.overlap
+
     def stage_of(self, position: int) -> int:
         return position // self.ulysses
 

@@ -67,10 +67,9 @@ def stage_gather(spec: ModelSpec, grid: RankGrid, stream_tokens: Sequence[int],
     """A PipeFusion step's gather: every stage runs the model's output projection on its
     ranks' shares of the image and gathers them in its Ulysses group, as under Ulysses
     (the runtime's gather hook; stage 0's is the step's latents, the others' are
-    gathered all the same); none with one rank per stage, and none with overlapping steps
-    (xDiT's engine steps the scheduler on each patch where it is: no step ends with the
-    whole latents on a rank)."""
-    if pipeline.ulysses == 1 or pipeline.overlap:
+    gathered all the same); none where the layout has none
+    (:attr:`~cocodiff.layout.PipelineLayout.gathers_output`)."""
+    if not pipeline.gathers_output:
         return ()
     image = image_stream(spec, stream_tokens)
     token_bytes = spec.output_channels * options.dtype_bytes * options.batch

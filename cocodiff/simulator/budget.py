@@ -218,7 +218,7 @@ def estimate_pipelines(spec, num_layers: int, layouts, num_steps: int) -> Estima
         exchanges = EXCHANGES_PER_LAYER * num_layers / layout.stages if layout.ulysses > 1 else 0
         passes = synchronous + pipelined * layout.patches
         # Each step ends with the stage's output gather (schedules.gather.stage_gather).
-        gathers = (synchronous + pipelined) * (layout.ulysses > 1 and not layout.overlap)
+        gathers = (synchronous + pipelined) * layout.gathers_output
         # A generation's ends post two fewer a rank (counted against the simulator).
         collectives += round(num_ranks * (passes * (exchanges + 2) - 2 * generations
                                           + gathers))
