@@ -98,6 +98,25 @@ class FlowBatch:
             None if max_rate is None else np.array(max_rate, dtype=np.float64),
         )
 
+    def select(self, rows: Sequence[int], owners: np.ndarray, num_owners: int) -> FlowBatch:
+        """Flows ``rows`` of this batch, owned by ``owners`` ((len(rows), 2) slots) out of
+        ``num_owners``."""
+        index = np.asarray(rows, dtype=np.int64)
+        lengths = self.link_ptr[index + 1] - self.link_ptr[index]
+        link_ptr = np.zeros(len(index) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=link_ptr[1:])
+        links = [self.link_idx[self.link_ptr[row]:self.link_ptr[row + 1]] for row in index]
+        return FlowBatch(
+            link_ptr,
+            np.concatenate(links) if links else np.zeros(0, dtype=np.int64),
+            self.num_bytes[index],
+            self.count[index],
+            self.latency_s[index],
+            np.asarray(owners, dtype=np.int64).reshape(len(index), 2),
+            num_owners,
+            None if self.max_rate is None else self.max_rate[index],
+        )
+
     @staticmethod
     def concatenate(
         batches: Sequence[FlowBatch], owner_offsets: Sequence[int], num_owners: int

@@ -173,6 +173,18 @@ def test_calibrate_on_loopback_writes_a_topology_the_simulator_runs(tmp_path):
     # apart for its baseline, never fitted with ours.
     assert {p["shape"] for p in loaded["diffusers_points"]} == {"world via diffusers"}
     assert spec.host.diffusers_call_cpu_us == pytest.approx(loaded["diffusers_call_cpu_us"])
+    # Whether a late member's data goes first: the late member's own calls, a one-way
+    # transfer and a pair exchange, the verdict written to [host].
+    late = host["late_peer"]
+    assert late["one_way_s"] > 0 and late["exchange_s"] > 0 and late["late_by_s"] >= 0.02
+    assert late["exchange_over_one_way"] == pytest.approx(late["exchange_s"]
+                                                          / late["one_way_s"])
+    assert spec.host.late_peer_first is late["late_peer_first"]
+    assert "late peer: a member calling" in done.stdout
+    # The compute's CPU among the loops' calls, timed apart from the calls, over its CPU
+    # alone: written to [host] and taken out of the calls' price.
+    assert all(p["compute_cpu_s"] > 0 for p in loaded["points"])
+    assert spec.host.compute_among_calls == pytest.approx(loaded["compute_among_calls"])
     assert 0 <= loaded["diffusers_call_cpu_us"] < 1e6
     assert loaded["call_cpu_us"] > 0
     assert spec.host.message_cpu_us == loaded["message_cpu_us"] == 0.0

@@ -149,6 +149,22 @@ def test_one_core_rate_is_shared_by_the_simulator() -> None:
     assert result.step_time_s == pytest.approx(2 * flops / 0.01e12, rel=1e-9)
 
 
+def test_compute_among_calls_makes_every_compute_on_the_host_dearer() -> None:
+    from cocodiff.cost import Cost
+    from cocodiff.plan.steps import Compute, HeadSplit, LayerPlan, Plan, RankProgram
+    from cocodiff.simulator.simulate import simulate_plan
+    from topology import build_topology
+
+    base = _calibration(HostMeasurement(2.0, None, None)).topology()
+    step = Compute("mlp", Cost(1e9, 0.0))
+    programs = tuple(RankProgram(r, (LayerPlan((step,), (), ()),)) for r in range(4))
+    plan = Plan("flat", "test", HeadSplit(4, 4, (1,) * 4, 8), programs, shift_period=None)
+    times = [simulate_plan(plan, build_topology(dataclasses.replace(
+        base, name="t", host=dataclasses.replace(base.host, compute_among_calls=factor))))
+        .step_time_s for factor in (1.0, 1.3)]
+    assert times[1] == pytest.approx(1.3 * times[0], rel=1e-9)
+
+
 def test_a_wire_the_cpu_fully_explains_never_limits_and_calibration_goes_on(monkeypatch):
     # Measured: once each exchange's CPU is taken out, what is left does not grow with the
     # size (CPU-bound loopback, seen on this machine); the fit of the rest must not fail.

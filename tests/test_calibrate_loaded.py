@@ -11,6 +11,7 @@ from cocodiff.calibration import Calibration, ComputeRates, CpuFit, HostMeasurem
 from cocodiff.calibration.loaded import (
     DIFFUSERS_WORLD,
     LoadedPoint,
+    compute_among_calls,
     diffusers_call_cpu_us,
     fit_call_cpu,
 )
@@ -43,6 +44,29 @@ def test_fit_recovers_call_and_message_costs() -> None:
     assert fit.copy_gbps == COPY_GBPS and fit.max_error == pytest.approx(0.0, abs=1e-9)
     assert fit.cpu_s(2, 4, 0) == pytest.approx(2 * CALL_S + 4 * MESSAGE_S)
     assert fit.to_json()["points"][0]["shape"] == "world"
+
+
+def test_the_computes_slowdown_among_the_calls_is_not_priced_as_the_calls() -> None:
+    # Each loop's CPU beyond the compute alone holds the calls' price and the compute
+    # run 1.25x dearer among them; timed apart (CPU outside the calls), the factor is
+    # taken out and the calls priced on what is theirs.
+    burst, factor = 4e-3, 1.25
+    measured = [dataclasses.replace(p, cpu_s=p.cpu_s + burst * (factor - 1),
+                                    compute_cpu_s=burst * factor * (1 + 0.01 * (i - 2)))
+                for i, p in enumerate(loops())]
+    ahead = dataclasses.replace(measured[0], ahead=True, compute_cpu_s=burst * 3)
+    assert compute_among_calls([*measured, ahead], burst) == pytest.approx(factor, rel=0.02)
+    fit = fit_call_cpu(measured, COPY_GBPS, burst, 2 * burst, among_calls=factor)
+    assert fit.call_cpu_us == pytest.approx(CALL_S * 1e6, rel=1e-6)
+    assert fit.message_cpu_us == pytest.approx(MESSAGE_S * 1e6, rel=1e-6)
+    assert fit.compute_among_calls == factor
+    assert fit.to_json()["compute_among_calls"] == factor
+    # Priced as before (the factor at 1), the calls take the compute's slowdown.
+    assert fit_call_cpu(measured, COPY_GBPS, burst).call_cpu_us > CALL_S * 1e6 * 1.5
+    assert compute_among_calls(loops(), burst) == 1.0  # not timed apart
+    cpu = CpuFit(message_cpu_us=90.0, copy_gbps=COPY_GBPS, busy_fraction=0.8, wait_spin=0.02)
+    spec = _calibration(HostMeasurement(2.0, None, cpu, fit)).topology()
+    assert spec.host.compute_among_calls == factor
 
 
 def test_fit_stays_close_on_noisy_loops() -> None:

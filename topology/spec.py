@@ -40,7 +40,8 @@ PHYSICAL_RANGE: dict[str, tuple[float, float, str, str]] = {
 
 HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "call_cpu_us", "message_cpu_us",
                "copy_gbps", "busy_poll", "call_wait_us", "codec_cpu_us", "phase_cpu_us",
-               "diffusers_call_cpu_us", "follow_wait_us", "wake_cpu_us")
+               "diffusers_call_cpu_us", "follow_wait_us", "wake_cpu_us", "late_peer_first",
+               "compute_among_calls")
 
 
 def exchange_cpu_s(calls: int, num_messages: int, num_bytes: float, *, call_cpu_us: float,
@@ -106,6 +107,21 @@ class HostSpec:
         diffusers_call_cpu_us: CPU time per exchange call that diffusers' own context
             parallelism makes (its functional collective and wait), in place of
             ``call_cpu_us`` when its baseline is predicted; ``None``: the same as ours.
+        late_peer_first: two ranks that exchange both ways, one posting its part later
+            than the other, move the late rank's data first and the early rank's only
+            after it: the transport sends nothing before the receiver says it is ready,
+            and the late rank's "ready" travels behind its own data on their one
+            connection when it sends to the early rank before it receives from it (gloo
+            over TCP; in gloo's order always in a pair, for some pairs of a larger
+            group). The early rank is done when the late rank's data is in, the late rank
+            when the early rank's is. Calibrate measures it on one pair
+            (``cocodiff.calibration.lateness``).
+        compute_among_calls: the CPU a rank's compute takes among a step's exchange
+            calls over what the same compute takes with no calls (every rank computing at
+            once either way; the tile's rates are the latter): a rank that sleeps in its
+            calls and is woken finds its caches cold. Multiplies every compute the host
+            runs. calibrate's loops, timing the CPU outside their calls
+            (``cocodiff.calibration.loaded.compute_among_calls``).
     """
 
     cores: float
@@ -121,6 +137,8 @@ class HostSpec:
     diffusers_call_cpu_us: float | None = None
     follow_wait_us: float = 0.0
     wake_cpu_us: float = 0.0
+    late_peer_first: bool = False
+    compute_among_calls: float = 1.0
 
     def host_of(self, rank: int) -> int:
         """The host of global ``rank``."""
@@ -457,6 +475,8 @@ def _check_host(host: object, where) -> None:
         raise TopologyError(f"wake_cpu_us {host.wake_cpu_us} us exceeds call_cpu_us "
                             f"{host.call_cpu_us} us, of which it is a part, in "
                             f"{where('host.wake_cpu_us')}")
+    _check_number(host.compute_among_calls, "compute factor among exchange calls", "x",
+                  where("host.compute_among_calls"), positive=True)
     _check_number(host.codec_cpu_us, "V-Major codec CPU time per message", "us",
                   where("host.codec_cpu_us"))
     _check_number(host.phase_cpu_us, "TAPA phase routing CPU time", "us",
@@ -467,9 +487,10 @@ def _check_host(host: object, where) -> None:
     if host.copy_gbps is not None:
         _check_number(host.copy_gbps, "copy rate", "GB/s", where("host.copy_gbps"),
                       positive=True)
-    if not isinstance(host.busy_poll, bool):
-        raise TopologyError(f"expected true or false for {where('host.busy_poll')}, "
-                            f"got {host.busy_poll!r}")
+    for flag in ("busy_poll", "late_peer_first"):
+        if not isinstance(getattr(host, flag), bool):
+            raise TopologyError(f"expected true or false for {where('host.' + flag)}, "
+                                f"got {getattr(host, flag)!r}")
 
 
 def _is_int(value: object) -> bool:

@@ -75,6 +75,8 @@ A file describes one node and how many of them there are; every node is identica
     message_cpu_us = 30.0      # CPU per message sent or received in an exchange (default 0)
     copy_gbps = 2.0            # GB/s one core moves exchange bytes (default: bytes are free)
     busy_poll = false          # a rank blocked on an exchange spins on a core (MPI progress)
+    late_peer_first = false    # a pair exchange moves a late rank's data before the other's
+    compute_among_calls = 1.2  # compute's CPU among exchange calls over alone (default 1)
 
 Without ``[host]`` every rank has its own device and free message handling.
 
@@ -282,6 +284,10 @@ def _host_lines(host: HostSpec) -> list[str]:
     if host.copy_gbps is not None:
         lines.append(f"copy_gbps = {_toml_float(host.copy_gbps)}")
     lines.append(f"busy_poll = {'true' if host.busy_poll else 'false'}")
+    if host.late_peer_first:
+        lines.append("late_peer_first = true")
+    if host.compute_among_calls != 1.0:
+        lines.append(f"compute_among_calls = {_toml_float(host.compute_among_calls)}")
     return lines
 
 
@@ -491,10 +497,6 @@ class _Loader:
         if diffusers_call is not None:
             diffusers_call = self.number(table, "host", "diffusers_call_cpu_us",
                                          base.diffusers_call_cpu_us)
-        busy_poll = table.get("busy_poll", base.busy_poll)
-        if not isinstance(busy_poll, bool):
-            raise TopologyError(f"expected true or false for {self.where('host', 'busy_poll')},"
-                                f" got {_describe(busy_poll)}")
         return HostSpec(
             cores=self.number(table, "host", "cores", default.cores if default else None),
             ranks_per_host=ranks,
@@ -509,8 +511,18 @@ class _Loader:
             diffusers_call_cpu_us=diffusers_call,
             message_cpu_us=self.number(table, "host", "message_cpu_us", base.message_cpu_us),
             copy_gbps=copy_gbps,
-            busy_poll=busy_poll,
+            busy_poll=self.flag(table, "host", "busy_poll", base.busy_poll),
+            late_peer_first=self.flag(table, "host", "late_peer_first", base.late_peer_first),
+            compute_among_calls=self.number(table, "host", "compute_among_calls",
+                                            base.compute_among_calls),
         )
+
+    def flag(self, doc: dict[str, Any], table: str, key: str, default: bool) -> bool:
+        value = doc.get(key, default)
+        if not isinstance(value, bool):
+            raise TopologyError(f"expected true or false for {self.where(table, key)}, got "
+                                f"{_describe(value)}")
+        return value
 
     def check_keys(self, doc: dict[str, Any], table: str | None, valid: tuple[str, ...]) -> None:
         for key in doc:

@@ -4,7 +4,9 @@ flows in a :class:`sim.Simulation`.
 Every simulated rank is a SimPy process holding a :class:`SimTransport`. An
 all-to-all starts when every (simulated) member of its group has posted its part, as
 real all-to-alls effectively do; each rank's handle completes when everything it
-sends and everything it receives has arrived.
+sends and everything it receives has arrived. On a host whose late peers go first
+(``[host] late_peer_first``, gloo over TCP) a member that posts late sends first and
+hears back after (:meth:`SimWorld._launch_late_first`).
 
 Symmetry. On a machine whose nodes are identical, a plan that repeats every m nodes
 (every rank does what the rank m nodes earlier does, shifted) moves traffic that is
@@ -31,6 +33,10 @@ from sim import Simulation
 from sim.network import FlowBatch
 from topology import TIERS, HostSpec, Placement
 from transports.base import Group, TransportError, VirtualBuffer
+
+# A "ready to receive" notice takes at least this long to reach the other end, even on a
+# route of no latency: a member posting later than that had the early member's notice.
+_NOTICE_S = 1e-6
 
 # How far a collective reaches, the key of its costs: a two-member exchange
 # ("pair"), members on one GPU ("gpu"), on one node ("node"), on several ("nodes").
@@ -259,6 +265,7 @@ class _SenderFlows:
 class _PendingCollective:
     posted: dict[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> bytes per member
     events: dict[int, simpy.Event] = field(default_factory=dict)
+    times: dict[int, float] = field(default_factory=dict)  # rank -> when it posted
 
 
 class FlowCache:
@@ -363,6 +370,9 @@ class SimWorld:
         self.world_group = Group(tuple(range(placement.num_ranks)))
         self.bytes_by_tier: dict[str, float] = dict.fromkeys(TIERS, 0.0)
         self.num_collectives = 0
+        # Folded, a flow's far end is a class of ranks, not one rank that may post late.
+        host = simulation.host
+        self._late_peer_first = bool(host and host.late_peer_first and not self.folded)
 
     @property
     def folded(self) -> bool:
@@ -388,6 +398,8 @@ class SimWorld:
         pending = self._pending.setdefault((group_key, tag, sequence), _PendingCollective())
         pending.posted[rank] = send_bytes
         pending.events[rank] = self.simulation.env.event()
+        if self._late_peer_first:
+            pending.times[rank] = self.simulation.env.now
         expected = self._expected.get(group_key)
         if expected is None:  # the group's simulated members, counted once per group
             expected = self._expected[group_key] = sum(
@@ -436,6 +448,9 @@ class SimWorld:
                 pending: _PendingCollective) -> None:
         self.num_collectives += 1
         ranks = sorted(pending.posted)
+        if self._late_peer_first and self._launch_late_first(group_ranks, group_key, ranks,
+                                                             pending):
+            return
         key = (group_key, tuple((rank, self._bytes_key(pending.posted[rank])) for rank in ranks))
         launch = self._launch_cache.get(key)
         if launch is None:
@@ -448,6 +463,84 @@ class SimWorld:
         for slot, rank in enumerate(ranks):
             event = pending.events[rank]
             done[slot].callbacks.append(lambda _done, event=event: event.succeed())
+
+    def _launch_late_first(self, group_ranks: tuple[int, ...], group_key: int,
+                           ranks: list[int], pending: _PendingCollective) -> bool:
+        """Launch under the host's late-peer rule (:attr:`HostSpec.late_peer_first`):
+        of two members that send to each other, one having posted later than the
+        other by more than their route's latency (the early one's "ready" had reached
+        it) and sending to it before it posts its receive from it (in gloo's order:
+        always in a pair, for some pairs of a larger group), the late one's flow to
+        the early one goes first and the early one's flow back starts when it has
+        arrived. The early member is done without waiting for that flow back (its data
+        sits in the transport's buffers), the late one once it is in. Every other flow
+        starts now, as in :meth:`_launch`. False, launching nothing, when no such pair
+        posted out of step (``bench/pair_lateness.py`` measures both cases)."""
+        times = pending.times
+        if max(times.values()) - min(times.values()) <= _NOTICE_S:
+            return False  # in step (the common case): no pair to look at
+        senders = {rank: self._sender_flows(rank, group_ranks, group_key,
+                                            pending.posted[rank]) for rank in ranks}
+        rows: dict[tuple[int, int], list[int]] = defaultdict(list)  # (src, dst) -> rows
+        for rank, flows in senders.items():
+            for row, dst in enumerate(flows.batch.owners[:, 1].tolist()):
+                rows[rank, dst].append(row)
+        topology, tiles = self.simulation.topology, self.placement.tiles
+        position = {rank: index for index, rank in enumerate(group_ranks)}
+        size = len(group_ranks)
+        late_first = [  # (late, early)
+            (src, dst) for src, dst in rows
+            if (dst, src) in rows and times[src] - times[dst] > max(
+                topology.route_latency_us(topology.route(tiles[src], tiles[dst])) * 1e-6,
+                _NOTICE_S)
+            # gloo's all-to-all posts, at its i-th turn, the send to member (me + i) and
+            # then the receive from member (me - i): the late member's "ready" to dst
+            # follows its data to dst unless its receive from dst comes at an earlier turn.
+            and 2 * ((position[dst] - position[src]) % size) <= size]
+        if not late_first:
+            return False
+        for flows in senders.values():
+            for tier, num_bytes in flows.bytes_by_tier:
+                self.bytes_by_tier[tier] += num_bytes * self.multiplicity
+        left = dict.fromkeys(ranks, 1)  # pieces each rank waits for; the first: the rest
+
+        def count_down(*done_ranks: int) -> None:
+            for rank in done_ranks:
+                left[rank] -= 1
+                if not left[rank]:
+                    pending.events[rank].succeed()
+
+        def start(src: int, dst: int, then: Callable[[], None]) -> None:
+            one_owner = np.tile([0, -1], (len(rows[src, dst]), 1))
+            (done,) = self.simulation.network.start(
+                senders[src].batch.select(rows[src, dst], one_owner, 1))
+            done.callbacks.append(lambda _done: then())
+
+        paired = set(late_first) | {(early, late) for late, early in late_first}
+        slot_of = {rank: slot for slot, rank in enumerate(ranks)}
+        rest = []
+        for rank, flows in senders.items():
+            kept = [row for (src, dst), found in rows.items() if src == rank
+                    and (src, dst) not in paired for row in found]
+            owners = np.array([[slot_of[rank], slot_of.get(int(dst), -1)]
+                               for dst in flows.batch.owners[kept, 1].tolist()],
+                              dtype=np.int64).reshape(len(kept), 2)
+            rest.append(flows.batch.select(kept, owners, len(ranks)))
+        for slot, done in enumerate(self.simulation.network.start(
+                FlowBatch.concatenate(rest, [0] * len(rest), len(ranks)))):
+            done.callbacks.append(lambda _done, rank=ranks[slot]: count_down(rank))
+
+        def late_then_early(late: int, early: int) -> None:
+            def back() -> None:
+                count_down(late, early)
+                start(early, late, lambda: count_down(late))
+            left[late] += 2
+            left[early] += 1
+            start(late, early, back)
+
+        for late, early in late_first:
+            late_then_early(late, early)
+        return True
 
     def _combine(self, group_ranks: tuple[int, ...], group_key: int, ranks: list[int],
                  pending: _PendingCollective) -> tuple[FlowBatch, dict[str, float]]:

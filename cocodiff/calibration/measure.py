@@ -24,6 +24,7 @@ from cocodiff.calibration.exchanges import (
 )
 from cocodiff.calibration.fits import CpuFit, LinkFit, fit_exchange_cpu, wire_points
 from cocodiff.calibration.kernel_bench import measure_kernel_rates
+from cocodiff.calibration.lateness import measure_late_peer
 from cocodiff.calibration.loaded import (
     BUSY_POLL_NOTE,
     DIFFUSERS_WORLD,
@@ -31,6 +32,7 @@ from cocodiff.calibration.loaded import (
     CallCpuFit,
     CallShape,
     call_shapes,
+    compute_among_calls,
     compute_burst,
     diffusers_call_cpu_us,
     fit_call_cpu,
@@ -149,6 +151,11 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
         if "inter" not in table:  # one node: the tier is unused
             table["inter"] = dataclasses.replace(table["intra"], source="unused (1 node)")
 
+    # Whether a late member's data goes first (gloo's rendezvous), on the slowest pair.
+    slowest = "inter" if "inter" in pairs else "intra"
+    late_peer = measure_late_peer(transport, pairs[slowest],
+                                  *late_peer_sizes(fits[slowest], options.max_kib),
+                                  3 if options.quick else 7)
     loaded, loaded_note = _loaded_cpu(transport, options, shapes, node_of, cpu, compute)
     codec_cpu_s = measure_codec_cpu_s(transport, shapes, options.dtype)
     host = _host_of_ranks(transport, cpu, loaded, loaded_note)
@@ -182,12 +189,30 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                        host=dataclasses.replace(
                            host,
                            codec_cpu_us=codec_cpu_s * 1e6, phase_cpu_us=phase_cpu_s * 1e6,
+                           late_peer=late_peer,
                            compute_core_demand=1.0 if device.type == "cpu" else 0.0),
                        intra_wire=wires["intra"], inter_wire=wires["inter"],
                        load_average=(load_began, _load_average()),
                        foreign_share=neighbours.foreign_share(transport, cpu_began),
                        reference_cpu_s=(speed_began, _reference_cpu_s(transport)),
                        patterns=patterns, kernels=kernels)
+
+
+# The late-peer measurement's transfer takes about this long: long beside the polling,
+# short beside the calibration; its late member calls twice as long late, or this at
+# least (past the barrier's spread between the members).
+LATE_PEER_EXCHANGE_S = 0.02
+
+
+def late_peer_sizes(fit: LinkFit, max_kib: int) -> tuple[int, float]:
+    """Bytes each way of the late-peer measurement's transfers on a link fitted as
+    ``fit`` (:data:`LATE_PEER_EXCHANGE_S` of its bandwidth, 64 KiB to ``max_kib``), and
+    how late its second member calls: twice the fit's time for them, at least
+    :data:`LATE_PEER_EXCHANGE_S`."""
+    num_bytes = int(min(max(fit.bandwidth_gbps * 1e9 * LATE_PEER_EXCHANGE_S, 64 * 1024),
+                        max_kib * 1024))
+    transfer_s = fit.latency_us * 1e-6 + num_bytes / (fit.bandwidth_gbps * 1e9)
+    return num_bytes, max(2 * transfer_s, LATE_PEER_EXCHANGE_S)
 
 
 # A flat layer makes this many exchange calls (Q, K, V in, the attention's output back).
@@ -254,17 +279,18 @@ def _loaded_cpu(transport, options: CalibrateOptions, shapes, node_of: list[int]
     burst_cpu, burst_wall, points = measure_loaded(
         transport, shapes_of_calls, sizes, work, iterations, rounds=3)
     ours = [p for p in points if p.shape != DIFFUSERS_WORLD]
+    among_calls = compute_among_calls(ours, burst_cpu)
     if cpu.busy_poll:
         # Waits spin: the spinning is the calls' CPU (the host model's busy_poll), so no
         # CPU price is fitted; the loops still give the wait per call on busy cores
         # (`call_wait_us`, fitted on them by write_outputs) and check the host model on
         # a step-like load. Without them, 4 MPICH ranks on 2 cores were simulated 27-38%
         # short on these very loops, as short as on tiny-flux's steps (issue 38).
-        return (unpriced_loops(ours, burst_cpu, burst_wall, work.source, work.piece_cpu_s),
-                BUSY_POLL_NOTE)
+        return (unpriced_loops(ours, burst_cpu, burst_wall, work.source, work.piece_cpu_s,
+                               among_calls), BUSY_POLL_NOTE)
     try:
         fit = fit_call_cpu(ours, cpu.copy_gbps, burst_cpu, burst_wall, work.source,
-                           work.piece_cpu_s)
+                           work.piece_cpu_s, among_calls)
     except CalibrationError as exc:
         return None, f"not fitted: {exc}"
     return dataclasses.replace(

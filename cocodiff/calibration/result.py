@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from cocodiff.calibration.compute import ComputeRates
 from cocodiff.calibration.fits import CpuFit, LinkFit
+from cocodiff.calibration.lateness import LatePeer
 from cocodiff.calibration.loaded import CallCpuFit, LoadedPoint, predict_loop_s
 from cocodiff.calibration.model_shapes import LayerShapes
 from cocodiff.calibration.neighbours import foreign_text
@@ -47,6 +48,9 @@ class HostMeasurement:
             (:mod:`cocodiff.calibration.routing`; 0 on one node: no phases).
         compute_core_demand: cores a rank's compute takes: 1 where it computes on the CPU,
             0 where it computes on an accelerator (the runtime's device).
+        late_peer: a pair exchange on time and with one member late
+            (:mod:`cocodiff.calibration.lateness`), whose verdict is ``late_peer_first``;
+            None when not measured.
     """
 
     cores: float
@@ -59,6 +63,7 @@ class HostMeasurement:
     phase_cpu_us: float = 0.0
     compute_core_demand: float = 1.0
     follow_wait_us: float = 0.0
+    late_peer: LatePeer | None = None
 
     def spec(self):
         """The ``[host]`` of the topology: its ranks' compute (on a core or on their
@@ -69,7 +74,10 @@ class HostMeasurement:
         cpu = self.cpu
         mine = {"cores": self.cores, "ranks_per_host": self.ranks_per_host,
                 "codec_cpu_us": self.codec_cpu_us, "phase_cpu_us": self.phase_cpu_us,
-                "compute_core_demand": self.compute_core_demand}
+                "compute_core_demand": self.compute_core_demand,
+                "late_peer_first": self.late_peer is not None and self.late_peer.late_peer_first,
+                "compute_among_calls": (self.loaded.compute_among_calls
+                                        if self.loaded is not None else 1.0)}
         waits = {"call_wait_us": self.call_wait_us, "follow_wait_us": self.follow_wait_us}
         if cpu is None or cpu.busy_poll:  # the waits per call: fitted on the loops, if timed
             return HostSpec(**mine, busy_poll=cpu is not None, **waits)
@@ -88,7 +96,8 @@ class HostMeasurement:
                 "call_wait_us": self.call_wait_us, "follow_wait_us": self.follow_wait_us,
                 "codec_cpu_us": self.codec_cpu_us,
                 "phase_cpu_us": self.phase_cpu_us,
-                "compute_core_demand": self.compute_core_demand}
+                "compute_core_demand": self.compute_core_demand,
+                "late_peer": None if self.late_peer is None else self.late_peer.to_json()}
 
 
 @dataclass(slots=True)
@@ -224,7 +233,9 @@ class Calibration:
                    else "none measured" if cpu is None else
                    "process CPU time of loops of compute (the model's forward where it "
                    "runs here) and exchange calls, every rank at once, fitted as calls x "
-                   "call_cpu_us + messages x message_cpu_us, of which wake_cpu_us is what a "
+                   "call_cpu_us + messages x message_cpu_us once the compute is charged as it "
+                   "runs among the calls (compute_among_calls: their CPU outside the calls "
+                   "over the compute's alone), of which wake_cpu_us is what a "
                    "call started ahead saves (the same loops with one started ahead); "
                    "bytes / copy_gbps from the pair exchanges" if self.host.loaded is not None
                    else
@@ -239,8 +250,14 @@ class Calibration:
             f"TAPA's phases: {self.host.phase_cpu_us:.0f} us per phase beyond their calls' "
             f"price (the model's phased exchanges of one layer through the transport, every "
             f"rank at once, less the same exchanges made flat and less what the prices "
-            f"above charge the difference).{self._diffusers_note()}",
+            f"above charge the difference).{self._diffusers_note()}{self._late_peer_note()}",
         ]
+
+    def _late_peer_note(self) -> str:
+        late = self.host.late_peer if self.host is not None else None
+        if late is None:
+            return ""
+        return (f" late_peer_first: {late.describe()}.")
 
     def _diffusers_note(self) -> str:
         loaded = self.host.loaded if self.host is not None else None
@@ -568,6 +585,10 @@ def summary(result: Calibration, output: Path) -> str:
             text += (f"; pair exchange CPU {cpu.message_cpu_us:.1f} us per message, {copy} "
                      f"({spin}{'busy-polls' if cpu.busy_poll else 'sleeps'} while waiting)")
         lines.append(text)
+        if host.late_peer is not None:
+            verdict = "true" if host.late_peer.late_peer_first else "false"
+            lines.append(f"  late peer: {host.late_peer.describe()}: late_peer_first = "
+                         f"{verdict}, written to [host]")
         loaded = host.loaded
         if loaded is not None and cpu is not None and cpu.busy_poll:
             lines.append(f"  exchanges under load (every rank computing and exchanging; "
@@ -580,7 +601,9 @@ def summary(result: Calibration, output: Path) -> str:
                 f"  exchanges under load (every rank computing and exchanging; "
                 f"{loaded.compute or 'a compute burst, then the calls'}): "
                 f"{loaded.call_cpu_us:.0f} us CPU per call + {loaded.message_cpu_us:.0f} us per "
-                f"message (max fit error {loaded.max_error:.0%}); a call completing on busy "
+                f"message (max fit error {loaded.max_error:.0%}), the compute itself "
+                f"x{loaded.compute_among_calls:.2f} its CPU with no calls (the loops' CPU "
+                f"outside their calls); a call completing on busy "
                 f"cores waits {host.call_wait_us:.0f} us more, {host.follow_wait_us:.0f} us "
                 "straight after another (the loops' median): written to [host]")
             if any(point.ahead for point in loaded.points):

@@ -107,10 +107,12 @@ class SimBackend:
         """``duration_s`` of compute (at one core on a host) on the rank's tile."""
         host = self.simulation.host
         if host is not None and host.compute_core_demand > 0:
-            # A CPU rank's compute: duration_s at its demand, shared with its host's tasks;
-            # its compute time is what it took, sharing included.
+            # A CPU rank's compute: duration_s at its demand, shared with its host's tasks
+            # (dearer among exchange calls than timed alone); its compute time is what it
+            # took, sharing included.
             demand = host.compute_core_demand
-            done = self.simulation.cpu_task(self.transport.rank, duration_s * demand, demand,
+            core_s = duration_s * demand * host.compute_among_calls
+            done = self.simulation.cpu_task(self.transport.rank, core_s, demand,
                                             self._track if self._record else None, name)
             start = self.simulation.now
             done.callbacks.append(self._add_compute_since(start))

@@ -178,8 +178,12 @@ def simulate_layers(
     compute and exchange time, the bytes on every tier and link, and the exchanges
     started. A long Ring's passes are reduced the same way (:func:`_simulate_passes`).
     ``tests/simulator/test_simulate.py`` checks every field against the full simulation. A plan
-    of two layers or fewer, or with layers that differ, is simulated in full. An
-    extrapolated result holds no :class:`Simulation` (traces and plots need the full one).
+    of two layers or fewer, or with layers that differ, is simulated in full, and so is
+    every plan on a host whose late peers go first (``[host] late_peer_first``): there a
+    pair that fell out of step in one layer exchanges one way after the other, which
+    puts it back in step or further out, so the layers alternate instead of repeating.
+    An extrapolated result holds no :class:`Simulation` (traces and plots need the full
+    one).
 
     ``num_layers``: the step's layer count when ``plan`` holds only its first layers
     (at least two, all the same; the planner builds such plans, which is faster).
@@ -199,7 +203,8 @@ def simulate_layers(
         return _simulate_passes(_with_layers(plan, layers) if layers != held else plan,
                                 topology, placement, collective, gathers, cache, find)
 
-    if num_layers <= 2 or not repeats:
+    host = topology.spec.host
+    if num_layers <= 2 or not repeats or (host is not None and host.late_peer_first):
         return run(num_layers).final()
     return _Point.affine(run(1), run(2), num_layers - 1).final()
 

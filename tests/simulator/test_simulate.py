@@ -15,7 +15,8 @@ from cocodiff.schedules import DEFAULT_OPTIONS, PlanOptions, RankGrid, get_sched
 from cocodiff.schedules.hybrid import plan_hybrid
 from cocodiff.simulator import simulate
 from cocodiff.simulator.simulate import simulate_layers, simulate_plan
-from topology import Placement, build_topology, get_preset
+from topology import HostSpec, Placement, build_topology, get_preset
+from topology.presets import cluster
 
 FLUX = REGISTRY["flux1-dev"]
 STREAMS = (1024, 512)
@@ -147,3 +148,23 @@ def test_a_third_point_off_the_line_falls_back_to_every_pass(monkeypatch):
     assert not fallback.passes_extrapolated
     _assert_same(fallback, _every_pass(monkeypatch, plan, topology, placement))
     assert fallback.to_json()["passes_extrapolated"] is False
+
+
+def test_a_host_whose_late_peers_go_first_is_simulated_in_full():
+    # There a pair out of step in one layer exchanges one way after the other, which
+    # changes how far out of step it starts the next: the layers stop repeating, so the
+    # one/two-layer extrapolation would be wrong; simulate_layers runs every layer.
+    host = HostSpec(cores=2.0, call_cpu_us=400.0, message_cpu_us=200.0, call_wait_us=7000.0)
+    model = replace(REGISTRY["pixart-sigma"], num_layers=6)
+    steps = {}
+    for late_peer_first in (False, True):
+        spec = replace(cluster(2, 2), host=replace(host, late_peer_first=late_peer_first))
+        topology = build_topology(spec)
+        placement = Placement.node_major(topology)
+        grid = RankGrid.from_placement(topology, placement)
+        plan = plan_hybrid("flat", model, grid, (1024, 120), ParallelLayout(2, 2))
+        full = simulate_plan(plan, topology, placement)
+        steps[late_peer_first] = full.step_time_s
+        if late_peer_first:
+            _assert_same(simulate_layers(plan, topology, placement), full)
+    assert steps[True] > steps[False] * 1.001  # the rule is in play on this machine

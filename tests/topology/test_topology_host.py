@@ -33,11 +33,13 @@ def test_host_table_defaults(tmp_path: Path) -> None:
 def test_host_table_every_key_round_trips(tmp_path: Path) -> None:
     text = BASE + ("ranks_per_host = 4\ncompute_core_demand = 0.5\nmessage_cpu_us = 30\n"
                    "copy_gbps = 2.5\nbusy_poll = true\ncall_cpu_us = 400\ncall_wait_us = 900\n"
-                   "diffusers_call_cpu_us = 550\nfollow_wait_us = 300\nwake_cpu_us = 150\n")
+                   "diffusers_call_cpu_us = 550\nfollow_wait_us = 300\nwake_cpu_us = 150\n"
+                   "late_peer_first = true\ncompute_among_calls = 1.25\n")
     spec = load_topology(write(tmp_path, text))
     assert spec.host == HostSpec(2.0, 4, 0.5, 30.0, 2.5, True, call_cpu_us=400.0,
                                  call_wait_us=900.0, diffusers_call_cpu_us=550.0,
-                                 follow_wait_us=300.0, wake_cpu_us=150.0)
+                                 follow_wait_us=300.0, wake_cpu_us=150.0,
+                                 late_peer_first=True, compute_among_calls=1.25)
     assert spec.host.host_of(3) == 0 and spec.host.host_of(4) == 1
     again = tmp_path / "again.toml"
     again.write_text(dump_topology(spec))
@@ -99,6 +101,11 @@ BAD_HOST = {
     "zero copy rate": ("copy_gbps = 0", r"zero copy rate 0\.0 GB/s in host\.copy_gbps"),
     "busy poll string": ('busy_poll = "yes"',
                          r"expected true or false for host\.busy_poll of .*string 'yes'"),
+    "zero compute factor": ("compute_among_calls = 0",
+                            r"zero compute factor among exchange calls 0\.0 x in "
+                            r"host\.compute_among_calls"),
+    "late peer number": ("late_peer_first = 1",
+                         r"expected true or false for host\.late_peer_first of .*1"),
     "unknown key": ("threads = 4", r"unknown key 'threads' in \[host\] of .*\(valid: cores,"),
 }
 

@@ -9,7 +9,7 @@ from cocodiff.models import REGISTRY
 from cocodiff.schedules import RankGrid, plan_flat
 from cocodiff.simulator.simulate import simulate_plan
 from sim import Simulation
-from topology import Placement, build_topology, get_preset
+from topology import HostSpec, Placement, build_topology, get_preset
 from topology.presets import cluster
 from transports.base import Transport, TransportError, VirtualBuffer
 from transports.sim import SimWorld, _Interner
@@ -150,3 +150,67 @@ def test_interned_keys_are_equal_for_equal_tuples_and_kept_per_object() -> None:
     assert copy is not ring
     assert key(ring) == key(copy) == key(ring)
     assert key((0, 1)) != key(ring)
+
+
+def late_pair_times(late_peer_first: bool, late_by_s: float, num_bytes: int,
+                    ranks_per_node: int = 1) -> tuple[dict[int, float], float, float]:
+    """Finish time of every rank of a world-wide exchange over two nodes whose second
+    node's ranks post ``late_by_s`` after the first's; with the NIC's latency and rate."""
+    spec = dataclasses.replace(cluster(num_nodes=2, ranks_per_node=ranks_per_node),
+                               host=HostSpec(cores=8.0, late_peer_first=late_peer_first))
+    world, simulation, topology, placement = make_world(spec)
+    finish = {}
+
+    def rank_process(rank):
+        transport = world.transport(rank)
+        if rank >= ranks_per_node:
+            yield simulation.env.timeout(late_by_s)
+        size = transport.world.size
+        handle = transport.all_to_all(VirtualBuffer(size, num_bytes), [1] * size,
+                                      [1] * size)
+        yield handle.event
+        finish[rank] = simulation.now
+
+    for rank in world.simulated_ranks:
+        simulation.env.process(rank_process(rank))
+    simulation.run()
+    route = topology.route(placement.tile_of(0), placement.tile_of(ranks_per_node))
+    return (finish, topology.route_latency_us(route) * 1e-6,
+            spec.nic_link.bandwidth_gbps * 1e9)
+
+
+def test_a_late_peer_sends_first_and_the_early_peer_after_it() -> None:
+    # gloo's rendezvous: the early rank's data waits for the late rank's "ready", which
+    # travels behind the late rank's own data. Early: done once the late data is in;
+    # late: once the early data, started then, is in too.
+    num_bytes, late_by = 2_000_000, 0.05
+    finish, latency, rate = late_pair_times(True, late_by, num_bytes)
+    one_way = latency + num_bytes / rate
+    assert finish[0] == pytest.approx(late_by + one_way, rel=1e-9)
+    assert finish[1] == pytest.approx(late_by + 2 * one_way, rel=1e-9)
+    both_ways, *_ = late_pair_times(False, late_by, num_bytes)
+    assert both_ways == pytest.approx({0: late_by + one_way, 1: late_by + one_way}, rel=1e-9)
+
+
+def test_peers_in_step_exchange_both_ways_at_once() -> None:
+    # Within the route's latency the late rank had not yet seen the early one's "ready".
+    for late_by in (0.0, 5e-5):  # the NIC route's latency is 100 us
+        finish, latency, rate = late_pair_times(True, late_by, 2_000_000)
+        assert finish == pytest.approx({0: late_by + latency + 2_000_000 / rate,
+                                        1: late_by + latency + 2_000_000 / rate}, rel=1e-9)
+
+
+def test_late_node_of_an_all_to_all_goes_first_where_gloo_sends_before_it_receives():
+    # Members 0, 1 on node 0; 2, 3 on node 1, late. gloo's all-to-all posts, at turn i,
+    # the send to (me + i) % 4 and then the receive from (me - i) % 4: member 2 sends to
+    # 0 at turn 2 before receiving from 0 at turn 2 (its "ready" follows its data: late
+    # first), but receives from 1 at turn 1 before sending to 1 at turn 3 (both ways at
+    # once); member 3 sends to 0 and 1 first (turns 1, 2 against 3, 2). So node 1 -> 0
+    # carries 2->0, 3->0, 3->1 and 2->1 at once, node 0 -> 1 only 1->2; then 0->2, 0->3
+    # and 1->3 follow, three flows on the NIC.
+    num_bytes, late_by = 1_000_000, 0.05
+    finish, latency, rate = late_pair_times(True, late_by, num_bytes, ranks_per_node=2)
+    first = late_by + latency + 4 * num_bytes / rate
+    assert finish[0] == finish[1] == pytest.approx(first, rel=1e-6)
+    assert finish[2] == finish[3] == pytest.approx(first + latency + 3 * num_bytes / rate,
+                                                   rel=1e-6)
