@@ -26,11 +26,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from cocodiff.calibration.collect import gather_floats
+from cocodiff.calibration.fits import LinkFit
 
 # The late member's pair exchange over its one-way transfer, at or above which its data
 # went first: the two directions one after the other take 2x, both at once 1x.
 LATE_FIRST_RATIO = 1.5
 POLL_S = 2e-4
+
+
+# The late-peer measurement's transfer takes about this long: long beside the polling,
+# short beside the calibration; its late member calls twice as long late, or this at
+# least (past the barrier's spread between the members).
+LATE_PEER_EXCHANGE_S = 0.02
+
+
+def late_peer_sizes(fit: LinkFit, max_kib: int) -> tuple[int, float]:
+    """Bytes each way of the late-peer measurement's transfers on a link fitted as
+    ``fit`` (:data:`LATE_PEER_EXCHANGE_S` of its bandwidth, 64 KiB to ``max_kib``), and
+    how late its second member calls: twice the fit's time for them, at least
+    :data:`LATE_PEER_EXCHANGE_S`."""
+    num_bytes = int(min(max(fit.bandwidth_gbps * 1e9 * LATE_PEER_EXCHANGE_S, 64 * 1024),
+                        max_kib * 1024))
+    transfer_s = fit.latency_us * 1e-6 + num_bytes / (fit.bandwidth_gbps * 1e9)
+    return num_bytes, max(2 * transfer_s, LATE_PEER_EXCHANGE_S)
 
 
 def exchange_time(transport, group, rows, delay_s: float = 0.0,

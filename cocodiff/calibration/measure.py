@@ -24,7 +24,7 @@ from cocodiff.calibration.exchanges import (
 )
 from cocodiff.calibration.fits import CpuFit, LinkFit, fit_exchange_cpu, wire_points
 from cocodiff.calibration.kernel_bench import measure_kernel_rates
-from cocodiff.calibration.lateness import measure_late_peer
+from cocodiff.calibration.lateness import late_peer_sizes, measure_late_peer
 from cocodiff.calibration.loaded import (
     BUSY_POLL_NOTE,
     DIFFUSERS_WORLD,
@@ -196,23 +196,6 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                        foreign_share=neighbours.foreign_share(transport, cpu_began),
                        reference_cpu_s=(speed_began, _reference_cpu_s(transport)),
                        patterns=patterns, kernels=kernels)
-
-
-# The late-peer measurement's transfer takes about this long: long beside the polling,
-# short beside the calibration; its late member calls twice as long late, or this at
-# least (past the barrier's spread between the members).
-LATE_PEER_EXCHANGE_S = 0.02
-
-
-def late_peer_sizes(fit: LinkFit, max_kib: int) -> tuple[int, float]:
-    """Bytes each way of the late-peer measurement's transfers on a link fitted as
-    ``fit`` (:data:`LATE_PEER_EXCHANGE_S` of its bandwidth, 64 KiB to ``max_kib``), and
-    how late its second member calls: twice the fit's time for them, at least
-    :data:`LATE_PEER_EXCHANGE_S`."""
-    num_bytes = int(min(max(fit.bandwidth_gbps * 1e9 * LATE_PEER_EXCHANGE_S, 64 * 1024),
-                        max_kib * 1024))
-    transfer_s = fit.latency_us * 1e-6 + num_bytes / (fit.bandwidth_gbps * 1e9)
-    return num_bytes, max(2 * transfer_s, LATE_PEER_EXCHANGE_S)
 
 
 # A flat layer makes this many exchange calls (Q, K, V in, the attention's output back).
