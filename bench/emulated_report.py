@@ -9,8 +9,11 @@ prints the README's Markdown table (every configuration and schedule: measured s
 its spread over the rounds, the speedup over flat and over diffusers, the simulator's
 prediction and its error; where calibrate timed the real blocks, also the prediction at
 its matrix-product rate, the figure it wrote before) and draws measured against predicted
-step times; ``--compact`` keeps what the docs cite (each row's measured and predicted step,
-its 95% interval and error, the pick, the families) without the calibrations and rounds.
+step times; ``--calibrations`` prints instead docs/validate.md's table (a row per
+configuration: its rounds, what calibrate wrote to ``[host]`` and its kernel scale, each
+pure-Ulysses schedule measured / predicted, the pick against the measured best);
+``--compact`` keeps what the docs cite (each row's measured and predicted step, its 95%
+interval and error, the pick, the families) without the calibrations and rounds.
 """
 
 from __future__ import annotations
@@ -52,6 +55,44 @@ def markdown_table(report: dict[str, Any]) -> str:
                 f"{_ratio(over_flat)} | {_ratio(over_diffusers)} | {before}"
                 f"{_ms(row.get('predicted_step_s'))} | {_pct(row.get('error'))} |"
             )
+    return "\n".join(lines)
+
+
+def calibrations_table(report: dict[str, Any]) -> str:
+    """docs/validate.md's table: per configuration the rounds it ran, the host figures its
+    calibration wrote (waits per call, compute among the calls, late peer first, cores a
+    transfer across nodes takes) and the kernel rates' scale to the blocks, then every
+    pure-Ulysses schedule's measured / predicted ms (error), and the pick against the
+    measured best."""
+    import tomllib
+
+    schedules = list(dict.fromkeys(name for config in report["configs"]
+                                   for name in config["summary"] if "@" not in name))
+    lines = ["| cluster | rounds | waits / wake-up, us | among calls | late peer first "
+             "| transfer cores | kernel scale | " + " | ".join(schedules)
+             + " | pick / measured best |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(schedules) + "---|"]
+    for config in report["configs"]:
+        calibration = config["calibration"]
+        host = tomllib.loads(calibration["topology"]).get("host", {})
+        scale = (calibration["measured"].get("kernels") or {}).get("scale")
+        rounds = max(len(row["round_medians_s"]) for row in config["summary"].values())
+        cells = []
+        for name in schedules:
+            row = config["summary"].get(name)
+            cells.append("-" if row is None or row.get("predicted_step_s") is None else
+                         f"{row['measured_step_s'] * 1e3:.1f} / "
+                         f"{row['predicted_step_s'] * 1e3:.1f} ({row['error']:+.0%})")
+        validate = config["validate"]
+        lines.append(
+            f"| {config_label(config)} | {rounds} | {host.get('call_wait_us', 0):.0f}, "
+            f"{host.get('follow_wait_us', 0):.0f} / {host.get('wake_cpu_us', 0):.0f} | "
+            f"x{host.get('compute_among_calls', 1.0):.2f} | "
+            f"{'yes' if host.get('late_peer_first') else 'no'} | "
+            f"{host.get('transfer_cores', 0.0):.2f} | "
+            f"{'-' if scale is None else f'x{scale:.2f}'} | " + " | ".join(cells)
+            + f" | {validate['planner_pick']['schedule']} / "
+            f"{validate['measured_best']['schedule']} |")
     return "\n".join(lines)
 
 
@@ -220,12 +261,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the JSON bench/emulated_speedup.py wrote; several: their "
                         "configurations together")
     parser.add_argument("--plot", type=Path, default=None, help="write the plot (PNG) here")
+    parser.add_argument("--calibrations", action="store_true",
+                        help="print docs/validate.md's table (a row per configuration, "
+                        "with what calibrate wrote) instead of the README's")
     parser.add_argument("--compact", type=Path, default=None,
                         help="write the report without calibrations and rounds here (JSON)")
     args = parser.parse_args(argv)
     try:
         report = merged([json.loads(path.read_text()) for path in args.reports])
-        print(markdown_table(report))
+        print(calibrations_table(report) if args.calibrations else markdown_table(report))
         if args.plot is not None:
             plot(report, args.plot)
         if args.compact is not None:

@@ -61,6 +61,9 @@ class Simulation:
                                record_intervals=False)
         # CPU tasks (computes, exchanges' CPU, spinning waits) running on each host now.
         self._running: dict[int, int] = {}
+        # Transfers across nodes in flight per host, of which its cores lose
+        # [host] transfer_cores to the transport's work while there is one (crossing).
+        self._crossing: dict[int, int] = {}
 
     @property
     def now(self) -> float:
@@ -96,6 +99,20 @@ class Simulation:
             done.callbacks.append(
                 lambda _e: self.timeline.add(track, name, "compute", start, self.env.now))
         return done
+
+    def crossing(self, rank: int, change: int) -> None:
+        """A transfer across nodes with data of ``rank``'s starts (``change`` 1) or ends
+        (-1). While its host has one, the host's cores lose ``[host] transfer_cores`` to
+        the transport's work for the data on the wire (on the emulated cluster the
+        kernel's packet handling through the shaped link, which runs before the ranks'
+        tasks): every task there shares what is left."""
+        host, cpu = self._host_cpu(rank)
+        assert self.host is not None
+        before = self._crossing.get(host, 0)
+        self._crossing[host] = after = before + change
+        if self.host.transfer_cores and (before > 0) != (after > 0):
+            cores = self.host.cores - (self.host.transfer_cores if after > 0 else 0.0)
+            cpu.set_capacity(("host", host), cores)
 
     def start_poll(self, rank: int) -> simpy.Event:
         """Keep one core of ``rank``'s host busy until :meth:`stop_poll` (a rank spinning

@@ -240,6 +240,7 @@ class Network:
         self.links: Sequence[LinkId] = capacities.links
         self._index = capacities.positions
         self._capacity = capacities.bytes_per_s
+        self._own_capacity = False  # whether _capacity is this network's to change
         num_links = len(self.links)
         self._bytes_carried = np.zeros(num_links)
         self._busy_s = np.zeros(num_links)
@@ -467,6 +468,18 @@ class Network:
         self._advance()
         self._append_admitted()
         self._remaining[(self._owners == slot).any(axis=1)] = 0.0
+        self._update()
+
+    def set_capacity(self, link: LinkId, bytes_per_s: float) -> None:
+        """Give ``link`` a new capacity from now (a host losing cores to other work)."""
+        if not 0 < bytes_per_s < float("inf"):
+            raise ValueError(f"link {link} needs a positive, finite capacity, got "
+                             f"{bytes_per_s} B/s")
+        self._advance()
+        self._append_admitted()
+        if not self._own_capacity:  # a topology's table is shared: write a copy
+            self._capacity, self._own_capacity = self._capacity.copy(), True
+        self._capacity[self.link_index(link)] = bytes_per_s
         self._update()
 
     def start_endless(self, batch: FlowBatch) -> simpy.Event:

@@ -41,7 +41,7 @@ PHYSICAL_RANGE: dict[str, tuple[float, float, str, str]] = {
 HOST_FIELDS = ("cores", "ranks_per_host", "compute_core_demand", "call_cpu_us", "message_cpu_us",
                "copy_gbps", "busy_poll", "call_wait_us", "codec_cpu_us", "phase_cpu_us",
                "diffusers_call_cpu_us", "follow_wait_us", "wake_cpu_us", "late_peer_first",
-               "compute_among_calls")
+               "compute_among_calls", "transfer_cores")
 
 
 def exchange_cpu_s(calls: int, num_messages: int, num_bytes: float, *, call_cpu_us: float,
@@ -122,6 +122,14 @@ class HostSpec:
             calls and is woken finds its caches cold. Multiplies every compute the host
             runs. calibrate's loops, timing the CPU outside their calls
             (``cocodiff.calibration.loaded.compute_among_calls``).
+        transfer_cores: cores of a host that the transport's work takes while data of
+            its ranks crosses nodes, ahead of the ranks' tasks (on the emulated cluster
+            the kernel's handling of TCP through the shaped link, packet by packet: it
+            slows every rank computing on the host, not only the transfer's ends). The
+            host's cores less this while any transfer or exchange with data of its ranks
+            spans nodes (not folded). calibrate times every rank computing with and
+            without a one-way transfer on the slowest pair
+            (``cocodiff.calibration.inflight``).
     """
 
     cores: float
@@ -139,6 +147,7 @@ class HostSpec:
     wake_cpu_us: float = 0.0
     late_peer_first: bool = False
     compute_among_calls: float = 1.0
+    transfer_cores: float = 0.0
 
     def host_of(self, rank: int) -> int:
         """The host of global ``rank``."""
@@ -477,6 +486,11 @@ def _check_host(host: object, where) -> None:
                             f"{where('host.wake_cpu_us')}")
     _check_number(host.compute_among_calls, "compute factor among exchange calls", "x",
                   where("host.compute_among_calls"), positive=True)
+    _check_number(host.transfer_cores, "cores taken by transfers across nodes", "cores",
+                  where("host.transfer_cores"), zero_allowed=True)
+    if host.transfer_cores >= host.cores:
+        raise TopologyError(f"transfer_cores {host.transfer_cores} leaves no core of the "
+                            f"host's {host.cores} in {where('host.transfer_cores')}")
     _check_number(host.codec_cpu_us, "V-Major codec CPU time per message", "us",
                   where("host.codec_cpu_us"))
     _check_number(host.phase_cpu_us, "TAPA phase routing CPU time", "us",

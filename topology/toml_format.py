@@ -77,6 +77,7 @@ A file describes one node and how many of them there are; every node is identica
     busy_poll = false          # a rank blocked on an exchange spins on a core (MPI progress)
     late_peer_first = false    # a pair exchange moves a late rank's data before the other's
     compute_among_calls = 1.2  # compute's CPU among exchange calls over alone (default 1)
+    transfer_cores = 0.5       # cores lost to transfers across nodes while one runs (default 0)
 
 Without ``[host]`` every rank has its own device and free message handling.
 
@@ -288,6 +289,8 @@ def _host_lines(host: HostSpec) -> list[str]:
         lines.append("late_peer_first = true")
     if host.compute_among_calls != 1.0:
         lines.append(f"compute_among_calls = {_toml_float(host.compute_among_calls)}")
+    if host.transfer_cores:
+        lines.append(f"transfer_cores = {_toml_float(host.transfer_cores)}")
     return lines
 
 
@@ -515,6 +518,7 @@ class _Loader:
             late_peer_first=self.flag(table, "host", "late_peer_first", base.late_peer_first),
             compute_among_calls=self.number(table, "host", "compute_among_calls",
                                             base.compute_among_calls),
+            transfer_cores=self.number(table, "host", "transfer_cores", base.transfer_cores),
         )
 
     def flag(self, doc: dict[str, Any], table: str, key: str, default: bool) -> bool:

@@ -373,6 +373,11 @@ class SimWorld:
         # Folded, a flow's far end is a class of ranks, not one rank that may post late.
         host = simulation.host
         self._late_peer_first = bool(host and host.late_peer_first and not self.folded)
+        # The posters whose data crosses nodes in a collective (their hosts lose
+        # [host] transfer_cores meanwhile), by launch signature; folded, a flow's far end
+        # is a class of ranks, so it is not applied.
+        self._in_flight = bool(host and host.transfer_cores and not self.folded)
+        self._crossing_ranks: dict[tuple, tuple[int, ...]] = {}
 
     @property
     def folded(self) -> bool:
@@ -448,6 +453,8 @@ class SimWorld:
                 pending: _PendingCollective) -> None:
         self.num_collectives += 1
         ranks = sorted(pending.posted)
+        if self._in_flight:
+            self._mark_crossing(group_ranks, group_key, ranks, pending)
         if self._late_peer_first and self._launch_late_first(group_ranks, group_key, ranks,
                                                              pending):
             return
@@ -463,6 +470,27 @@ class SimWorld:
         for slot, rank in enumerate(ranks):
             event = pending.events[rank]
             done[slot].callbacks.append(lambda _done, event=event: event.succeed())
+
+    def _mark_crossing(self, group_ranks: tuple[int, ...], group_key: int, ranks: list[int],
+                       pending: _PendingCollective) -> None:
+        """Tell the simulation which posters have data crossing nodes in this collective
+        (sent or received), from now until their part completes (:meth:`sim.engine.
+        Simulation.crossing`: their hosts lose cores meanwhile)."""
+        key = (group_key, tuple((rank, self._bytes_key(pending.posted[rank])) for rank in ranks))
+        crossing = self._crossing_ranks.get(key)
+        if crossing is None:
+            node = self.placement.node_of
+            found: set[int] = set()
+            for src in ranks:
+                for dst, num_bytes in zip(group_ranks, pending.posted[src], strict=True):
+                    if num_bytes and node(dst) != node(src):
+                        found.update((src, dst))
+            crossing = self._crossing_ranks[key] = tuple(sorted(found.intersection(ranks)))
+        simulation = self.simulation
+        for rank in crossing:
+            simulation.crossing(rank, 1)
+            pending.events[rank].callbacks.append(
+                lambda _done, rank=rank: simulation.crossing(rank, -1))
 
     def _launch_late_first(self, group_ranks: tuple[int, ...], group_key: int,
                            ranks: list[int], pending: _PendingCollective) -> bool:
@@ -499,9 +527,8 @@ class SimWorld:
             and 2 * ((position[dst] - position[src]) % size) <= size]
         if not late_first:
             return False
-        for flows in senders.values():
-            for tier, num_bytes in flows.bytes_by_tier:
-                self.bytes_by_tier[tier] += num_bytes * self.multiplicity
+        for tier, num_bytes in self._tier_bytes(senders.values()).items():
+            self.bytes_by_tier[tier] += num_bytes
         left = dict.fromkeys(ranks, 1)  # pieces each rank waits for; the first: the rest
 
         def count_down(*done_ranks: int) -> None:
@@ -517,15 +544,13 @@ class SimWorld:
             done.callbacks.append(lambda _done: then())
 
         paired = set(late_first) | {(early, late) for late, early in late_first}
-        slot_of = {rank: slot for slot, rank in enumerate(ranks)}
+        slot_of = self._slots(ranks)
         rest = []
         for rank, flows in senders.items():
             kept = [row for (src, dst), found in rows.items() if src == rank
                     and (src, dst) not in paired for row in found]
-            owners = np.array([[slot_of[rank], slot_of.get(int(dst), -1)]
-                               for dst in flows.batch.owners[kept, 1].tolist()],
-                              dtype=np.int64).reshape(len(kept), 2)
-            rest.append(flows.batch.select(kept, owners, len(ranks)))
+            rest.append(flows.batch.select(kept, _in_slots(flows.batch.owners[kept], slot_of),
+                                           len(ranks)))
         for slot, done in enumerate(self.simulation.network.start(
                 FlowBatch.concatenate(rest, [0] * len(rest), len(ranks)))):
             done.callbacks.append(lambda _done, rank=ranks[slot]: count_down(rank))
@@ -548,17 +573,27 @@ class SimWorld:
         and the bytes it moves per tier (real ranks, not just simulated ones)."""
         senders = [self._sender_flows(rank, group_ranks, group_key, pending.posted[rank])
                    for rank in ranks]
+        batch = FlowBatch.concatenate([f.batch for f in senders], [0] * len(senders),
+                                      self._num_simulated)
+        return (dataclasses.replace(batch, owners=_in_slots(batch.owners, self._slots(ranks)),
+                                    num_owners=len(ranks)),
+                self._tier_bytes(senders))
+
+    def _tier_bytes(self, senders: Iterable[_SenderFlows]) -> dict[str, float]:
+        """The bytes ``senders``' flows move per tier, for the real ranks (a folded flow
+        stands for ``multiplicity`` of them)."""
         tier_bytes: dict[str, float] = defaultdict(float)
         for flows in senders:
             for tier, num_bytes in flows.bytes_by_tier:
                 tier_bytes[tier] += num_bytes * self.multiplicity
+        return tier_bytes
+
+    def _slots(self, ranks: list[int]) -> np.ndarray:
+        """Each simulated rank's slot in a launch of ``ranks`` (its position), -1 if not
+        in it."""
         slot_of = np.full(self._num_simulated, -1, dtype=np.int64)
         slot_of[ranks] = np.arange(len(ranks))
-        batch = FlowBatch.concatenate([f.batch for f in senders], [0] * len(senders),
-                                      self._num_simulated)
-        # Owners are rank ids in the cached batches: map them to this launch's slots.
-        owners = np.where(batch.owners >= 0, slot_of[np.maximum(batch.owners, 0)], -1)
-        return dataclasses.replace(batch, owners=owners, num_owners=len(ranks)), tier_bytes
+        return slot_of
 
     def _sender_flows(
         self, src_rank: int, group_ranks: tuple[int, ...], group_key: int,
@@ -648,6 +683,12 @@ class SimWorld:
             span = self._spans[group_key] = group_span(self.simulation.topology,
                                                        (tiles[rank] for rank in group_ranks))
         return span
+
+
+def _in_slots(owners: np.ndarray, slot_of: np.ndarray) -> np.ndarray:
+    """Flow owners as rank ids (the cached batches') mapped to a launch's slots
+    (:meth:`SimWorld._slots`); -1 stays -1."""
+    return np.where(owners >= 0, slot_of[np.maximum(owners, 0)], -1)
 
 
 def _messages(bytes_per_member: Sequence[int], me: int) -> tuple[int, int]:

@@ -54,8 +54,11 @@ What is measured (all on the real transport, between real processes):
   once (:mod:`~cocodiff.calibration.loaded`), give ``call_cpu_us`` and ``message_cpu_us``
   (a step's exchanges meet busy cores: lined up, with the others idle, they cost far
   less), and their wall time beyond the simulator's ``call_wait_us``. A transport whose
-  waiting rank burns a core while a late peer sleeps is written as ``busy_poll``. The
-  tile's rates are one core's (CPU time, above).
+  waiting rank burns a core while a late peer sleeps is written as ``busy_poll``. Whether
+  a late peer's data goes first (:mod:`~cocodiff.calibration.lateness`) is
+  ``late_peer_first``; the cores a transfer across nodes takes from the ranks' compute,
+  every rank's loop timed with and without one (:mod:`~cocodiff.calibration.inflight`),
+  ``transfer_cores``. The tile's rates are one core's (CPU time, above).
 - **The collective**: flat all-to-alls over the whole world at a few sizes, reported
   next to what the fitted links predict for them (the slowest of the busiest per-rank port
   and the busiest node NIC, each with its latency) so a reader can see how far a

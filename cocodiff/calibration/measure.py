@@ -23,6 +23,7 @@ from cocodiff.calibration.exchanges import (
     predict_all_to_all,
 )
 from cocodiff.calibration.fits import CpuFit, LinkFit, fit_exchange_cpu, wire_points
+from cocodiff.calibration.inflight import measure_transfer_load, transfer_bytes
 from cocodiff.calibration.kernel_bench import measure_kernel_rates
 from cocodiff.calibration.lateness import late_peer_sizes, measure_late_peer
 from cocodiff.calibration.loaded import (
@@ -159,6 +160,13 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
     loaded, loaded_note = _loaded_cpu(transport, options, shapes, node_of, cpu, compute)
     codec_cpu_s = measure_codec_cpu_s(transport, shapes, options.dtype)
     host = _host_of_ranks(transport, cpu, loaded, loaded_note)
+    # How many of the host's cores a transfer across nodes takes from the ranks' compute
+    # (CPU ranks, two nodes at least: the slowest pair is then across them).
+    transfer_load = measure_transfer_load(
+        transport, pairs[slowest], shapes,
+        transfer_bytes(fits[slowest].bandwidth_gbps, options.max_kib), host.cores,
+        host.ranks_per_host or transport.world_size, 5 if options.quick else 9,
+    ) if slowest == "inter" and device.type == "cpu" else None
     phase_cpu_s = measure_phase_cpu_s(transport, options.model, options.tokens,
                                       options.resolution, options.dtype, num_nodes,
                                       ranks_per_node, host.spec())
@@ -189,7 +197,7 @@ def calibrate(transport, options: CalibrateOptions) -> Calibration:
                        host=dataclasses.replace(
                            host,
                            codec_cpu_us=codec_cpu_s * 1e6, phase_cpu_us=phase_cpu_s * 1e6,
-                           late_peer=late_peer,
+                           late_peer=late_peer, transfer_load=transfer_load,
                            compute_core_demand=1.0 if device.type == "cpu" else 0.0),
                        intra_wire=wires["intra"], inter_wire=wires["inter"],
                        load_average=(load_began, _load_average()),

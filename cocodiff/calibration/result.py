@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from cocodiff.calibration.compute import ComputeRates
 from cocodiff.calibration.fits import CpuFit, LinkFit
+from cocodiff.calibration.inflight import TransferLoad
 from cocodiff.calibration.lateness import LatePeer
 from cocodiff.calibration.loaded import CallCpuFit, LoadedPoint, predict_loop_s
 from cocodiff.calibration.model_shapes import LayerShapes
@@ -51,6 +52,9 @@ class HostMeasurement:
         late_peer: a pair exchange on time and with one member late
             (:mod:`cocodiff.calibration.lateness`), whose verdict is ``late_peer_first``;
             None when not measured.
+        transfer_load: every rank's loop quiet and with a transfer across nodes in flight
+            (:mod:`cocodiff.calibration.inflight`), whose verdict is ``transfer_cores``;
+            None when not measured (one node, or ranks computing on accelerators).
     """
 
     cores: float
@@ -64,6 +68,7 @@ class HostMeasurement:
     compute_core_demand: float = 1.0
     follow_wait_us: float = 0.0
     late_peer: LatePeer | None = None
+    transfer_load: TransferLoad | None = None
 
     def spec(self):
         """The ``[host]`` of the topology: its ranks' compute (on a core or on their
@@ -77,7 +82,9 @@ class HostMeasurement:
                 "compute_core_demand": self.compute_core_demand,
                 "late_peer_first": self.late_peer is not None and self.late_peer.late_peer_first,
                 "compute_among_calls": (self.loaded.compute_among_calls
-                                        if self.loaded is not None else 1.0)}
+                                        if self.loaded is not None else 1.0),
+                "transfer_cores": (self.transfer_load.transfer_cores
+                                   if self.transfer_load is not None else 0.0)}
         waits = {"call_wait_us": self.call_wait_us, "follow_wait_us": self.follow_wait_us}
         if cpu is None or cpu.busy_poll:  # the waits per call: fitted on the loops, if timed
             return HostSpec(**mine, busy_poll=cpu is not None, **waits)
@@ -97,7 +104,9 @@ class HostMeasurement:
                 "codec_cpu_us": self.codec_cpu_us,
                 "phase_cpu_us": self.phase_cpu_us,
                 "compute_core_demand": self.compute_core_demand,
-                "late_peer": None if self.late_peer is None else self.late_peer.to_json()}
+                "late_peer": None if self.late_peer is None else self.late_peer.to_json(),
+                "transfer_load": (None if self.transfer_load is None
+                                  else self.transfer_load.to_json())}
 
 
 @dataclass(slots=True)
@@ -250,7 +259,8 @@ class Calibration:
             f"TAPA's phases: {self.host.phase_cpu_us:.0f} us per phase beyond their calls' "
             f"price (the model's phased exchanges of one layer through the transport, every "
             f"rank at once, less the same exchanges made flat and less what the prices "
-            f"above charge the difference).{self._diffusers_note()}{self._late_peer_note()}",
+            f"above charge the difference).{self._diffusers_note()}{self._late_peer_note()}"
+            f"{self._transfer_note()}",
         ]
 
     def _late_peer_note(self) -> str:
@@ -258,6 +268,12 @@ class Calibration:
         if late is None:
             return ""
         return (f" late_peer_first: {late.describe()}.")
+
+    def _transfer_note(self) -> str:
+        load = self.host.transfer_load if self.host is not None else None
+        if load is None:
+            return ""
+        return f" transfer_cores: {load.describe()}."
 
     def _diffusers_note(self) -> str:
         loaded = self.host.loaded if self.host is not None else None
@@ -589,6 +605,10 @@ def summary(result: Calibration, output: Path) -> str:
             verdict = "true" if host.late_peer.late_peer_first else "false"
             lines.append(f"  late peer: {host.late_peer.describe()}: late_peer_first = "
                          f"{verdict}, written to [host]")
+        if host.transfer_load is not None:
+            lines.append(f"  transfer across nodes: {host.transfer_load.describe()}: "
+                         f"transfer_cores = {host.transfer_load.transfer_cores:.2f}, written "
+                         "to [host]")
         loaded = host.loaded
         if loaded is not None and cpu is not None and cpu.busy_poll:
             lines.append(f"  exchanges under load (every rank computing and exchanging; "

@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))
 
 from test_emulated_cluster import _REASON  # noqa: E402
 
-from bench import emulated_speedup, resimulate  # noqa: E402
+from bench import emulated_report, emulated_speedup, resimulate  # noqa: E402
 
 SCHEDULES = ["flat", "tapa", "vfirst", "cocodiff", "diffusers"]
 PIPELINE = "pipefusion@P2xU2xM2/w1"  # 2 stages of one layer, Ulysses 2 inside each
@@ -73,6 +73,11 @@ def test_the_benchmark_measures_checks_and_predicts_every_schedule(tmp_path, cap
     assert all(row["simulated_s"] > 0 for row in measured["patterns"])
     assert not [row for row in measured["collective"]["fit"] if "step issues" in row["label"]]
     assert (tmp_path / "plot.png").stat().st_size > 0
+    # docs/validate.md's table: the configuration's row, with what calibrate wrote to
+    # [host] and every pure-Ulysses schedule measured / predicted.
+    header, _rule, row = emulated_report.calibrations_table(report).splitlines()
+    assert all(f" {name} |" in header for name in SCHEDULES)
+    assert row.startswith(f"| {config['label']} |") and row.count("%)") == len(SCHEDULES)
 
     # bench/resimulate.py simulates the report's rows again: on the topology as calibrated
     # it gives validate's predictions; without the calls' wait, none slower.

@@ -34,12 +34,14 @@ def test_host_table_every_key_round_trips(tmp_path: Path) -> None:
     text = BASE + ("ranks_per_host = 4\ncompute_core_demand = 0.5\nmessage_cpu_us = 30\n"
                    "copy_gbps = 2.5\nbusy_poll = true\ncall_cpu_us = 400\ncall_wait_us = 900\n"
                    "diffusers_call_cpu_us = 550\nfollow_wait_us = 300\nwake_cpu_us = 150\n"
-                   "late_peer_first = true\ncompute_among_calls = 1.25\n")
+                   "late_peer_first = true\ncompute_among_calls = 1.25\n"
+                   "transfer_cores = 0.75\n")
     spec = load_topology(write(tmp_path, text))
     assert spec.host == HostSpec(2.0, 4, 0.5, 30.0, 2.5, True, call_cpu_us=400.0,
                                  call_wait_us=900.0, diffusers_call_cpu_us=550.0,
                                  follow_wait_us=300.0, wake_cpu_us=150.0,
-                                 late_peer_first=True, compute_among_calls=1.25)
+                                 late_peer_first=True, compute_among_calls=1.25,
+                                 transfer_cores=0.75)
     assert spec.host.host_of(3) == 0 and spec.host.host_of(4) == 1
     again = tmp_path / "again.toml"
     again.write_text(dump_topology(spec))
@@ -104,6 +106,12 @@ BAD_HOST = {
     "zero compute factor": ("compute_among_calls = 0",
                             r"zero compute factor among exchange calls 0\.0 x in "
                             r"host\.compute_among_calls"),
+    "negative transfer cores": ("transfer_cores = -0.5",
+                                r"negative cores taken by transfers across nodes -0\.5 cores "
+                                r"in host\.transfer_cores"),
+    "transfer cores past the host's": (
+        "transfer_cores = 2",
+        r"transfer_cores 2\.0 leaves no core of the host's 2\.0 in host\.transfer_cores"),
     "late peer number": ("late_peer_first = 1",
                          r"expected true or false for host\.late_peer_first of .*1"),
     "unknown key": ("threads = 4", r"unknown key 'threads' in \[host\] of .*\(valid: cores,"),

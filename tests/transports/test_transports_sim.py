@@ -214,3 +214,53 @@ def test_late_node_of_an_all_to_all_goes_first_where_gloo_sends_before_it_receiv
     assert finish[0] == finish[1] == pytest.approx(first, rel=1e-6)
     assert finish[2] == finish[3] == pytest.approx(first + latency + 3 * num_bytes / rate,
                                                    rel=1e-6)
+
+
+def computes_beside_a_transfer(transfer_cores: float, work_s: float, num_bytes: int,
+                               computing: tuple[int, ...]) -> tuple[dict[int, float], float]:
+    """When each of ``computing`` (of 4 ranks, 2 nodes of 2, one host of 2 cores) ends
+    ``work_s`` of compute started at 0, while rank 0 sends rank 2 ``num_bytes`` one way;
+    and the transfer's time."""
+    spec = dataclasses.replace(cluster(num_nodes=2, ranks_per_node=2),
+                               host=HostSpec(cores=2.0, transfer_cores=transfer_cores))
+    world, simulation, topology, placement = make_world(spec)
+    finish: dict[int, float] = {}
+
+    def transfer(rank, send, receive):
+        pair = world.transport(rank).new_group((0, 2))
+        handle = world.transport(rank).all_to_all(VirtualBuffer(sum(send), num_bytes), send,
+                                                  receive, pair)
+        yield handle.event
+
+    def compute(rank):
+        yield simulation.cpu_task(rank, work_s)
+        finish[rank] = simulation.now
+
+    simulation.env.process(transfer(0, [0, 1], [0, 0]))
+    simulation.env.process(transfer(2, [0, 0], [1, 0]))
+    for rank in computing:
+        simulation.env.process(compute(rank))
+    simulation.run()
+    route = topology.route(placement.tile_of(0), placement.tile_of(2))
+    return finish, (topology.route_latency_us(route) * 1e-6
+                    + num_bytes / (spec.nic_link.bandwidth_gbps * 1e9))
+
+
+@pytest.mark.parametrize("computing", [(0, 1), (1, 3), (0, 1, 2, 3)])
+def test_a_transfer_across_nodes_takes_the_hosts_transfer_cores_from_every_rank(computing):
+    # While the transfer runs the host keeps 2 - 1 = 1 core: two ranks on it each run at
+    # half speed, four at a quarter (half, quiet); a rank computing stretches by the
+    # transfer's time x what it lost, whether it is an end of the transfer or not.
+    work_s, num_bytes = 0.5, 1_000_000
+    quiet, _ = computes_beside_a_transfer(0.0, work_s, num_bytes, computing)
+    loaded, transfer_s = computes_beside_a_transfer(1.0, work_s, num_bytes, computing)
+    speed = min(len(computing), 2.0) / len(computing)  # each rank's share, quiet
+    assert quiet == pytest.approx(dict.fromkeys(computing, work_s / speed), rel=1e-9)
+    assert loaded == pytest.approx(dict.fromkeys(computing, work_s / speed + transfer_s / 2),
+                                   rel=1e-9)
+
+
+def test_without_transfer_cores_a_transfer_leaves_compute_alone():
+    work_s = 0.5
+    quiet, _ = computes_beside_a_transfer(0.0, work_s, 1_000_000, (0, 1))
+    assert quiet == {0: work_s, 1: work_s}
