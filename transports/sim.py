@@ -453,12 +453,12 @@ class SimWorld:
                 pending: _PendingCollective) -> None:
         self.num_collectives += 1
         ranks = sorted(pending.posted)
+        key = (group_key, tuple((rank, self._bytes_key(pending.posted[rank])) for rank in ranks))
         if self._in_flight:
-            self._mark_crossing(group_ranks, group_key, ranks, pending)
+            self._mark_crossing(key, group_ranks, ranks, pending)
         if self._late_peer_first and self._launch_late_first(group_ranks, group_key, ranks,
                                                              pending):
             return
-        key = (group_key, tuple((rank, self._bytes_key(pending.posted[rank])) for rank in ranks))
         launch = self._launch_cache.get(key)
         if launch is None:
             launch = self._launch_cache[key] = self._combine(group_ranks, group_key, ranks,
@@ -471,12 +471,12 @@ class SimWorld:
             event = pending.events[rank]
             done[slot].callbacks.append(lambda _done, event=event: event.succeed())
 
-    def _mark_crossing(self, group_ranks: tuple[int, ...], group_key: int, ranks: list[int],
+    def _mark_crossing(self, key: tuple, group_ranks: tuple[int, ...], ranks: list[int],
                        pending: _PendingCollective) -> None:
         """Tell the simulation which posters have data crossing nodes in this collective
         (sent or received), from now until their part completes (:meth:`sim.engine.
-        Simulation.crossing`: their hosts lose cores meanwhile)."""
-        key = (group_key, tuple((rank, self._bytes_key(pending.posted[rank])) for rank in ranks))
+        Simulation.crossing`: their hosts lose cores meanwhile); ``key``: the launch's
+        signature (:meth:`_launch`'s), under which the posters are worked out once."""
         crossing = self._crossing_ranks.get(key)
         if crossing is None:
             node = self.placement.node_of
